@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Capture a profiled Hugging Face load + training session: a thin wrapper over ``profparse.capture``.
+
+    python scripts/capture.py                        # default tiny Qwen2 model, cpu or cuda
+    python scripts/capture.py --preset qwen2.5-7b --layers 2 --device cuda
+    python scripts/capture.py --model ~/models/my-causal-lm --steps 5 --out runs/mine
+
+See docs/capture.md for the options, the trace layout and the stage-mark names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+try:
+    import profparse  # noqa: F401
+except ImportError:  # a source checkout that is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from profparse.capture import (  # noqa: E402
+    EXTRA_HINT,
+    PRESETS,
+    CaptureDependencyError,
+    CaptureOptions,
+    run_capture,
+    summary_text,
+)
+
+NEEDS_EXTRA = f"capture: needs the 'capture' extra: {EXTRA_HINT}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="capture.py",
+        description="Profile loading + a few training steps of a Hugging Face causal LM with torch.profiler.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--model", metavar="PATH", help="local Hugging Face causal-LM folder (default: tiny Qwen2)"
+    )
+    src.add_argument(
+        "--preset", choices=sorted(PRESETS), help="real layer shapes of a released model, random weights"
+    )
+    p.add_argument("--layers", type=int, help="decoder layers of the --preset model (default: all)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), help="default: fp32 on cpu, bf16 on cuda")
+    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
+    p.add_argument("--seq-len", type=int, default=64, help="sequence length (default 64)")
+    p.add_argument("--out", metavar="DIR", help="run folder (default runs/<timestamp>)")
+    p.add_argument("--no-stack", dest="with_stack", action="store_false", help="profiler: with_stack off")
+    p.add_argument(
+        "--no-shapes", dest="record_shapes", action="store_false", help="profiler: record_shapes off"
+    )
+    p.add_argument(
+        "--no-memory", dest="profile_memory", action="store_false", help="profiler: profile_memory off"
+    )
+    p.add_argument(
+        "--no-stage-marks",
+        dest="stage_marks",
+        action="store_false",
+        help="emit no profparse.stage:/profparse.load: ranges (ProfilerStep#N stays)",
+    )
+    p.add_argument(
+        "--cold",
+        dest="warm",
+        action="store_false",
+        help="skip the unprofiled warm-up load: profile a first-in-process from_pretrained "
+        "(lazy imports, conversion-mapping build; a ~10x bigger trace)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the input token ids and of torch (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        options = CaptureOptions(
+            model=args.model,
+            preset=args.preset,
+            layers=args.layers,
+            device=args.device,
+            dtype=args.dtype,
+            steps=args.steps,
+            batch=args.batch,
+            seq_len=args.seq_len,
+            out=args.out,
+            with_stack=args.with_stack,
+            record_shapes=args.record_shapes,
+            profile_memory=args.profile_memory,
+            stage_marks=args.stage_marks,
+            warm=args.warm,
+            seed=args.seed,
+            quiet=args.quiet,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        result = run_capture(options)
+    except CaptureDependencyError:
+        print(NEEDS_EXTRA, file=sys.stderr)
+        return 2
+    print(summary_text(result.trace_path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

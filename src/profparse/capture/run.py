@@ -1,0 +1,373 @@
+"""One profiled session: load a Hugging Face causal LM, then train it a few steps, under ``torch.profiler``.
+
+Layout of the trace (see docs/capture.md): the profiler starts, ``ProfilerStep#0`` covers loading
+(``from_pretrained`` + ``.to(device)``, then the optimizer's creation), and ``ProfilerStep#1..N`` are the N
+training steps. With stage marks on, ``record_function`` ranges named by :mod:`profparse.marks` wrap each
+stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from profparse import marks
+from profparse.capture.model import ensure_model
+from profparse.capture.options import CaptureOptions, CaptureResult
+
+MANIFEST_FORMAT = 1
+EXTRA_HINT = "pip install 'profparse[capture]'"
+
+
+class CaptureDependencyError(ImportError):
+    """torch or transformers (the ``capture`` extra) is not installed."""
+
+
+def _import_deps() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise CaptureDependencyError(f"capture needs the 'capture' extra: {EXTRA_HINT} ({exc})") from exc
+    return torch, transformers
+
+
+def _logger(quiet: bool) -> Callable[[str], None]:
+    def log(msg: str) -> None:
+        if not quiet:
+            print(f"[capture] {msg}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _gzip_atomic(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        with open(src, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def resolve_device(torch: Any, device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} asked for, but torch.cuda.is_available() is False")
+    return device
+
+
+def _load_kwarg(transformers: Any) -> str:
+    """``dtype`` since transformers 4.56, ``torch_dtype`` before."""
+    try:
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    except ValueError:
+        return "dtype"
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def _from_pretrained(auto_cls: Any, path: Path, dtype: Any, kwarg: str) -> Any:
+    try:
+        return auto_cls.from_pretrained(str(path), **{kwarg: dtype})
+    except TypeError:
+        if kwarg != "dtype":
+            raise
+        return auto_cls.from_pretrained(str(path), torch_dtype=dtype)
+
+
+def _vocab_size(path: Path) -> int:
+    """Read from ``config.json`` directly: going through transformers here would import model code before the
+    profiler starts, and that import belongs to the traced ``from_pretrained``."""
+    cfg = json.loads((path / "config.json").read_text())
+    for c in (cfg, cfg.get("text_config") or {}):
+        if isinstance(c.get("vocab_size"), int):
+            return c["vocab_size"]
+    raise ValueError(f"{path / 'config.json'} has no vocab_size")
+
+
+def _device_name(torch: Any, device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _versions(torch: Any, transformers: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import safetensors
+
+        out["safetensors"] = safetensors.__version__
+    except ImportError:
+        out["safetensors"] = None
+    try:
+        from importlib.metadata import version
+
+        out["profparse"] = version("profparse")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        out["profparse"] = None
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_transformers(transformers: Any, quiet: bool) -> Iterator[None]:
+    """Under --quiet, silence transformers' progress bars and warnings (this also drops tqdm's frames from the
+    trace)."""
+    if not quiet:
+        yield
+        return
+    tl = transformers.utils.logging
+    was_enabled = tl.is_progress_bar_enabled()
+    verbosity = tl.get_verbosity()
+    tl.disable_progress_bar()
+    tl.set_verbosity_error()
+    try:
+        yield
+    finally:
+        tl.set_verbosity(verbosity)
+        if was_enabled:
+            tl.enable_progress_bar()
+
+
+def run_capture(options: CaptureOptions) -> CaptureResult:
+    """Profile loading + ``options.steps`` training steps; write ``trace.json.gz`` and ``manifest.json``."""
+    torch, transformers = _import_deps()
+    log = _logger(options.quiet)
+    t_start = time.perf_counter()
+    wall: dict[str, Any] = {}
+
+    device = resolve_device(torch, options.device)
+    on_cuda = device.startswith("cuda")
+    dtype_name = options.dtype or ("bf16" if on_cuda else "fp32")
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+
+    run_dir = Path(options.out) if options.out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    # The model folder.
+    t0 = time.perf_counter()
+    if options.model is not None:
+        model_path = Path(options.model).expanduser()
+        if not (model_path / "config.json").is_file():
+            raise FileNotFoundError(f"{model_path} is not a Hugging Face model folder (no config.json)")
+        source, built = "path", False
+    else:
+        model_path, built = ensure_model(options.preset, options.layers, options.cache_dir, log=log)
+        source = "default" if options.preset is None else f"preset:{options.preset}"
+    wall["build_model"] = time.perf_counter() - t0
+
+    # Inputs: random token ids from a seeded generator, made (and moved) before the profiler starts.
+    vocab = _vocab_size(model_path)
+    gen = torch.Generator().manual_seed(options.seed)
+    inputs = [
+        torch.randint(0, vocab, (options.batch, options.seq_len), generator=gen).to(device)
+        for _ in range(options.steps)
+    ]
+    torch.manual_seed(options.seed)
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize(device)
+
+    def mark(name: str) -> contextlib.AbstractContextManager[Any]:
+        if options.stage_marks:
+            return torch.profiler.record_function(name)
+        return contextlib.nullcontext()
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    from transformers import AutoModelForCausalLM
+
+    load_kwarg = _load_kwarg(transformers)
+    if options.warm:
+        log("warm-up load (not profiled)")
+        t0 = time.perf_counter()
+        with _quiet_transformers(transformers, options.quiet):
+            warm_model = _from_pretrained(AutoModelForCausalLM, model_path, dtype, load_kwarg)
+        del warm_model
+        wall["warm_up"] = time.perf_counter() - t0
+
+    # ProfilerStep#N is only recorded under a schedule: record every step, loading (#0) included.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*won't be using warmup.*")
+        schedule = torch.profiler.schedule(wait=0, warmup=0, active=options.steps + 1, repeat=1)
+    steps_wall: list[dict[str, float]] = []
+    losses = []
+    log(
+        f"profiling on {device} ({dtype_name}): load + {options.steps} step(s) of batch {options.batch} x "
+        f"seq {options.seq_len}"
+    )
+    with _quiet_transformers(transformers, options.quiet):
+        t_prof = time.perf_counter()
+        with torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            with_stack=options.with_stack,
+            record_shapes=options.record_shapes,
+            profile_memory=options.profile_memory,
+        ) as prof:
+            # ProfilerStep#0: loading.
+            log(f"loading {model_path}")
+            t0 = time.perf_counter()
+            with mark(marks.stage_mark("load")):
+                with mark(marks.load_mark("from_pretrained")):
+                    model = _from_pretrained(AutoModelForCausalLM, model_path, dtype, load_kwarg)
+                    t1 = time.perf_counter()
+                with mark(marks.load_mark("to_device")):
+                    model = model.to(device)
+                    sync()
+                    t2 = time.perf_counter()
+            wall["from_pretrained"] = t1 - t0
+            wall["to_device"] = t2 - t1
+            wall["load"] = t2 - t0
+            t0 = time.perf_counter()
+            model.train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr)
+            wall["optimizer_init"] = time.perf_counter() - t0
+            prof.step()
+
+            # ProfilerStep#1..N: training steps.
+            for i, ids in enumerate(inputs):
+                log(f"step {i + 1}/{options.steps}")
+                sw: dict[str, float] = {}
+                t0 = time.perf_counter()
+                with mark(marks.stage_mark("forward")):
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                    sync()
+                t1 = time.perf_counter()
+                with mark(marks.stage_mark("backward")):
+                    loss.backward()
+                    sync()
+                t2 = time.perf_counter()
+                with mark(marks.stage_mark("optimizer")):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    sync()
+                t3 = time.perf_counter()
+                sw.update(forward=t1 - t0, backward=t2 - t1, optimizer=t3 - t2, total=t3 - t0)
+                steps_wall.append(sw)
+                losses.append(loss.detach())
+                prof.step()  # after the last step the schedule stops recording: no ProfilerStep#N+1
+        wall["profiled"] = time.perf_counter() - t_prof
+    wall["steps"] = steps_wall
+
+    # Export: chrome trace to a temporary .json, gzip to a temporary name, rename.
+    log("exporting trace")
+    trace_path = run_dir / "trace.json.gz"
+    tmp_json = run_dir / f".trace.{os.getpid()}.json.tmp"
+    try:
+        t0 = time.perf_counter()
+        prof.export_chrome_trace(str(tmp_json))
+        wall["export"] = time.perf_counter() - t0
+        json_bytes = tmp_json.stat().st_size
+        t0 = time.perf_counter()
+        _gzip_atomic(tmp_json, trace_path)
+        wall["gzip"] = time.perf_counter() - t0
+    finally:
+        if tmp_json.exists():
+            tmp_json.unlink()
+
+    n_params = sum(p.numel() for p in model.parameters())
+    model_config = model.config.to_dict()
+    wall["total"] = time.perf_counter() - t_start
+
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "kind": "profparse.capture",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+        "versions": _versions(torch, transformers),
+        "platform": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "system": platform.system(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "device": {"type": torch.device(device).type, "id": device, "name": _device_name(torch, device)},
+        "dtype": dtype_name,
+        "model": {
+            "source": source,
+            "path": str(model_path.resolve()),
+            "built_now": built,
+            "class": type(model).__name__,
+            "num_parameters": n_params,
+            "config": model_config,
+        },
+        "options": options.to_dict(),
+        "profiler": {
+            "activities": [a.name for a in activities],
+            "with_stack": options.with_stack,
+            "record_shapes": options.record_shapes,
+            "profile_memory": options.profile_memory,
+        },
+        "layout": {
+            "warm": options.warm,
+            "ProfilerStep#0": "load (from_pretrained, .to(device), optimizer creation)",
+            "ProfilerStep#1..N": "training steps",
+            "steps": options.steps,
+        },
+        "stage_marks": (
+            {
+                "stages": [marks.stage_mark(s) for s in marks.TRAINING_STAGES],
+                "load": [marks.load_mark("from_pretrained"), marks.load_mark("to_device")],
+            }
+            if options.stage_marks
+            else None
+        ),
+        "losses": [float(x) for x in losses],
+        "wall_s": wall,
+        "trace": {"file": trace_path.name, "bytes": trace_path.stat().st_size, "json_bytes": json_bytes},
+    }
+    manifest_path = run_dir / "manifest.json"
+    _atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+    log(f"wrote {trace_path} ({trace_path.stat().st_size / 1e6:.2f} MB) and {manifest_path.name}")
+    return CaptureResult(
+        run_dir=run_dir, trace_path=trace_path, manifest_path=manifest_path, manifest=manifest
+    )
+
+
+def summary_text(trace_path: str | os.PathLike[str]) -> str:
+    """``profparse.summarize(trace_path)`` where it exists, else a note saying it does not yet."""
+    import profparse
+
+    summarize = getattr(profparse, "summarize", None)
+    if summarize is None:
+        return f"(profparse.summarize is not available yet; trace written to {trace_path})"
+    return summarize(str(trace_path))
