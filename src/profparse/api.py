@@ -1,0 +1,107 @@
+"""The library's one data path: read -> link -> attribute -> tables.
+
+``profparse.load(path)`` runs it and returns a :class:`ParsedTrace` whose tables are pandas DataFrames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profparse import tables
+from profparse.stages.attribute import Attribution, attribute
+from profparse.trace.events import NULL, RawTrace, read_trace
+from profparse.trace.link import Links, link
+
+
+@dataclass
+class ParsedTrace:
+    """A trace after linking and stage attribution; tables are computed on first access."""
+
+    raw: RawTrace
+    links: Links
+    attribution: Attribution
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return self.raw.path
+
+    @property
+    def header(self) -> dict[str, Any]:
+        return self.raw.header
+
+    @property
+    def rank(self) -> int | None:
+        info = self.raw.header.get("distributedInfo")
+        if isinstance(info, dict) and isinstance(info.get("rank"), int):
+            return int(info["rank"])
+        return None
+
+    @cached_property
+    def _events(self) -> pd.DataFrame:
+        return tables.event_table(self.raw.events, self.links, self.attribution)
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """One row per trace event, with nesting, launch links, ``stage``, ``stage_rule`` and ``step``."""
+        return _public(self._events)
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """GPU activity (kernels, memcpy, memset) with stage and launching runtime call / CPU op."""
+        return _public(tables.kernel_table(self.raw.events, self.links, self.attribution))
+
+    @cached_property
+    def ops(self) -> pd.DataFrame:
+        """CPU ops with self time, stage, step and the GPU time they launched."""
+        return _public(tables.op_table(self.raw.events, self.links, self.attribution))
+
+    @cached_property
+    def stage_summary(self) -> pd.DataFrame:
+        """Per (step, stage) and total per stage: host wall, op time, GPU time/busy/idle, counts, bytes."""
+        return _public(tables.stage_summary(self.raw.events, self.links, self.attribution))
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The step windows found (``ProfilerStep#N``, else between optimizer steps)."""
+        return self.attribution.steps
+
+    @property
+    def rules(self) -> pd.DataFrame:
+        """The stage rules that were applied, highest priority first."""
+        return pd.DataFrame([vars(r) for r in self.attribution.rules])
+
+
+def _public(frame: pd.DataFrame) -> pd.DataFrame:
+    """Turn internal NULL-sentinel int64 columns into nullable Int64 columns."""
+    out = frame.copy(deep=False)
+    for column in out.columns:
+        values = out[column].to_numpy() if out[column].dtype == np.int64 else None
+        if values is not None and (values == NULL).any():
+            out[column] = tables.nullable(values)
+    return out
+
+
+def parse(
+    path: str | Path,
+    *,
+    include_marks: bool = True,
+    strict: bool = False,
+    progress: Any = None,
+) -> ParsedTrace:
+    """Read, link and attribute one trace file."""
+    raw = read_trace(path, strict=strict, progress=progress)
+    links = link(raw.events)
+    attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
+    return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})
+
+
+def load(path: str | Path, **kwargs: Any) -> ParsedTrace:
+    """Load a trace (``.json``/``.json.gz``) for analysis with pandas. Same options as :func:`parse`."""
+    return parse(path, **kwargs)

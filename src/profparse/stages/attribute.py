@@ -1,0 +1,223 @@
+"""Apply the rule table: give every event a ``stage``, the ``stage_rule`` that decided it, and a ``step``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from profparse.marks import STAGES
+from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
+from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
+from profparse.trace.link import Links, kind_mask
+
+STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+_DEPTH_BITS = 12
+_RULE_BITS = 12
+
+
+@dataclass
+class Attribution:
+    """Per-row results plus the context that produced them."""
+
+    stage: np.ndarray  # int8 codes into profparse.marks.STAGES
+    rule: np.ndarray  # int16 codes into rule_names
+    rule_names: list[str]
+    step: np.ndarray  # int64 step number, NULL outside any step
+    main_thread: int  # dense host thread id (Links.thread), -1 if none
+    steps: pd.DataFrame  # step, start_ns, end_ns, source
+    rules: list[StageRule]
+
+
+def _name_matches(categories: pd.Index, pattern: str) -> np.ndarray:
+    """Boolean per name category: does ``pattern`` match (``re.search``)?"""
+    search = re.compile(pattern).search
+    return np.fromiter((search(str(name)) is not None for name in categories), dtype=bool, count=len(categories))
+
+
+def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, thread_names: dict) -> int:
+    """The thread that drives training: holder of ProfilerStep, else of Optimizer.step, else the busiest."""
+    if len(step_rows):
+        return int(links.thread[step_rows[0]])
+    names = events["name"].cat.categories
+    opt_codes = np.flatnonzero(_name_matches(names, _OPTIMIZER_STEP.pattern))
+    opt_rows = np.flatnonzero(np.isin(events["name"].cat.codes.to_numpy(), opt_codes) & links.host)
+    if len(opt_rows):
+        return int(links.thread[opt_rows[0]])
+    ops = kind_mask(events, {"cpu_op"}) & links.host
+    if not ops.any():
+        return -1
+    busy = np.bincount(links.thread[ops], weights=links.self_ns[ops])
+    return int(np.argmax(busy))
+
+
+def find_steps(events: pd.DataFrame, links: Links, thread_names: dict) -> tuple[pd.DataFrame, int]:
+    """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread."""
+    names = events["name"].cat.categories
+    step_codes = np.flatnonzero(_name_matches(names, _STEP_NAME.pattern))
+    is_step = np.isin(events["name"].cat.codes.to_numpy(), step_codes) & links.host
+    step_rows = np.flatnonzero(is_step)
+    main = _main_thread(events, links, step_rows, thread_names)
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    if len(step_rows):
+        step_rows = step_rows[links.thread[step_rows] == main]
+        numbers = [int(_STEP_NAME.match(n).group(1)) for n in events["name"].to_numpy()[step_rows]]
+        steps = pd.DataFrame(
+            {"step": numbers, "start_ns": ts[step_rows], "end_ns": end[step_rows], "source": "ProfilerStep"}
+        )
+        return steps.sort_values("start_ns", kind="stable").reset_index(drop=True), main
+    opt_codes = np.flatnonzero(_name_matches(names, _OPTIMIZER_STEP.pattern))
+    opt_rows = np.flatnonzero(
+        np.isin(events["name"].cat.codes.to_numpy(), opt_codes) & links.host & (links.thread == main)
+    )
+    if len(opt_rows) == 0:
+        return pd.DataFrame({"step": [], "start_ns": [], "end_ns": [], "source": []}).astype(
+            {"step": np.int64, "start_ns": np.int64, "end_ns": np.int64}
+        ), main
+    opt_rows = opt_rows[np.argsort(ts[opt_rows], kind="stable")]
+    # keep outermost optimizer ranges only (wrapping optimizers nest)
+    outer = opt_rows[np.concatenate([[True], ts[opt_rows][1:] >= np.maximum.accumulate(end[opt_rows])[:-1]])]
+    host_ts = ts[links.host]
+    first = int(host_ts.min()) if len(host_ts) else 0
+    ends = end[outer]
+    starts = np.concatenate([[first], ends[:-1]])
+    steps = pd.DataFrame(
+        {"step": np.arange(len(outer)), "start_ns": starts, "end_ns": ends, "source": "optimizer_boundaries"}
+    )
+    return steps, main
+
+
+def _step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Step number of the window containing each timestamp, ``NULL`` outside all windows."""
+    out = np.full(len(ts), NULL, dtype=np.int64)
+    if steps.empty:
+        return out
+    starts = steps["start_ns"].to_numpy()
+    ends = steps["end_ns"].to_numpy()
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    ok = idx >= 0
+    ok[ok] &= ts[ok] < ends[idx[ok]]
+    out[ok] = steps["step"].to_numpy()[idx[ok]]
+    return out
+
+
+def _rule_mask(
+    rule: StageRule,
+    events: pd.DataFrame,
+    links: Links,
+    thread_names: dict,
+    context: dict,
+) -> np.ndarray:
+    mask = links.host.copy()
+    if rule.kinds is not None:
+        mask &= kind_mask(events, set(rule.kinds))
+    if rule.pattern is not None:
+        name_ok = _name_matches(events["name"].cat.categories, rule.pattern)
+        mask &= name_ok[events["name"].cat.codes.to_numpy()]
+    if rule.thread is not None:
+        threads = links.threads
+        labels = [thread_names.get((p, t), "") for p, t in zip(threads["pid"], threads["tid"], strict=True)]
+        ok = np.array([re.search(rule.thread, label) is not None for label in labels] + [False], dtype=bool)
+        mask &= ok[links.thread]  # thread -1 (not host) indexes the trailing False
+    for condition in rule.when.split(","):
+        if condition == "before_first_step":
+            mask &= context["before_first_step"]
+        elif condition == "no_steps":
+            mask &= context["no_steps"]
+        elif condition == "main_thread":
+            mask &= links.thread == context["main_thread"]
+        elif condition != "always":
+            raise ValueError(f"rule {rule.name}: unknown condition {condition!r}")
+    return mask
+
+
+def attribute(
+    events: pd.DataFrame,
+    links: Links,
+    thread_names: dict[tuple[int, int], str],
+    *,
+    include_marks: bool = True,
+) -> Attribution:
+    """Give every row a stage, the deciding rule and a step."""
+    n = len(events)
+    rules = rules_table(include_marks)
+    rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY]
+    steps, main = find_steps(events, links, thread_names)
+    ts = events["ts_ns"].to_numpy()
+    first_step = steps["start_ns"].min() if not steps.empty and (steps["source"] == "ProfilerStep").all() else None
+    context = {
+        "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
+        "no_steps": bool(steps.empty or (steps["source"] != "ProfilerStep").all()),
+        "main_thread": main,
+    }
+
+    depth = links.depth.astype(np.int64).clip(0, (1 << _DEPTH_BITS) - 1)
+    own = np.zeros(n, dtype=np.int64)
+    for index in range(len(rules) - 1, -1, -1):  # lowest priority first, so higher ones overwrite
+        mask = _rule_mask(rules[index], events, links, thread_names, context)
+        key = (rules[index].priority + 1) << (_DEPTH_BITS + _RULE_BITS)
+        own[mask] = key + (depth[mask] << _RULE_BITS) + index
+
+    best = own.copy()
+    parent = links.parent
+    if n:
+        by_depth = np.argsort(links.depth, kind="stable")
+        bounds = np.searchsorted(links.depth[by_depth], np.arange(links.depth.max() + 2))
+        for d in range(1, int(links.depth.max()) + 1):
+            rows = by_depth[bounds[d] : bounds[d + 1]]
+            p = parent[rows]
+            ok = p >= 0
+            rows, p = rows[ok], p[ok]
+            best[rows] = np.maximum(best[rows], best[p])
+
+    stage_of_rule = np.array([STAGE_CODE[r.stage] for r in rules] + [STAGE_CODE["other"]] * 3, dtype=np.int8)
+    rule = np.full(n, rule_names.index(NOT_ACTIVITY), dtype=np.int16)
+    matched = best > 0
+    rule[matched] = (best[matched] & ((1 << _RULE_BITS) - 1)).astype(np.int16)
+    rule[links.host & ~matched] = rule_names.index(UNCLASSIFIED)
+
+    activity = kind_mask(events, GPU_ACTIVITY_KINDS)
+    launched = activity & (links.launch >= 0)
+    rule[launched] = rule[links.launch[launched]]
+    rule[activity & ~launched] = rule_names.index(GPU_UNLINKED)
+    _inherit_gpu_side(events, links, rule)
+
+    stage = stage_of_rule[rule]
+    step = _step_of(ts, steps)
+    step[launched] = step[links.launch[launched]]
+    return Attribution(
+        stage=stage, rule=rule, rule_names=rule_names, step=step, main_thread=main, steps=steps, rules=rules
+    )
+
+
+def _inherit_gpu_side(events: pd.DataFrame, links: Links, rule: np.ndarray) -> None:
+    """GPU-track flow ends take their runtime call's rule; GPU annotations take their host range's rule."""
+    corr = events["correlation"].to_numpy()
+    flow_id = events["flow_id"].to_numpy()
+    runtime_rows = np.flatnonzero(links.host & (corr != NULL) & kind_mask(events, {"cuda_runtime", "cuda_driver"}))
+    gpu_flow = ~links.host & kind_mask(events, {"flow_start", "flow_end"}) & (flow_id != NULL)
+    if runtime_rows.size and gpu_flow.any():
+        by_corr = pd.Series(runtime_rows, index=corr[runtime_rows])
+        by_corr = by_corr[~by_corr.index.duplicated()]
+        rows = np.flatnonzero(gpu_flow)
+        hit = by_corr.reindex(flow_id[rows]).to_numpy()
+        ok = ~np.isnan(hit)
+        rule[rows[ok]] = rule[hit[ok].astype(np.int64)]
+    ext = events["external_id"].to_numpy()
+    annotations = kind_mask(events, {"gpu_user_annotation"}) & (ext != NULL)
+    host_ranges = np.flatnonzero(links.host & kind_mask(events, {"user_annotation"}) & (ext != NULL))
+    if annotations.any() and host_ranges.size:
+        by_ext = pd.Series(host_ranges, index=ext[host_ranges])
+        by_ext = by_ext[~by_ext.index.duplicated()]
+        rows = np.flatnonzero(annotations)
+        hit = by_ext.reindex(ext[rows]).to_numpy()
+        ok = ~np.isnan(hit)
+        rule[rows[ok]] = rule[hit[ok].astype(np.int64)]
+
+
+__all__ = ["Attribution", "attribute", "find_steps", "KIND_CODE"]

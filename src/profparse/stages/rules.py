@@ -1,0 +1,99 @@
+"""The stage rules: one table of data, read top to bottom.
+
+Each rule matches host events by kind, name (regular expression) and thread name. A matching event and everything
+nested inside it on its thread get the rule's stage, unless a rule of higher priority matches the event or one of
+its ancestors; on equal priority the innermost match wins. GPU activity takes the stage (and rule) of the CPU op
+that launched it. Every attributed row stores the rule's ``name`` in ``stage_rule``.
+
+Conditions (``when``):
+  ``always``            the rule applies anywhere;
+  ``before_first_step`` only to events that start before the first step window;
+  ``no_steps``          only when the trace has no step windows at all;
+  ``main_thread``       only on the trace's main thread (the one that holds ``ProfilerStep#N``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageRule:
+    """One row of the rule table."""
+
+    name: str
+    stage: str
+    priority: int
+    pattern: str | None = None
+    kinds: tuple[str, ...] | None = None
+    thread: str | None = None
+    when: str = "always"
+    source: str = "pytorch"
+    doc: str = ""
+
+
+HOST_SPANS = ("cpu_op", "user_annotation")
+PY = ("python_function",)
+
+RULES: tuple[StageRule, ...] = (
+    # -- profparse's own marks (capture.py, or any user emitting the same record_function names) -----------
+    StageRule("mark.load", "load", 100, r"^profparse\.stage:load$", HOST_SPANS, source="mark",
+              doc="profparse.stage:load range"),
+    StageRule("mark.forward", "forward", 100, r"^profparse\.stage:forward$", HOST_SPANS, source="mark",
+              doc="profparse.stage:forward range"),
+    StageRule("mark.backward", "backward", 100, r"^profparse\.stage:backward$", HOST_SPANS, source="mark",
+              doc="profparse.stage:backward range"),
+    StageRule("mark.optimizer", "optimizer", 100, r"^profparse\.stage:optimizer$", HOST_SPANS, source="mark",
+              doc="profparse.stage:optimizer range"),
+    # -- a user's own ranges with the plain stage names (e.g. '## forward ##') ------------------------------
+    StageRule("user_mark.forward", "forward", 95, r"(?i)^[#\s]*forward[#\s]*$", ("user_annotation",),
+              source="user_mark", doc="user range named forward"),
+    StageRule("user_mark.backward", "backward", 95, r"(?i)^[#\s]*backward[#\s]*$", ("user_annotation",),
+              source="user_mark", doc="user range named backward"),
+    StageRule("user_mark.optimizer", "optimizer", 95, r"(?i)^[#\s]*optimi[sz]er([ _.]step)?[#\s]*$",
+              ("user_annotation",), source="user_mark", doc="user range named optimizer"),
+    # -- what PyTorch records by itself ---------------------------------------------------------------------
+    StageRule("optimizer.range", "optimizer", 90, r"^Optimizer\.(step|zero_grad)#", HOST_SPANS,
+              doc="Optimizer.step#<Class>.step / Optimizer.zero_grad#<Class>.zero_grad"),
+    StageRule("optimizer.python", "optimizer", 90,
+              r"torch/optim/[\w/]+\.py\(\d+\): (step|zero_grad)$|torch/optim/optimizer\.py\(\d+\): wrapper$",
+              PY, doc="optimizer step / zero_grad Python frames"),
+    StageRule("backward.engine", "backward", 80, r"^autograd::engine::evaluate_function: ", HOST_SPANS,
+              doc="autograd engine node wrapper"),
+    StageRule("backward.python", "backward", 80,
+              r"torch/(_tensor\.py|autograd/__init__\.py|autograd/graph\.py)\(\d+\): (backward|_engine_run_backward)$",
+              PY, doc="Tensor.backward / torch.autograd.backward Python frames"),
+    StageRule("backward.node", "backward", 75, r"(Backward\d*|^torch::autograd::AccumulateGrad)$", ("cpu_op",),
+              doc="autograd node ops (legacy traces without evaluate_function wrappers)"),
+    StageRule("backward.thread", "backward", 70, None, None, thread=r"pt_autograd",
+              doc="anything on the autograd engine's thread"),
+    StageRule("load.from_pretrained", "load", 60,
+              r": (from_pretrained|_from_config|from_config)$|\(\d+\): (load_state_dict|_load_pretrained_model"
+              r"|load_checkpoint|load_model|load_file|safe_open|_load_state_dict_into_meta_model)$",
+              PY, doc="model loading Python frames (transformers, safetensors, torch.load)"),
+    StageRule("load.module_to", "load", 60, r"torch/nn/modules/module\.py\(\d+\): (to|cuda|to_empty)$", PY,
+              doc="nn.Module.to / .cuda Python frames"),
+    StageRule("load.h2d_copy", "load", 40, r"^aten::(to|_to_copy|copy_)$", ("cpu_op",),
+              when="before_first_step", doc="host-to-device copies before the first step"),
+    StageRule("other.data_loading", "other", 50,
+              r"^enumerate\(DataLoader\)#|dataloader\.py\(\d+\): __next__$", HOST_SPANS + PY,
+              doc="DataLoader iteration"),
+    StageRule("forward.module", "forward", 30, r"^nn\.Module: |^DistributedDataParallel\.forward$|^FullyShardedDataParallel\.forward$",
+              HOST_SPANS + PY, doc="nn.Module calls and DDP/FSDP forward ranges"),
+    StageRule("other.communication", "other", 20, r"^(nccl:|c10d::|gloo:|record_param_comms$)", HOST_SPANS,
+              doc="collectives outside any stage"),
+    StageRule("forward.step", "forward", 10, r"^ProfilerStep#\d+$", ("user_annotation", "cpu_op"),
+              doc="the rest of a step on the main thread"),
+    StageRule("forward.main_thread", "forward", 5, None, None, when="no_steps,main_thread",
+              doc="no steps recorded: the rest of the main thread"),
+)
+
+UNCLASSIFIED = "other.unclassified"
+GPU_UNLINKED = "other.gpu_unlinked"
+NOT_ACTIVITY = "other.not_activity"
+
+
+def rules_table(include_marks: bool = True) -> list[StageRule]:
+    """The active rules, highest priority first; ``include_marks=False`` drops the mark-based rules."""
+    rules = [r for r in RULES if include_marks or r.source not in ("mark", "user_mark")]
+    return sorted(rules, key=lambda r: -r.priority)

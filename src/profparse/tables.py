@@ -1,0 +1,231 @@
+"""Derived tables: events (with links and stages), kernels, ops and the per step x stage summary.
+
+All times are int64 nanoseconds (``_ns``), sizes bytes (``_bytes``). Internally missing integers are the ``NULL``
+sentinel; :func:`nullable` turns them into pandas' nullable ``Int64`` for users.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profparse.marks import STAGES
+from profparse.stages.attribute import Attribution
+from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
+from profparse.trace.link import Links, kind_mask
+
+HOST_SPAN_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"})
+SUMMARY_COLUMNS = (
+    "step",
+    "stage",
+    "host_wall_ns",
+    "host_op_ns",
+    "gpu_time_ns",
+    "gpu_busy_ns",
+    "gpu_idle_ns",
+    "kernel_count",
+    "gpu_activity_count",
+    "launch_count",
+    "memcpy_bytes",
+)
+
+
+def nullable(values: np.ndarray) -> pd.arrays.IntegerArray:
+    """int64 array with ``NULL`` sentinels -> pandas nullable Int64 (no copy of the values)."""
+    values = np.asarray(values, dtype=np.int64)
+    return pd.arrays.IntegerArray(values, values == NULL)
+
+
+def _row_ref(rows: np.ndarray, trace_index: np.ndarray) -> np.ndarray:
+    """Row numbers (``-1`` = none) -> trace_index values (``NULL`` = none)."""
+    out = np.full(len(rows), NULL, dtype=np.int64)
+    ok = rows >= 0
+    out[ok] = trace_index[rows[ok]]
+    return out
+
+
+def stage_categorical(codes: np.ndarray) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes.astype(np.int8), categories=list(STAGES))
+
+
+def event_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """The raw event table plus nesting, launch links, stage, rule and step (internal NULL sentinels)."""
+    out = events.copy(deep=False)
+    trace_index = events["trace_index"].to_numpy()
+    out["parent_trace_index"] = _row_ref(links.parent, trace_index)
+    out["depth"] = links.depth
+    out["self_ns"] = links.self_ns
+    out["launch_trace_index"] = _row_ref(links.launch, trace_index)
+    out["launch_op_trace_index"] = _row_ref(links.launch_op, trace_index)
+    out["stage"] = stage_categorical(attribution.stage)
+    out["stage_rule"] = pd.Categorical.from_codes(attribution.rule, categories=attribution.rule_names)
+    out["step"] = attribution.step
+    return out
+
+
+def kernel_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """GPU activity (kernels, memcpy, memset) with stage, step and the runtime call and CPU op that launched it."""
+    rows = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS))
+    names = events["name"].to_numpy()
+    ts = events["ts_ns"].to_numpy()
+    launch = links.launch[rows]
+    launch_op = links.launch_op[rows]
+    trace_index = events["trace_index"].to_numpy()
+    has_launch = launch >= 0
+    has_op = launch_op >= 0
+    latency = np.full(len(rows), NULL, dtype=np.int64)
+    latency[has_launch] = ts[rows][has_launch] - ts[launch[has_launch]]
+    return pd.DataFrame(
+        {
+            "trace_index": trace_index[rows],
+            "kind": events["kind"].to_numpy()[rows].astype(str),
+            "name": names[rows],
+            "ts_ns": ts[rows],
+            "dur_ns": events["dur_ns"].to_numpy()[rows],
+            "device": events["device"].to_numpy()[rows],
+            "stream": events["stream"].to_numpy()[rows],
+            "correlation": events["correlation"].to_numpy()[rows],
+            "bytes": events["bytes"].to_numpy()[rows],
+            "stage": stage_categorical(attribution.stage[rows]),
+            "stage_rule": np.asarray(attribution.rule_names, dtype=object)[attribution.rule[rows]],
+            "step": attribution.step[rows],
+            "launch_trace_index": _row_ref(launch, trace_index),
+            "launch_name": np.where(has_launch, names[np.where(has_launch, launch, 0)], None),
+            "launch_op_trace_index": _row_ref(launch_op, trace_index),
+            "launch_op_name": np.where(has_op, names[np.where(has_op, launch_op, 0)], None),
+            "launch_latency_ns": latency,
+        }
+    )
+
+
+def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """CPU ops with self time, stage, step and the GPU time they launched directly."""
+    n = len(events)
+    rows = np.flatnonzero(kind_mask(events, {"cpu_op"}) & links.host)
+    activity = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS) & (links.launch_op >= 0))
+    dur = events["dur_ns"].to_numpy()
+    gpu_ns = np.bincount(links.launch_op[activity], weights=dur[activity], minlength=n).astype(np.int64)
+    gpu_count = np.bincount(links.launch_op[activity], minlength=n).astype(np.int64)
+    trace_index = events["trace_index"].to_numpy()
+    return pd.DataFrame(
+        {
+            "trace_index": trace_index[rows],
+            "name": events["name"].to_numpy()[rows],
+            "ts_ns": events["ts_ns"].to_numpy()[rows],
+            "dur_ns": dur[rows],
+            "self_ns": links.self_ns[rows],
+            "pid": events["pid"].to_numpy()[rows],
+            "tid": events["tid"].to_numpy()[rows],
+            "depth": links.depth[rows],
+            "parent_trace_index": _row_ref(links.parent[rows], trace_index),
+            "sequence_number": events["sequence_number"].to_numpy()[rows],
+            "stage": stage_categorical(attribution.stage[rows]),
+            "stage_rule": np.asarray(attribution.rule_names, dtype=object)[attribution.rule[rows]],
+            "step": attribution.step[rows],
+            "gpu_launched_ns": gpu_ns[rows],
+            "gpu_launched_count": gpu_count[rows],
+        }
+    )
+
+
+def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int) -> np.ndarray:
+    """Total length covered by the union of [start, end) intervals, per group id in ``range(groups)``."""
+    out = np.zeros(groups, dtype=np.int64)
+    if len(start) == 0:
+        return out
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    base = s.min()
+    span = int(e.max() - base) + 1
+    s = (s - base) + g.astype(np.int64) * span
+    e = (e - base) + g.astype(np.int64) * span
+    reach = np.maximum.accumulate(e)
+    previous = np.concatenate([[np.iinfo(np.int64).min], reach[:-1]])
+    covered = np.maximum(e - np.maximum(s, previous), 0)
+    np.add.at(out, g, covered)
+    return out
+
+
+def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """True for events whose subtree holds events of another stage (e.g. ProfilerStep, ``<module>`` frames)."""
+    n = len(parent)
+    mixed = np.zeros(n, dtype=bool)
+    if n == 0:
+        return mixed
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2))
+    for d in range(int(depth.max()), 0, -1):
+        rows = by_depth[bounds[d] : bounds[d + 1]]
+        p = parent[rows]
+        ok = p >= 0
+        rows, p = rows[ok], p[ok]
+        differs = (stage[rows] != stage[p]) | mixed[rows]
+        mixed[p[differs]] = True
+    return mixed
+
+
+def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``)."""
+    stage = attribution.stage.astype(np.int64)
+    step = attribution.step
+    n_stages = len(STAGES)
+    ts = events["ts_ns"].to_numpy()
+    dur = events["dur_ns"].to_numpy()
+    end = ts + dur
+    activity = kind_mask(events, GPU_ACTIVITY_KINDS)
+    kernel = kind_mask(events, {"kernel"})
+    memcpy = kind_mask(events, {"gpu_memcpy"})
+    op = kind_mask(events, {"cpu_op"}) & links.host
+    spans = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
+    spans &= ~mixed_containers(links.parent, links.depth, attribution.stage)
+    launcher = np.zeros(len(events), dtype=bool)
+    launcher[links.launch[links.launch >= 0]] = True
+    launcher &= kind_mask(events, RUNTIME_KINDS)
+    bytes_ = np.where(events["bytes"].to_numpy() == NULL, 0, events["bytes"].to_numpy())
+
+    step_values = np.unique(step[step != NULL])
+    frames = []
+    for scope, step_key in (("step", step), ("total", np.zeros_like(step))):
+        if scope == "step":
+            index = np.searchsorted(step_values, step)
+            index[step == NULL] = len(step_values)
+            labels = np.concatenate([step_values, [NULL]])
+        else:
+            index = step_key
+            labels = np.array([NULL])
+        groups = len(labels) * n_stages
+        key = index * n_stages + stage
+
+        def total(mask: np.ndarray, weights: np.ndarray | None = None, key=key, groups=groups) -> np.ndarray:
+            w = None if weights is None else weights[mask]
+            return np.bincount(key[mask], weights=w, minlength=groups).astype(np.int64)
+
+        busy = union_length(key[activity], ts[activity], end[activity], groups)
+        first = np.full(groups, np.iinfo(np.int64).max)
+        last = np.full(groups, np.iinfo(np.int64).min)
+        np.minimum.at(first, key[activity], ts[activity])
+        np.maximum.at(last, key[activity], end[activity])
+        window = np.where(last > first, last - first, 0)
+        frame = pd.DataFrame(
+            {
+                "scope": scope,
+                "step": np.repeat(labels, n_stages),
+                "stage": stage_categorical(np.tile(np.arange(n_stages), len(labels))),
+                "host_wall_ns": union_length(key[spans], ts[spans], end[spans], groups),
+                "host_op_ns": total(op, links.self_ns),
+                "gpu_time_ns": total(activity, dur),
+                "gpu_busy_ns": busy,
+                "gpu_idle_ns": window - busy,
+                "kernel_count": total(kernel),
+                "gpu_activity_count": total(activity),
+                "launch_count": total(launcher),
+                "memcpy_bytes": total(memcpy, bytes_),
+            }
+        )
+        if scope == "step":
+            present = total(np.ones(len(events), dtype=bool)) > 0
+            frame = frame[present | (frame["step"] != NULL).to_numpy()]
+        frames.append(frame)
+    summary = pd.concat(frames, ignore_index=True)
+    summary.loc[(summary["scope"] == "step") & (summary["step"] == NULL), "scope"] = "outside_steps"
+    return summary.reset_index(drop=True)
