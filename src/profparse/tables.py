@@ -44,6 +44,13 @@ def _row_ref(rows: np.ndarray, trace_index: np.ndarray) -> np.ndarray:
     return out
 
 
+def _take_categorical(column: pd.Series, rows: np.ndarray) -> pd.Categorical:
+    """Rows of a categorical column (``-1`` rows become missing), sharing its categories."""
+    codes = column.cat.codes.to_numpy()
+    taken = np.where(rows >= 0, codes[np.maximum(rows, 0)], -1)
+    return pd.Categorical.from_codes(taken, dtype=column.dtype)
+
+
 def stage_categorical(codes: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(codes.astype(np.int8), categories=list(STAGES))
 
@@ -66,20 +73,18 @@ def event_table(events: pd.DataFrame, links: Links, attribution: Attribution) ->
 def kernel_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
     """GPU activity (kernels, memcpy, memset) with stage, step and the runtime call and CPU op that launched it."""
     rows = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS))
-    names = events["name"].to_numpy()
     ts = events["ts_ns"].to_numpy()
     launch = links.launch[rows]
     launch_op = links.launch_op[rows]
     trace_index = events["trace_index"].to_numpy()
     has_launch = launch >= 0
-    has_op = launch_op >= 0
     latency = np.full(len(rows), NULL, dtype=np.int64)
     latency[has_launch] = ts[rows][has_launch] - ts[launch[has_launch]]
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],
-            "kind": events["kind"].to_numpy()[rows].astype(str),
-            "name": names[rows],
+            "kind": _take_categorical(events["kind"], rows),
+            "name": _take_categorical(events["name"], rows),
             "ts_ns": ts[rows],
             "dur_ns": events["dur_ns"].to_numpy()[rows],
             "device": events["device"].to_numpy()[rows],
@@ -87,12 +92,12 @@ def kernel_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
             "correlation": events["correlation"].to_numpy()[rows],
             "bytes": events["bytes"].to_numpy()[rows],
             "stage": stage_categorical(attribution.stage[rows]),
-            "stage_rule": np.asarray(attribution.rule_names, dtype=object)[attribution.rule[rows]],
+            "stage_rule": pd.Categorical.from_codes(attribution.rule[rows], categories=attribution.rule_names),
             "step": attribution.step[rows],
             "launch_trace_index": _row_ref(launch, trace_index),
-            "launch_name": np.where(has_launch, names[np.where(has_launch, launch, 0)], None),
+            "launch_name": _take_categorical(events["name"], launch),
             "launch_op_trace_index": _row_ref(launch_op, trace_index),
-            "launch_op_name": np.where(has_op, names[np.where(has_op, launch_op, 0)], None),
+            "launch_op_name": _take_categorical(events["name"], launch_op),
             "launch_latency_ns": latency,
         }
     )
@@ -110,7 +115,7 @@ def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],
-            "name": events["name"].to_numpy()[rows],
+            "name": _take_categorical(events["name"], rows),
             "ts_ns": events["ts_ns"].to_numpy()[rows],
             "dur_ns": dur[rows],
             "self_ns": links.self_ns[rows],
@@ -120,7 +125,7 @@ def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd
             "parent_trace_index": _row_ref(links.parent[rows], trace_index),
             "sequence_number": events["sequence_number"].to_numpy()[rows],
             "stage": stage_categorical(attribution.stage[rows]),
-            "stage_rule": np.asarray(attribution.rule_names, dtype=object)[attribution.rule[rows]],
+            "stage_rule": pd.Categorical.from_codes(attribution.rule[rows], categories=attribution.rule_names),
             "step": attribution.step[rows],
             "gpu_launched_ns": gpu_ns[rows],
             "gpu_launched_count": gpu_count[rows],
@@ -165,7 +170,11 @@ def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -
 
 
 def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
-    """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``)."""
+    """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``).
+
+    GPU idle is measured inside each step: from the stage's first GPU activity to its last, minus busy time;
+    the total row adds up the per-step idle times.
+    """
     stage = attribution.stage.astype(np.int64)
     step = attribution.step
     n_stages = len(STAGES)
@@ -226,6 +235,9 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
             present = total(np.ones(len(events), dtype=bool)) > 0
             frame = frame[present | (frame["step"] != NULL).to_numpy()]
         frames.append(frame)
+    step_frame, total_frame = frames
+    idle_by_stage = step_frame.groupby("stage", observed=False)["gpu_idle_ns"].sum()
+    total_frame["gpu_idle_ns"] = idle_by_stage.reindex(total_frame["stage"]).to_numpy()
     summary = pd.concat(frames, ignore_index=True)
     summary.loc[(summary["scope"] == "step") & (summary["step"] == NULL), "scope"] = "outside_steps"
     return summary.reset_index(drop=True)

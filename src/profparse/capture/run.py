@@ -358,9 +358,7 @@ def run_capture(options: CaptureOptions) -> CaptureResult:
     manifest_path = run_dir / "manifest.json"
     _atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
     log(f"wrote {trace_path} ({trace_path.stat().st_size / 1e6:.2f} MB) and {manifest_path.name}")
-    return CaptureResult(
-        run_dir=run_dir, trace_path=trace_path, manifest_path=manifest_path, manifest=manifest
-    )
+    return CaptureResult(run_dir=run_dir, trace_path=trace_path, manifest_path=manifest_path, manifest=manifest)
 
 
 def summary_text(trace_path: str | os.PathLike[str]) -> str:

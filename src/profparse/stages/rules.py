@@ -35,6 +35,7 @@ class StageRule:
 HOST_SPANS = ("cpu_op", "user_annotation")
 PY = ("python_function",)
 
+# fmt: off
 RULES: tuple[StageRule, ...] = (
     # -- profparse's own marks (capture.py, or any user emitting the same record_function names) -----------
     StageRule("mark.load", "load", 100, r"^profparse\.stage:load$", HOST_SPANS, source="mark",
@@ -78,8 +79,9 @@ RULES: tuple[StageRule, ...] = (
     StageRule("other.data_loading", "other", 50,
               r"^enumerate\(DataLoader\)#|dataloader\.py\(\d+\): __next__$", HOST_SPANS + PY,
               doc="DataLoader iteration"),
-    StageRule("forward.module", "forward", 30, r"^nn\.Module: |^DistributedDataParallel\.forward$|^FullyShardedDataParallel\.forward$",
-              HOST_SPANS + PY, doc="nn.Module calls and DDP/FSDP forward ranges"),
+    StageRule("forward.module", "forward", 30,
+              r"^nn\.Module: |^(DistributedDataParallel|FullyShardedDataParallel)\.forward$", HOST_SPANS + PY,
+              doc="nn.Module calls and DDP/FSDP forward ranges"),
     StageRule("other.communication", "other", 20, r"^(nccl:|c10d::|gloo:|record_param_comms$)", HOST_SPANS,
               doc="collectives outside any stage"),
     StageRule("forward.step", "forward", 10, r"^ProfilerStep#\d+$", ("user_annotation", "cpu_op"),
@@ -87,6 +89,7 @@ RULES: tuple[StageRule, ...] = (
     StageRule("forward.main_thread", "forward", 5, None, None, when="no_steps,main_thread",
               doc="no steps recorded: the rest of the main thread"),
 )
+# fmt: on
 
 UNCLASSIFIED = "other.unclassified"
 GPU_UNLINKED = "other.gpu_unlinked"

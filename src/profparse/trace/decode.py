@@ -25,19 +25,22 @@ MAX_HEADER_BYTES = 256 << 20
 Num = int | float
 
 
-class Args(msgspec.Struct, rename={
-    "external_id": "External id",
-    "sequence_number": "Sequence number",
-    "fwd_thread_id": "Fwd thread id",
-    "mem_bytes": "Bytes",
-    "total_allocated": "Total Allocated",
-    "total_reserved": "Total Reserved",
-    "device_type": "Device Type",
-    "device_id": "Device Id",
-    "addr": "Addr",
-    "python_id": "Python id",
-    "python_parent_id": "Python parent id",
-}):
+class Args(
+    msgspec.Struct,
+    rename={
+        "external_id": "External id",
+        "sequence_number": "Sequence number",
+        "fwd_thread_id": "Fwd thread id",
+        "mem_bytes": "Bytes",
+        "total_allocated": "Total Allocated",
+        "total_reserved": "Total Reserved",
+        "device_type": "Device Type",
+        "device_id": "Device Id",
+        "addr": "Addr",
+        "python_id": "Python id",
+        "python_parent_id": "Python parent id",
+    },
+):
     """The ``args`` keys profparse reads; all others are skipped without being materialised."""
 
     correlation: int | None = None

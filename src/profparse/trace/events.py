@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,9 +260,7 @@ class EventTableBuilder:
                 "i": KIND_CODE["instant"],
                 "I": KIND_CODE["instant"],
             }.get(ph, -1)
-        cat_kind = np.array(
-            [KIND_CODE[CATEGORY_KIND.get(c, "other")] for c in self.cats.values], dtype=np.int8
-        )
+        cat_kind = np.array([KIND_CODE[CATEGORY_KIND.get(c, "other")] for c in self.cats.values], dtype=np.int8)
         kind = ph_kind[ph_code]
         complete = kind == -1
         kind[complete] = cat_kind[cat_code[complete]]
