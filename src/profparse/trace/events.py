@@ -325,6 +325,8 @@ def read_trace(
         if progress is not None:
             progress(decoder.report.bytes_read)
     frame = builder.build()
+    if frame.attrs.get("dropped_missing_ts"):
+        decoder.report.drop("event without ts", frame.attrs["dropped_missing_ts"])
     return RawTrace(
         path=str(path),
         events=frame,

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # tracebuilder, hta_oracle
+
+REPO = TESTS.parent
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+SAMPLE_TRACES = REPO / "sample_traces"
+
+
+def shared_traces() -> list[Path]:
+    return sorted(SHARED_TRACES.glob("*.json.gz")) if SHARED_TRACES.is_dir() else []
+
+
+def sample_traces() -> list[Path]:
+    return sorted(SAMPLE_TRACES.glob("*.json.gz")) if SAMPLE_TRACES.is_dir() else []
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "shared_trace" in metafunc.fixturenames:
+        paths = shared_traces()
+        metafunc.parametrize(
+            "shared_trace",
+            paths or [pytest.param(None, marks=pytest.mark.skip(reason="../shared/traces not present"))],
+            ids=[p.name for p in paths] or ["absent"],
+        )
+    if "sample_trace" in metafunc.fixturenames:
+        paths = sample_traces()
+        metafunc.parametrize(
+            "sample_trace",
+            paths or [pytest.param(None, marks=pytest.mark.skip(reason="no sample_traces/"))],
+            ids=[p.name for p in paths] or ["absent"],
+        )

@@ -1,0 +1,204 @@
+"""Reading traces: formats, schema eras, odd values, truncation."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from tracebuilder import TraceBuilder, training_step
+
+import profparse
+from profparse.errors import InputNotFoundError, TraceFormatError, TruncatedTraceError
+from profparse.trace.events import read_trace
+
+
+def small_trace() -> TraceBuilder:
+    b = TraceBuilder()
+    for step in range(2):
+        training_step(b, step, step * 100)
+    return b
+
+
+def test_json_and_gzip_give_the_same_table(tmp_path):
+    b = small_trace()
+    a = read_trace(b.write(tmp_path / "t.json")).events
+    z = read_trace(b.write(tmp_path / "t.json.gz")).events
+    assert a.equals(z)
+    assert list(a["trace_index"]) == list(range(len(b.events)))
+
+
+def test_small_chunks_give_the_same_table(tmp_path):
+    path = small_trace().write(tmp_path / "t.json")
+    whole = read_trace(path).events
+    chunked = read_trace(path, chunk_bytes=300).events
+    assert whole.equals(chunked)
+
+
+def test_times_are_integer_nanoseconds_exactly(tmp_path):
+    # absolute microsecond timestamps with a fraction: a float64 cannot hold these to the nanosecond,
+    # so the text is written by hand (json.dumps would already round them)
+    events = [
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::a", "pid": 1, "tid": 1, "ts": 1712195495519695.8, "dur": 53.09}',
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::b", "pid": 1, "tid": 1, "ts": 1712195495519695.9, "dur": 52.9}',
+    ]
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [' + ",".join(events) + "]}")
+    p = profparse.parse(path)
+    ev = p.events.set_index("name")
+    assert ev.loc["aten::a", "ts_ns"] == 1712195495519695800
+    assert ev.loc["aten::b", "ts_ns"] == 1712195495519695900
+    assert ev.loc["aten::a", "dur_ns"] == 53090
+    # b ends 10 ns before a ends, so it nests inside a; float64 microseconds would break that
+    assert ev.loc["aten::b", "ts_ns"] + ev.loc["aten::b", "dur_ns"] == 1712195495519748800
+    assert ev.loc["aten::b", "parent_trace_index"] == ev.loc["aten::a", "trace_index"]
+
+
+def test_string_pids_and_tids_and_legacy_categories(tmp_path):
+    doc = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "cat": "Operator",
+                "name": "aten::mm",
+                "pid": 5,
+                "tid": "5",
+                "ts": 10,
+                "dur": 5,
+                "args": {"External id": 1},
+            },
+            {
+                "ph": "X",
+                "cat": "Runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 5,
+                "tid": "5",
+                "ts": 11,
+                "dur": 1,
+                "args": {"correlation": 9},
+            },
+            {
+                "ph": "X",
+                "cat": "Kernel",
+                "name": "gemm",
+                "pid": 0,
+                "tid": "stream 7",
+                "ts": 12,
+                "dur": 3,
+                "args": {"correlation": 9, "stream": 7, "device": 0},
+            },
+            {"ph": "i", "name": "[memory]", "pid": 5, "tid": "5", "ts": 12, "s": "t", "args": {"Bytes": 64}},
+            {
+                "ph": "X",
+                "cat": "Trace",
+                "name": "PyTorch Profiler (0)",
+                "pid": "Spans",
+                "tid": "PyTorch Profiler",
+                "ts": 0,
+                "dur": 100,
+            },
+        ]
+    }
+    path = tmp_path / "legacy.json"
+    path.write_text(json.dumps(doc))
+    p = profparse.parse(path)
+    ev = p.events.set_index("name")
+    assert ev.loc["aten::mm", "kind"] == "cpu_op"
+    assert ev.loc["cudaLaunchKernel", "kind"] == "cuda_runtime"
+    assert ev.loc["gemm", "kind"] == "kernel"
+    assert ev.loc["[memory]", "kind"] == "memory"
+    assert ev.loc["aten::mm", "tid"] == 5
+    assert ev.loc["PyTorch Profiler (0)", "pid"] < 0  # a label gets a stable negative id
+    assert p.kernels.iloc[0]["launch_op_name"] == "aten::mm"
+
+
+def test_wrong_types_are_repaired_or_dropped(tmp_path):
+    doc = {
+        "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
+            {"ph": "X", "cat": "cpu_op", "name": "string_ts", "pid": 1, "tid": 1, "ts": "20.5", "dur": "1"},
+            {"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 1, "tid": 1, "dur": 4},
+            {"ph": "X", "cat": "cpu_op", "name": "list_dur", "pid": 1, "tid": 1, "ts": 30, "dur": [1]},
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "odd_args",
+                "pid": 1,
+                "tid": 1,
+                "ts": 40,
+                "dur": 1,
+                "args": {"correlation": "x12", "External id": 3.0},
+            },
+            7,
+        ]
+    }
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(doc))
+    raw = read_trace(path)
+    names = list(raw.events["name"])
+    assert names == ["ok", "string_ts", "odd_args"]
+    assert raw.events.set_index("name").loc["string_ts", "ts_ns"] == 20500
+    assert raw.report.dropped == {
+        "event without ts": 1,
+        "complete event without numeric dur": 1,
+        "event is not a JSON object": 1,
+    }
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.5, 0.77, 0.95])
+def test_truncated_trace_recovers_complete_events(tmp_path, fraction):
+    b = small_trace()
+    text = json.dumps(b.document(), indent=1).encode()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(text[: int(len(text) * fraction)])
+    raw = read_trace(cut)
+    assert raw.report.truncated
+    n = len(raw.events)
+    assert 0 < n < len(b.events)
+    # every event recovered is exactly the event in the full file
+    full = read_trace(b.write(tmp_path / "full.json")).events
+    assert raw.events["name"].astype(str).tolist() == full["name"].astype(str).tolist()[:n]
+    with pytest.raises(TruncatedTraceError):
+        read_trace(cut, strict=True)
+
+
+def test_truncated_gzip_stream(tmp_path):
+    data = gzip.compress(json.dumps(small_trace().document()).encode())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match="compressed"):
+        read_trace(cut)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty"),
+        (b"not json at all", "not JSON"),
+        (b'{"a": 1}', "traceEvents"),
+        (b"[1, 2, 3]", "bare JSON array"),
+        (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}, {"ph": "X" "name"}]}', "malformed"),
+    ],
+)
+def test_bad_input_raises_clear_errors(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message):
+        read_trace(path)
+
+
+def test_missing_and_directory_inputs(tmp_path):
+    with pytest.raises(InputNotFoundError):
+        read_trace(tmp_path / "nope.json")
+    with pytest.raises(InputNotFoundError):
+        read_trace(tmp_path)
+
+
+def test_header_and_trailer_keys_are_kept(tmp_path):
+    b = small_trace()
+    b.header["distributedInfo"] = {"rank": 3, "world_size": 4}
+    raw = read_trace(b.write(tmp_path / "t.json"))
+    assert raw.header["distributedInfo"]["rank"] == 3
+    assert raw.header["traceName"] == "built-by-tests"
+    assert np.issubdtype(raw.events["ts_ns"].dtype, np.integer)

@@ -1,0 +1,130 @@
+"""Build small Kineto-style traces by hand for unit tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+MAIN = 100
+AUTOGRAD = 200
+PID = 1
+GPU_PID = 0
+STREAM = 7
+
+
+class TraceBuilder:
+    """Append events with microsecond times; ``write`` saves a trace file."""
+
+    def __init__(self, autograd_thread: bool = True) -> None:
+        self.events: list[dict[str, Any]] = [
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": PID,
+                "tid": MAIN,
+                "args": {"name": "thread 100 (pt_main_thread)"},
+            },
+            {"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": "python"}},
+        ]
+        if autograd_thread:
+            self.events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": PID,
+                    "tid": AUTOGRAD,
+                    "args": {"name": "thread 200 (pt_autograd_0)"},
+                }
+            )
+        self.correlation = 1000
+        self.header: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Fake GPU"}]}
+
+    def span(self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = MAIN, **args: Any) -> dict:
+        event = {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args}
+        self.events.append(event)
+        return event
+
+    def op(self, name: str, ts: float, dur: float, tid: int = MAIN, **args: Any) -> dict:
+        return self.span(name, ts, dur, "cpu_op", tid, **args)
+
+    def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN) -> dict:
+        return self.span(name, ts, dur, "user_annotation", tid)
+
+    def py(self, name: str, ts: float, dur: float, tid: int = MAIN) -> dict:
+        return self.span(name, ts, dur, "python_function", tid)
+
+    def launch(
+        self,
+        ts: float,
+        kernel_ts: float,
+        kernel_dur: float,
+        tid: int = MAIN,
+        name: str = "k",
+        cat: str = "kernel",
+        **kernel_args: Any,
+    ) -> tuple[dict, dict]:
+        """A cudaLaunchKernel at ``ts`` (1 us long) and the GPU activity it launches."""
+        self.correlation += 1
+        runtime = self.span("cudaLaunchKernel", ts, 1.0, "cuda_runtime", tid, correlation=self.correlation)
+        gpu = {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": GPU_PID,
+            "tid": STREAM,
+            "ts": kernel_ts,
+            "dur": kernel_dur,
+            "args": {"correlation": self.correlation, "stream": STREAM, "device": 0, **kernel_args},
+        }
+        self.events.append(gpu)
+        return runtime, gpu
+
+    def memory(self, ts: float, nbytes: int, total: int, tid: int = MAIN) -> dict:
+        event = {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "s": "t",
+            "name": "[memory]",
+            "pid": PID,
+            "tid": tid,
+            "ts": ts,
+            "args": {
+                "Bytes": nbytes,
+                "Total Allocated": total,
+                "Total Reserved": total,
+                "Device Type": 1,
+                "Device Id": 0,
+                "Addr": 1234,
+            },
+        }
+        self.events.append(event)
+        return event
+
+    def document(self) -> dict[str, Any]:
+        return {**self.header, "traceEvents": self.events, "traceName": "built-by-tests"}
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        text = json.dumps(self.document(), indent=1).encode()
+        if path.suffix == ".gz":
+            path.write_bytes(gzip.compress(text))
+        else:
+            path.write_bytes(text)
+        return path
+
+
+def training_step(b: TraceBuilder, step: int, t0: float) -> float:
+    """One realistic step: forward (module, op, kernel), backward on the autograd thread, optimizer; returns end."""
+    b.annotation(f"ProfilerStep#{step}", t0, 100)
+    b.py("nn.Module: Linear_0", t0 + 1, 20)
+    b.op("aten::linear", t0 + 2, 15)
+    b.launch(t0 + 3, t0 + 5, 10, name="gemm_fwd")
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 30, 30, tid=AUTOGRAD)
+    b.op("AddmmBackward0", t0 + 31, 25, tid=AUTOGRAD)
+    b.launch(t0 + 32, t0 + 35, 20, tid=AUTOGRAD, name="gemm_bwd")
+    b.annotation("Optimizer.step#AdamW.step", t0 + 70, 20)
+    b.op("aten::_foreach_add_", t0 + 71, 10)
+    b.launch(t0 + 72, t0 + 75, 5, name="adam_kernel")
+    return t0 + 100
