@@ -37,12 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Profile loading + a few training steps of a Hugging Face causal LM with torch.profiler.",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument(
-        "--model", metavar="PATH", help="local Hugging Face causal-LM folder (default: tiny Qwen2)"
-    )
-    src.add_argument(
-        "--preset", choices=sorted(PRESETS), help="real layer shapes of a released model, random weights"
-    )
+    src.add_argument("--model", metavar="PATH", help="local Hugging Face causal-LM folder (default: tiny Qwen2)")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="real layer shapes of a released model, random weights")
     p.add_argument("--layers", type=int, help="decoder layers of the --preset model (default: all)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", choices=("bf16", "fp32"), help="default: fp32 on cpu, bf16 on cuda")
@@ -51,12 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=64, help="sequence length (default 64)")
     p.add_argument("--out", metavar="DIR", help="run folder (default runs/<timestamp>)")
     p.add_argument("--no-stack", dest="with_stack", action="store_false", help="profiler: with_stack off")
-    p.add_argument(
-        "--no-shapes", dest="record_shapes", action="store_false", help="profiler: record_shapes off"
-    )
-    p.add_argument(
-        "--no-memory", dest="profile_memory", action="store_false", help="profiler: profile_memory off"
-    )
+    p.add_argument("--no-shapes", dest="record_shapes", action="store_false", help="profiler: record_shapes off")
+    p.add_argument("--no-memory", dest="profile_memory", action="store_false", help="profiler: profile_memory off")
     p.add_argument(
         "--no-stage-marks",
         dest="stage_marks",
@@ -69,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="skip the unprofiled warm-up load: profile a first-in-process from_pretrained "
         "(lazy imports, conversion-mapping build; a ~10x bigger trace)",
+    )
+    p.add_argument(
+        "--sync-load",
+        action="store_true",
+        help="load weights on the main thread (HF_DEACTIVATE_ASYNC_LOAD=1), so the trace shows them",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the input token ids and of torch (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -94,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_memory=args.profile_memory,
             stage_marks=args.stage_marks,
             warm=args.warm,
+            sync_load=args.sync_load,
             seed=args.seed,
             quiet=args.quiet,
         )

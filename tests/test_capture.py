@@ -108,14 +108,13 @@ def test_marked_capture_manifest(marked_run) -> None:
     assert not [p.name for p in marked_run.run_dir.iterdir() if p.name.startswith(".")], "temp files left"
 
 
-def test_script_without_marks_or_stack(
-    marked_run, cache_dir: Path, tmp_path: Path, monkeypatch, capsys
-) -> None:
+def test_script_without_marks_or_stack(marked_run, cache_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("PROFPARSE_CACHE", str(cache_dir))
     script = _load_script()
     out = tmp_path / "run"
     argv = ["--out", str(out), "--steps", "1", "--batch", "1", "--seq-len", "16"]
-    rc = script.main([*argv, "--no-stage-marks", "--no-stack", "--no-memory", "--quiet"])
+    monkeypatch.delenv("HF_DEACTIVATE_ASYNC_LOAD", raising=False)
+    rc = script.main([*argv, "--no-stage-marks", "--no-stack", "--no-memory", "--sync-load", "--quiet"])
     assert rc == 0
     captured = capsys.readouterr()
     # The stage summary (or the note that profparse.summarize is not there yet); the parser is written
@@ -129,14 +128,14 @@ def test_script_without_marks_or_stack(
         "ProfilerStep#0",
         "ProfilerStep#1",
     ]
-    assert not [
-        e for e in events if str(e.get("name", "")).startswith(("profparse.stage:", "profparse.load:"))
-    ]
+    assert not [e for e in events if str(e.get("name", "")).startswith(("profparse.stage:", "profparse.load:"))]
     assert not _names(events, "python_function")
     assert not _names(events, "cpu_instant_event")  # no [memory] events
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["built_now"] is False  # reused the cached model
     assert manifest["stage_marks"] is None
+    assert manifest["layout"]["sync_load"] is True
+    assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ  # set for the loads only
 
 
 def test_model_rebuilt_when_record_differs(marked_run, cache_dir: Path, tmp_path: Path) -> None:
@@ -161,10 +160,7 @@ def test_model_rebuilt_when_record_differs(marked_run, cache_dir: Path, tmp_path
 
 
 def test_import_does_not_import_torch() -> None:
-    code = (
-        "import sys, profparse, profparse.capture; "
-        "print('torch' in sys.modules, 'transformers' in sys.modules)"
-    )
+    code = "import sys, profparse, profparse.capture; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -89,6 +89,9 @@ class CaptureOptions:
     (first-in-process) ``from_pretrained`` in transformers 5.x also imports the model's code and builds the
     library-wide checkpoint conversion mapping (regex compiles): ~700k more Python events, a ~10x bigger
     trace."""
+    sync_load: bool = False
+    """Set ``HF_DEACTIVATE_ASYNC_LOAD=1`` around the loads: transformers 5.x otherwise copies the weights out of
+    the safetensors file on a thread pool that the profiler does not record (no Python frames, no ops)."""
     seed: int = 0
     lr: float = 1e-4
     quiet: bool = False

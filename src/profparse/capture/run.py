@@ -28,6 +28,7 @@ from profparse.capture.options import CaptureOptions, CaptureResult
 
 MANIFEST_FORMAT = 1
 EXTRA_HINT = "pip install 'profparse[capture]'"
+SYNC_LOAD_ENV = "HF_DEACTIVATE_ASYNC_LOAD"
 
 
 class CaptureDependencyError(ImportError):
@@ -144,6 +145,23 @@ def _versions(torch: Any, transformers: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """Set (``value`` not None) an environment variable for the duration; restore it after."""
+    if value is None:
+        yield
+        return
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
 def _quiet_transformers(transformers: Any, quiet: bool) -> Iterator[None]:
     """Under --quiet, silence transformers' progress bars and warnings (this also drops tqdm's frames from the
     trace)."""
@@ -215,10 +233,11 @@ def run_capture(options: CaptureOptions) -> CaptureResult:
     from transformers import AutoModelForCausalLM
 
     load_kwarg = _load_kwarg(transformers)
+    sync_load = "1" if options.sync_load else None
     if options.warm:
         log("warm-up load (not profiled)")
         t0 = time.perf_counter()
-        with _quiet_transformers(transformers, options.quiet):
+        with _quiet_transformers(transformers, options.quiet), _env(SYNC_LOAD_ENV, sync_load):
             warm_model = _from_pretrained(AutoModelForCausalLM, model_path, dtype, load_kwarg)
         del warm_model
         wall["warm_up"] = time.perf_counter() - t0
@@ -246,7 +265,7 @@ def run_capture(options: CaptureOptions) -> CaptureResult:
             log(f"loading {model_path}")
             t0 = time.perf_counter()
             with mark(marks.stage_mark("load")):
-                with mark(marks.load_mark("from_pretrained")):
+                with mark(marks.load_mark("from_pretrained")), _env(SYNC_LOAD_ENV, sync_load):
                     model = _from_pretrained(AutoModelForCausalLM, model_path, dtype, load_kwarg)
                     t1 = time.perf_counter()
                 with mark(marks.load_mark("to_device")):
@@ -339,6 +358,7 @@ def run_capture(options: CaptureOptions) -> CaptureResult:
         },
         "layout": {
             "warm": options.warm,
+            "sync_load": options.sync_load,
             "ProfilerStep#0": "load (from_pretrained, .to(device), optimizer creation)",
             "ProfilerStep#1..N": "training steps",
             "steps": options.steps,
