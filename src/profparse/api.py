@@ -67,6 +67,13 @@ class ParsedTrace:
         """Per (step, stage) and total per stage: host wall, op time, GPU time/busy/idle, counts, bytes."""
         return _public(tables.stage_summary(self.raw.events, self.links, self.attribution))
 
+    @cached_property
+    def warnings(self) -> pd.DataFrame:
+        """Quality checks that found something: check, severity, count, value, message."""
+        from profparse.quality import quality_checks
+
+        return quality_checks(self)
+
     @property
     def steps(self) -> pd.DataFrame:
         """The step windows found (``ProfilerStep#N``, else between optimizer steps)."""

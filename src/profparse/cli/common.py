@@ -65,6 +65,7 @@ def parse_input(args: argparse.Namespace) -> Any:
             f"recovered {report.events_read} complete events",
             args.quiet,
         )
-    for reason, count in report.dropped.items():
-        note(f"warning: {args.trace}: dropped {count} events ({reason})", args.quiet)
+    for w in parsed.warnings.itertuples(index=False):
+        if w.severity != "info" and w.check != "truncated":
+            note(f"{w.severity}: {args.trace}: {w.message}", args.quiet)
     return parsed

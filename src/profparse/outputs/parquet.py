@@ -14,7 +14,7 @@ from profparse import tables
 from profparse.outputs.files import atomic_dir
 from profparse.trace.events import NULL
 
-TABLES = ("events", "kernels", "ops", "stage_summary", "steps")
+TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings")
 
 
 def to_arrow(frame: pd.DataFrame) -> pa.Table:
@@ -45,6 +45,7 @@ def internal_tables(parsed: Any) -> dict[str, pd.DataFrame]:
         "ops": tables.op_table(raw, links, attribution),
         "stage_summary": tables.stage_summary(raw, links, attribution),
         "steps": attribution.steps,
+        "warnings": parsed.warnings,
     }
 
 

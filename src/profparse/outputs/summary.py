@@ -101,6 +101,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "top_ops": _top(ops, "self_ns", top),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
+        "warnings": parsed.warnings.to_dict("records"),
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),
@@ -186,6 +187,10 @@ def render_text(data: dict[str, Any]) -> str:
                     f"    {_ms(item['total_ns']):>10} ms {item['share']:6.1%} {item['count']:>6}x  "
                     f"{_shorten(item['name'])}\n"
                 )
+    if data["warnings"]:
+        out.write("\nChecks\n")
+        for w in data["warnings"]:
+            out.write(f"  {w['severity']:<7}  {w['message']}\n")
     if data["gpu_time_by_rule"] or data["op_time_by_rule"]:
         out.write("\nWhich rules decided (GPU time | host op self time, ms)\n")
         names = sorted(set(data["gpu_time_by_rule"]) | set(data["op_time_by_rule"]))

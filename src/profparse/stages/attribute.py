@@ -106,6 +106,26 @@ def _step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
+_AUTOGRAD_THREAD_NAME = re.compile(r"pt_autograd")
+_AUTOGRAD_NODE = re.compile(r"^autograd::engine::evaluate_function: |Backward\d*$")
+
+
+def _autograd_threads(events: pd.DataFrame, links: Links, thread_names: dict, main: int) -> np.ndarray:
+    """Per host thread id (plus a trailing False for 'no thread'): is it an autograd engine thread?"""
+    threads = links.threads
+    named = [
+        _AUTOGRAD_THREAD_NAME.search(thread_names.get((p, t), "")) is not None
+        for p, t in zip(threads["pid"], threads["tid"], strict=True)
+    ]
+    flags = np.array(named + [False], dtype=bool)
+    node_codes = np.flatnonzero(_name_matches(events["name"].cat.categories, _AUTOGRAD_NODE.pattern))
+    nodes = np.isin(events["name"].cat.codes.to_numpy(), node_codes) & links.host & kind_mask(events, {"cpu_op"})
+    runs_nodes = np.unique(links.thread[nodes])
+    runs_nodes = runs_nodes[runs_nodes != main]
+    flags[runs_nodes] = True
+    return flags
+
+
 def _rule_mask(
     rule: StageRule,
     events: pd.DataFrame,
@@ -131,6 +151,8 @@ def _rule_mask(
             mask &= context["no_steps"]
         elif condition == "main_thread":
             mask &= links.thread == context["main_thread"]
+        elif condition == "autograd_thread":
+            mask &= context["autograd_thread"][links.thread]
         elif condition != "always":
             raise ValueError(f"rule {rule.name}: unknown condition {condition!r}")
     return mask
@@ -151,6 +173,7 @@ def attribute(
     ts = events["ts_ns"].to_numpy()
     first_step = steps["start_ns"].min() if not steps.empty and (steps["source"] == "ProfilerStep").all() else None
     context = {
+        "autograd_thread": _autograd_threads(events, links, thread_names, main),
         "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
         "no_steps": bool(steps.empty or (steps["source"] != "ProfilerStep").all()),
         "main_thread": main,

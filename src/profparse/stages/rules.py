@@ -9,7 +9,9 @@ Conditions (``when``):
   ``always``            the rule applies anywhere;
   ``before_first_step`` only to events that start before the first step window;
   ``no_steps``          only when the trace has no step windows at all;
-  ``main_thread``       only on the trace's main thread (the one that holds ``ProfilerStep#N``).
+  ``main_thread``       only on the trace's main thread (the one that holds ``ProfilerStep#N``);
+  ``autograd_thread``   only on the autograd engine's threads: named ``pt_autograd*``, or (older traces) any
+                        thread other than the main one that runs autograd nodes (``*Backward*`` ops).
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ RULES: tuple[StageRule, ...] = (
               PY, doc="Tensor.backward / torch.autograd.backward Python frames"),
     StageRule("backward.node", "backward", 75, r"(Backward\d*|^torch::autograd::AccumulateGrad)$", ("cpu_op",),
               doc="autograd node ops (legacy traces without evaluate_function wrappers)"),
-    StageRule("backward.thread", "backward", 70, None, None, thread=r"pt_autograd",
-              doc="anything on the autograd engine's thread"),
+    StageRule("backward.thread", "backward", 70, None, None, when="autograd_thread",
+              doc="anything on the autograd engine's thread (named pt_autograd*, or a side thread running "
+                  "autograd nodes)"),
     StageRule("load.from_pretrained", "load", 60,
               r": (from_pretrained|_from_config|from_config)$|\(\d+\): (load_state_dict|_load_pretrained_model"
               r"|load_checkpoint|load_model|load_file|safe_open|_load_state_dict_into_meta_model)$",
