@@ -18,6 +18,7 @@ from profparse.marks import STAGES
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
+HOST_COLUMNS = frozenset({"host_wall_ns", "host_op_ns"})
 TOP_N = 5
 TOTAL_COLUMNS = (
     ("host_wall_ns", "host wall"),
@@ -155,13 +156,15 @@ def render_text(data: dict[str, Any]) -> str:
     out.write(f"profparse summary: {data['trace']}\n  {data['events']:,} events, {where}, {devices}{rank}\n")
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
+    has_gpu = data["gpu_activity_ns"] > 0
+    columns = [(c, label) for c, label in TOTAL_COLUMNS if has_gpu or c in HOST_COLUMNS]
     out.write("\nStage totals (times in ms)\n")
-    headers = ["stage"] + [label for _, label in TOTAL_COLUMNS]
-    rows = [[r["stage"]] + [_cell(c, r[c]) for c, _ in TOTAL_COLUMNS] for r in data["totals"]]
+    headers = ["stage"] + [label for _, label in columns]
+    rows = [[r["stage"]] + [_cell(c, r[c]) for c, _ in columns] for r in data["totals"]]
     out.write(_table(headers, rows) + "\n")
 
     if data["per_step"]:
-        out.write("\nPer step: host wall ms | GPU busy ms\n")
+        out.write("\nPer step: host wall ms | GPU busy ms\n" if has_gpu else "\nPer step: host wall ms\n")
         by_step: dict[Any, dict[str, dict]] = {}
         for r in data["per_step"]:
             by_step.setdefault(r["step"], {})[r["stage"]] = r
@@ -171,7 +174,12 @@ def render_text(data: dict[str, Any]) -> str:
             cells = []
             for s in STAGES:
                 r = stages.get(s)
-                cells.append(f"{_ms(r['host_wall_ns'])} | {_ms(r['gpu_busy_ns'])}" if r else "-")
+                if r is None or (not r["host_wall_ns"] and not r["gpu_busy_ns"]):
+                    cells.append("-")
+                elif has_gpu:
+                    cells.append(f"{_ms(r['host_wall_ns'])} | {_ms(r['gpu_busy_ns'])}")
+                else:
+                    cells.append(_ms(r["host_wall_ns"]))
             rows.append([label, *cells])
         out.write(_table(["step", *STAGES], rows) + "\n")
 
@@ -192,10 +200,14 @@ def render_text(data: dict[str, Any]) -> str:
         for w in data["warnings"]:
             out.write(f"  {w['severity']:<7}  {w['message']}\n")
     if data["gpu_time_by_rule"] or data["op_time_by_rule"]:
-        out.write("\nWhich rules decided (GPU time | host op self time, ms)\n")
+        out.write("\nWhich rules decided (host op self time, GPU time; ms)\n")
         names = sorted(set(data["gpu_time_by_rule"]) | set(data["op_time_by_rule"]))
-        rows = [[n, _ms(data["gpu_time_by_rule"].get(n, 0)), _ms(data["op_time_by_rule"].get(n, 0))] for n in names]
-        out.write(_table(["rule", "GPU", "host ops"], rows) + "\n")
+        rows = [[n, _ms(data["op_time_by_rule"].get(n, 0)), _ms(data["gpu_time_by_rule"].get(n, 0))] for n in names]
+        headers = ["rule", "host ops", "GPU"]
+        if not has_gpu:
+            rows = [r[:2] for r in rows]
+            headers = headers[:2]
+        out.write(_table(headers, rows) + "\n")
     return out.getvalue()
 
 
