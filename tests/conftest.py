@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -11,6 +12,14 @@ sys.path.insert(0, str(TESTS))  # tracebuilder, hta_oracle
 REPO = TESTS.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 SAMPLE_TRACES = REPO / "sample_traces"
+
+
+@functools.lru_cache(maxsize=16)
+def parsed(path: Path, include_marks: bool = True):
+    """Parse once per test session (tests must not modify what they get)."""
+    import profparse
+
+    return profparse.parse(path, include_marks=include_marks)
 
 
 def shared_traces() -> list[Path]:

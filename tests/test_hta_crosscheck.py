@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 import profparse
+from conftest import parsed as cached_parse
 
 hta = pytest.importorskip("hta")
 from hta_oracle import file_gpu_time_by_kernel_name, hta_gpu_time_by_kernel_name  # noqa: E402
@@ -18,7 +19,7 @@ def profparse_gpu_time_by_name(parsed: profparse.ParsedTrace) -> pd.Series:
 
 def test_gpu_time_per_kernel_name_agrees_with_hta(shared_trace):
     """HTA without its microsecond rounding: every kernel name within 1% (in fact equal)."""
-    ours = profparse_gpu_time_by_name(profparse.parse(shared_trace))
+    ours = profparse_gpu_time_by_name(cached_parse(shared_trace))
     theirs = hta_gpu_time_by_kernel_name(shared_trace, include_last_profiler_step=True, no_rounding=True)
     assert set(theirs.index) <= set(ours.index)
     mine = ours.reindex(theirs.index)
@@ -31,7 +32,7 @@ def test_hta_default_totals_are_lower_only_by_its_rounding(shared_trace):
 
     The same rounding applied to the raw file reproduces HTA exactly, while profparse equals the raw file.
     """
-    parsed = profparse.parse(shared_trace)
+    parsed = cached_parse(shared_trace)
     ours = profparse_gpu_time_by_name(parsed)
     theirs = hta_gpu_time_by_kernel_name(shared_trace, include_last_profiler_step=True)
     exact = file_gpu_time_by_kernel_name(shared_trace)

@@ -146,3 +146,12 @@ def test_every_event_has_exactly_one_stage_and_a_rule(tmp_path):
     assert p.events["stage_rule"].notna().all()
     mem = p.events[p.events["kind"] == "memory"].iloc[0]
     assert mem["stage"] == "forward"  # inside nn.Module: Linear_0's time on the main thread
+
+
+def test_docs_show_the_current_rule_table():
+    from pathlib import Path
+
+    from profparse.stages.rules import rules_markdown
+
+    doc = (Path(__file__).parents[1] / "docs" / "stages.md").read_text()
+    assert rules_markdown() in doc

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-import profparse
+from conftest import parsed as cached_parse
 
 
 def agreement(path) -> float:
     """Share of CPU-op self time on which inference without marks agrees with the marks."""
-    marked = profparse.parse(path).ops
-    inferred = profparse.parse(path, include_marks=False).ops
+    marked = cached_parse(path).ops
+    inferred = cached_parse(path, include_marks=False).ops
     same = marked["stage"].astype(str).to_numpy() == inferred["stage"].astype(str).to_numpy()
     return float(marked["self_ns"][same].sum() / marked["self_ns"].sum())
 
 
 def test_inference_without_marks_agrees_with_marks(sample_trace):
-    parsed = profparse.parse(sample_trace)
+    parsed = cached_parse(sample_trace)
     if not (parsed.ops["stage_rule"].astype(str).str.startswith("mark.")).any():
         pytest.skip("captured without stage marks")
     assert agreement(sample_trace) >= 0.99
 
 
 def test_every_training_stage_is_found(sample_trace):
-    parsed = profparse.parse(sample_trace, include_marks=False)
+    parsed = cached_parse(sample_trace, include_marks=False)
     totals = parsed.stage_summary.query("scope == 'total'").set_index("stage")
     for stage in ("forward", "backward", "optimizer"):
         assert totals.loc[stage, "host_op_ns"] > 0, stage
@@ -31,7 +31,7 @@ def test_every_training_stage_is_found(sample_trace):
 
 
 def test_loading_is_found_from_python_frames(sample_trace):
-    parsed = profparse.parse(sample_trace, include_marks=False)
+    parsed = cached_parse(sample_trace, include_marks=False)
     if not (parsed.events["kind"] == "python_function").any():
         pytest.skip("captured without Python stacks")
     ops = parsed.ops

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import profparse
+from conftest import parsed
 from profparse.outputs.parquet import read_parquet, write_parquet
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
@@ -27,7 +28,7 @@ def file_gpu_events(path) -> pd.DataFrame:
 
 
 def test_every_gpu_event_gets_a_stage_and_sums_are_exact(shared_trace):
-    p = profparse.parse(shared_trace)
+    p = parsed(shared_trace)
     truth = file_gpu_events(shared_trace)
     kernels = p.kernels
     assert len(kernels) == len(truth)
@@ -40,20 +41,20 @@ def test_every_gpu_event_gets_a_stage_and_sums_are_exact(shared_trace):
 
 
 def test_every_gpu_event_is_linked_to_its_launch(shared_trace):
-    kernels = profparse.parse(shared_trace).kernels
+    kernels = parsed(shared_trace).kernels
     assert kernels["launch_trace_index"].notna().all()
     assert (kernels["stage_rule"] != "other.gpu_unlinked").all()
 
 
 def test_backward_and_optimizer_gpu_time_are_found(shared_trace):
-    totals = profparse.parse(shared_trace).stage_summary.query("scope == 'total'").set_index("stage")
+    totals = parsed(shared_trace).stage_summary.query("scope == 'total'").set_index("stage")
     assert totals.loc["forward", "gpu_time_ns"] > 0
     assert totals.loc["backward", "gpu_time_ns"] > 0
     assert totals.loc["optimizer", "gpu_time_ns"] > 0
 
 
 def test_host_nesting_is_consistent(shared_trace):
-    events = profparse.parse(shared_trace).events
+    events = parsed(shared_trace).events
     child = events[events["parent_trace_index"].notna()]
     parent = events.set_index("trace_index").loc[child["parent_trace_index"].astype("int64")]
     assert (parent["ts_ns"].to_numpy() <= child["ts_ns"].to_numpy()).all()
@@ -63,7 +64,7 @@ def test_host_nesting_is_consistent(shared_trace):
 
 
 def test_parquet_round_trip(shared_trace, tmp_path):
-    p = profparse.parse(shared_trace)
+    p = parsed(shared_trace)
     out = write_parquet(p, tmp_path / "out")
     tables = read_parquet(out)
     assert set(tables) >= {"events", "kernels", "ops", "stage_summary", "steps", "warnings"}

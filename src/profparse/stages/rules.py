@@ -103,3 +103,16 @@ def rules_table(include_marks: bool = True) -> list[StageRule]:
     """The active rules, highest priority first; ``include_marks=False`` drops the mark-based rules."""
     rules = [r for r in RULES if include_marks or r.source not in ("mark", "user_mark")]
     return sorted(rules, key=lambda r: -r.priority)
+
+
+def rules_markdown() -> str:
+    """The rule table as Markdown (docs/stages.md embeds it; a test keeps the two in sync)."""
+    lines = [
+        "| priority | rule | stage | kinds | name pattern | condition | what it is |",
+        "|---:|---|---|---|---|---|---|",
+    ]
+    for r in rules_table():
+        kinds = ", ".join(r.kinds) if r.kinds else "any"
+        pattern = f"`{r.pattern}`".replace("|", "\\|") if r.pattern else "-"
+        lines.append(f"| {r.priority} | `{r.name}` | {r.stage} | {kinds} | {pattern} | {r.when} | {r.doc} |")
+    return "\n".join(lines) + "\n"
