@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from conftest import parsed as cached_parse
 
 import profparse
-from conftest import parsed as cached_parse
 
 hta = pytest.importorskip("hta")
 from hta_oracle import file_gpu_time_by_kernel_name, hta_gpu_time_by_kernel_name  # noqa: E402

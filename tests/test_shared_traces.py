@@ -7,9 +7,9 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import parsed
 
 import profparse
-from conftest import parsed
 from profparse.outputs.parquet import read_parquet, write_parquet
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
