@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from profparse import tables
+from profparse.errors import TraceFormatError
 from profparse.stages.attribute import Attribution, attribute
 from profparse.trace.events import NULL, RawTrace, read_trace
 from profparse.trace.link import Links, link
@@ -103,7 +104,10 @@ def parse(
     progress: Any = None,
 ) -> ParsedTrace:
     """Read, link and attribute one trace file."""
-    raw = read_trace(path, strict=strict, progress=progress)
+    try:
+        raw = read_trace(path, strict=strict, progress=progress)
+    except RecursionError:
+        raise TraceFormatError(f"{path}: JSON nested too deeply (corrupt or hostile input)") from None
     links = link(raw.events)
     attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
     return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})

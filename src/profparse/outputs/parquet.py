@@ -27,8 +27,10 @@ def to_arrow(frame: pd.DataFrame) -> pa.Table:
             mask = values == NULL
             columns[name] = pa.array(values, mask=mask if mask.any() else None)
         elif isinstance(series.dtype, pd.CategoricalDtype):
+            codes = series.cat.codes.to_numpy().astype(np.int32)
+            missing = codes < 0
             columns[name] = pa.DictionaryArray.from_arrays(
-                pa.array(series.cat.codes.to_numpy().astype(np.int32)),
+                pa.array(codes, mask=missing if missing.any() else None),
                 pa.array(series.cat.categories.astype(str).to_numpy(dtype=object), pa.string()),
             )
         else:
