@@ -155,3 +155,18 @@ def test_docs_show_the_current_rule_table():
 
     doc = (Path(__file__).parents[1] / "docs" / "stages.md").read_text()
     assert rules_markdown() in doc
+
+
+def test_op_with_fwdbwd_flow_is_forward(tmp_path):
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    b.op("aten::mul", 10, 5, **{"Sequence number": 7})
+    b.events.append({"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": 7, "pid": 1, "tid": 100, "ts": 10})
+    b.op("autograd::engine::evaluate_function: MulBackward0", 50, 5, tid=AUTOGRAD, **{"Sequence number": 7})
+    b.events.append(
+        {"ph": "f", "cat": "fwdbwd", "name": "fwdbwd", "id": 7, "pid": 1, "tid": AUTOGRAD, "ts": 50, "bp": "e"}
+    )
+    b.op("aten::zeros", 60, 5)  # no autograd history: only the step says forward
+    p = parsed(b, tmp_path)
+    assert row(p, "aten::mul")["stage_rule"] == "forward.autograd_op"
+    assert row(p, "aten::zeros")["stage_rule"] == "forward.step"

@@ -126,6 +126,19 @@ def _autograd_threads(events: pd.DataFrame, links: Links, thread_names: dict, ma
     return flags
 
 
+def _starts_fwdbwd_flow(events: pd.DataFrame, links: Links) -> np.ndarray:
+    """Rows whose event starts a ``fwdbwd`` flow: the flow start nests inside it, at its start time."""
+    out = np.zeros(len(events), dtype=bool)
+    flows = kind_mask(events, {"flow_start"}) & (events["category"] == "fwdbwd").to_numpy() & (links.parent >= 0)
+    rows = np.flatnonzero(flows)
+    if len(rows):
+        parents = links.parent[rows]
+        ts = events["ts_ns"].to_numpy()
+        at_start = ts[rows] == ts[parents]
+        out[parents[at_start]] = True
+    return out
+
+
 def _rule_mask(
     rule: StageRule,
     events: pd.DataFrame,
@@ -153,6 +166,10 @@ def _rule_mask(
             mask &= links.thread == context["main_thread"]
         elif condition == "autograd_thread":
             mask &= context["autograd_thread"][links.thread]
+        elif condition == "not_autograd_thread":
+            mask &= ~context["autograd_thread"][links.thread]
+        elif condition == "forward_linked":
+            mask &= context["forward_linked"]
         elif condition != "always":
             raise ValueError(f"rule {rule.name}: unknown condition {condition!r}")
     return mask
@@ -174,6 +191,7 @@ def attribute(
     first_step = steps["start_ns"].min() if not steps.empty and (steps["source"] == "ProfilerStep").all() else None
     context = {
         "autograd_thread": _autograd_threads(events, links, thread_names, main),
+        "forward_linked": _starts_fwdbwd_flow(events, links),
         "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
         "no_steps": bool(steps.empty or (steps["source"] != "ProfilerStep").all()),
         "main_thread": main,

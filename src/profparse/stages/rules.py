@@ -11,7 +11,10 @@ Conditions (``when``):
   ``no_steps``          only when the trace has no step windows at all;
   ``main_thread``       only on the trace's main thread (the one that holds ``ProfilerStep#N``);
   ``autograd_thread``   only on the autograd engine's threads: named ``pt_autograd*``, or (older traces) any
-                        thread other than the main one that runs autograd nodes (``*Backward*`` ops).
+                        thread other than the main one that runs autograd nodes (``*Backward*`` ops);
+  ``not_autograd_thread`` the opposite;
+  ``forward_linked``    only events that start a ``fwdbwd`` flow (a forward op whose backward node is linked to it
+                        by sequence number).
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ RULES: tuple[StageRule, ...] = (
     StageRule("forward.module", "forward", 30,
               r"^nn\.Module: |^(DistributedDataParallel|FullyShardedDataParallel)\.forward$", HOST_SPANS + PY,
               doc="nn.Module calls and DDP/FSDP forward ranges"),
+    StageRule("forward.autograd_op", "forward", 25, None, ("cpu_op",), when="forward_linked,not_autograd_thread",
+              doc="an op that recorded autograd history (starts a fwdbwd flow to its backward node)"),
     StageRule("other.communication", "other", 20, r"^(nccl:|c10d::|gloo:|record_param_comms$)", HOST_SPANS,
               doc="collectives outside any stage"),
     StageRule("forward.step", "forward", 10, r"^ProfilerStep#\d+$", ("user_annotation", "cpu_op"),
