@@ -169,6 +169,17 @@ def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -
     return mixed
 
 
+def _training_threads(links: Links, stage: np.ndarray) -> np.ndarray:
+    """Per host thread id (plus a trailing False for 'no thread'): does it run any load/forward/backward/optimizer
+    work? Background threads that only wait (a progress-bar monitor, say) do not count towards wall time."""
+    n_threads = len(links.threads)
+    working = links.host & (stage != STAGES.index("other"))
+    flags = np.zeros(n_threads + 1, dtype=bool)
+    flags[np.unique(links.thread[working])] = True
+    flags[-1] = False
+    return flags
+
+
 def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
     """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``).
 
@@ -187,6 +198,7 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     op = kind_mask(events, {"cpu_op"}) & links.host
     spans = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
     spans &= ~mixed_containers(links.parent, links.depth, attribution.stage)
+    spans &= _training_threads(links, attribution.stage)[links.thread]
     launcher = np.zeros(len(events), dtype=bool)
     launcher[links.launch[links.launch >= 0]] = True
     launcher &= kind_mask(events, RUNTIME_KINDS)
