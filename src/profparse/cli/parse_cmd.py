@@ -1,10 +1,46 @@
-"""``profparse parse TRACE -o DIR``: write the Parquet tables."""
+"""``profparse parse TRACE -o DIR``: write the Parquet tables.
+
+``profparse parse FOLDER -o DIR`` does it for a folder of rank traces: one dataset partitioned by rank
+(``DIR/<table>/rank=<r>/part-0.parquet``), ranks parsed in parallel (``--jobs``) or on a Dask cluster (``--scheduler``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import Any
 
 from profparse.cli.common import add_input_options, note, parse_input
+from profparse.errors import PartialFailureError, UsageError
+
+TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces"
+
+
+def add_rank_options(parser: argparse.ArgumentParser) -> None:
+    """Options for a folder of rank traces (ignored for a single trace)."""
+    for action in parser._actions:
+        if action.dest == "trace":
+            action.help = TRACE_HELP
+    group = parser.add_argument_group("many ranks (when TRACE is a folder of per-rank traces)")
+    group.add_argument(
+        "-j", "--jobs", type=int, default=None, metavar="N", help="ranks parsed in parallel processes (default: CPUs)"
+    )
+    group.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the ranks on a Dask cluster (tcp://host:8786); workers must see the same files (docs/ranks.md)",
+    )
+    group.add_argument(
+        "--keep-going", action="store_true", help="exit 0 even if some ranks could not be read (they are reported)"
+    )
+    group.add_argument(
+        "--rank-from",
+        choices=("auto", "name", "position"),
+        default="auto",
+        help="where rank numbers come from: auto = distributedInfo, else the file name (rank3, worker3), "
+        "else sorted position; name = skip distributedInfo; position = sorted position only",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -12,13 +48,102 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_input_options(p)
     p.add_argument("-o", "--out", required=True, help="output folder (created; must not exist unless --force)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    add_rank_options(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if Path(args.trace).is_dir():
+        return run_ranks(args)
     from profparse.outputs.parquet import write_parquet
 
     parsed = parse_input(args)
     out = write_parquet(parsed, args.out, force=args.force)
     note(f"wrote {out}/ ({len(parsed.raw.events):,} events)", args.quiet)
+    return 0
+
+
+# -- many ranks ----------------------------------------------------------------------------------------------------
+
+
+def rank_files(args: argparse.Namespace) -> list[Any]:
+    """Find and number the rank files of ``args.trace``; say where the work will run."""
+    from profparse import ranks
+
+    if args.jobs is not None and args.scheduler:
+        raise UsageError("--jobs and --scheduler do not go together (the Dask cluster decides the parallelism)")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1 (got {args.jobs})")
+    files = ranks.prepare(args.trace, args.rank_from)
+    if args.scheduler:
+        where = f"on the Dask cluster at {args.scheduler}"
+    else:
+        import os
+
+        jobs = min(args.jobs or os.cpu_count() or 1, len(files))
+        where = "in this process" if jobs == 1 else f"in {jobs} processes"
+    note(f"{args.trace}: {len(files)} rank traces ({ranks.describe_sources(files)}); parsing {where}", args.quiet)
+    return files
+
+
+def rank_progress(total: int, quiet: bool) -> Any:
+    """A tqdm counter of finished ranks on stderr when it is a terminal, else None."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="rank", desc="ranks", leave=False, file=sys.stderr)
+
+
+def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
+    """Parse (and with ``out``, write) every rank; report failures and notes on stderr, one line each."""
+    from profparse import ranks
+
+    files = rank_files(args)
+    bar = rank_progress(len(files), args.quiet)
+    try:
+        run = ranks.parse_ranks(
+            args.trace,
+            out,
+            jobs=args.jobs,
+            scheduler=args.scheduler,
+            force=getattr(args, "force", False),
+            include_marks=not args.no_marks,
+            strict=args.strict,
+            files=files,
+            on_done=(lambda result: bar.update(1)) if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    for result in sorted(run.results, key=lambda r: r.rank):
+        if not result.ok:
+            print(f"profparse: rank {result.rank}: error: {result.error}", file=sys.stderr)
+        for message in result.notes:
+            note(f"rank {result.rank}: {message}", args.quiet)
+    return run
+
+
+def partial_failure(run: Any, written: str | None) -> PartialFailureError:
+    failed = sorted(r.rank for r in run.failed)
+    shown = ", ".join(str(r) for r in failed[:10]) + (", ..." if len(failed) > 10 else "")
+    where = f"the other ranks were written to {written}/" if written else "the summary covers the other ranks"
+    return PartialFailureError(
+        f"{len(failed)} of {len(run.results)} ranks could not be read (rank {shown}); {where} (--keep-going to exit 0)"
+    )
+
+
+def run_ranks(args: argparse.Namespace) -> int:
+    run = run_rank_tasks(args, args.out)
+    events = sum(r.events for r in run.ok)
+    note(
+        f"wrote {run.out}/ ({len(run.ok)} ranks, {events:,} events; tables partitioned by rank) in {run.seconds:.1f} s",
+        args.quiet,
+    )
+    if run.failed:
+        if not args.keep_going:
+            raise partial_failure(run, str(run.out))
+        note(f"{len(run.failed)} failed ranks are listed in {run.out}/failed_ranks", args.quiet)
     return 0

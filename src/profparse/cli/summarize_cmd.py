@@ -1,23 +1,59 @@
-"""``profparse summarize TRACE``: the per-stage summary in the terminal (or json/csv/markdown)."""
+"""``profparse summarize TRACE``: the per-stage summary in the terminal (or json/csv/markdown).
+
+``profparse summarize FOLDER``: for a folder of rank traces (or a dataset written by ``parse FOLDER``), the time of
+each stage on each rank, the slowest rank per stage and its lead over the median.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from profparse.cli.common import add_input_options, parse_input
+from profparse.cli.parse_cmd import add_rank_options, partial_failure, run_rank_tasks
 from profparse.outputs.summary import FORMATS, TOP_N, render_summary
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from profparse.ranks import DEFAULT_METRIC, METRICS
+
     p = sub.add_parser("summarize", help="print time per stage, per step, and the top kernels and ops per stage")
     add_input_options(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     p.add_argument("--top", type=int, default=TOP_N, help=f"kernels and ops listed per stage (default: {TOP_N})")
+    add_rank_options(p)
+    p.add_argument(
+        "--metric",
+        choices=tuple(METRICS),
+        default=DEFAULT_METRIC,
+        help=f"for a folder of ranks: the time compared across ranks (default: {DEFAULT_METRIC})",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if Path(args.trace).is_dir():
+        return run_ranks(args)
     parsed = parse_input(args)
     sys.stdout.write(render_summary(parsed, fmt=args.format, top=args.top))
+    return 0
+
+
+def run_ranks(args: argparse.Namespace) -> int:
+    from profparse import ranks
+
+    if ranks.is_rank_dataset(args.trace):
+        results = ranks.results_from_dataset(args.trace)
+        for r in results:
+            if not r.ok:
+                print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
+        run = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
+    else:
+        run = run_rank_tasks(args, None)
+    data = ranks.ranks_summary_data(run.results, metric=args.metric, folder=args.trace)
+    sys.stdout.write(ranks.render_ranks(data, args.format))
+    sys.stdout.flush()
+    if run.failed and not args.keep_going:
+        raise partial_failure(run, None)
     return 0
