@@ -1,0 +1,93 @@
+"""Analyses on a parsed trace, one module each; results are DataFrames (internal ``NULL`` sentinels).
+
+- :mod:`~profparse.analysis.load`: loading sub-steps (rules in :mod:`~profparse.analysis.load_rules`);
+- :mod:`~profparse.analysis.levels`: the stage x level matrix (Python, ops, runtime, device, launch latency);
+- :mod:`~profparse.analysis.modules`: forward/backward time per ``nn.Module`` instance;
+- :mod:`~profparse.analysis.memory`: allocator timeline and memory per stage and step.
+
+:class:`Analyses` computes each on first use and keeps it; ``ParsedTrace`` exposes the public (nullable) versions
+and the Parquet writer the internal ones.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profparse.trace.events import NULL
+
+TABLES = ("load_breakdown", "stage_levels", "modules", "memory", "memory_by_stage")
+
+
+class Analyses:
+    """The analysis tables of one :class:`~profparse.api.ParsedTrace`, computed lazily."""
+
+    def __init__(self, parsed: Any) -> None:
+        self.parsed = parsed
+
+    @property
+    def _inputs(self) -> tuple[pd.DataFrame, Any, Any]:
+        return self.parsed.raw.events, self.parsed.links, self.parsed.attribution
+
+    @cached_property
+    def substeps(self) -> Any:
+        from profparse.analysis.load import load_substeps
+
+        return load_substeps(*self._inputs)
+
+    @cached_property
+    def load_breakdown(self) -> pd.DataFrame:
+        from profparse.analysis.load import load_breakdown
+
+        return load_breakdown(*self._inputs, self.substeps)
+
+    @cached_property
+    def stage_levels(self) -> pd.DataFrame:
+        from profparse.analysis.levels import stage_levels
+
+        summary = self.parsed.stage_summary.copy(deep=False)
+        if isinstance(summary["step"].dtype, pd.Int64Dtype):
+            summary["step"] = summary["step"].fillna(NULL).to_numpy(dtype=np.int64)
+        return stage_levels(*self._inputs, summary)
+
+    @cached_property
+    def modules(self) -> pd.DataFrame:
+        from profparse.analysis.modules import module_table
+
+        return module_table(*self._inputs)
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        from profparse.analysis.memory import memory_timeline
+
+        return memory_timeline(*self._inputs)
+
+    @cached_property
+    def memory_by_stage(self) -> pd.DataFrame:
+        from profparse.analysis.memory import memory_by_stage
+
+        return memory_by_stage(self.memory)
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every analysis table by name (internal NULL sentinels), for writers."""
+        return {name: getattr(self, name) for name in TABLES}
+
+    def add_substage(self, events: pd.DataFrame) -> pd.DataFrame:
+        """``events`` (one row per raw event, in order) with ``substage`` and ``substage_rule`` columns added."""
+        out = events.copy(deep=False)
+        substage = self.substeps.substage_column()
+        rule = self.substeps.rule_column()
+        raw_index = self.parsed.raw.events["trace_index"].to_numpy()
+        index = out["trace_index"].to_numpy()
+        if len(index) != len(raw_index) or not np.array_equal(index, raw_index):
+            pos = np.searchsorted(raw_index, index)
+            substage, rule = substage[pos], rule[pos]
+        out["substage"] = substage
+        out["substage_rule"] = rule
+        return out
+
+
+__all__ = ["Analyses", "TABLES"]

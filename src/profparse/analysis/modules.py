@@ -1,0 +1,296 @@
+"""Forward and backward time per ``nn.Module`` instance.
+
+Forward: every ``nn.Module: <Class>_<instance>`` event (a Python frame recorded with ``with_stack``/``with_modules``)
+is one call; its host time is the call's duration, its GPU time the activity launched from inside it. Module
+times are inclusive (a layer includes its sub-modules); ``host_self_ns`` is the part not inside a sub-module.
+
+Backward: a backward node (an op with ``Fwd thread id`` > 0) shares its ``Sequence number`` with the forward op
+that created it. The node's time (its outermost event: the ``autograd::engine::evaluate_function: ...`` wrapper
+when present) and the GPU activity launched inside it count for the innermost module call around that forward op,
+and roll up to the enclosing modules. Module calls that run inside backward (activation-checkpoint recompute)
+are counted in the backward stage with ``recompute`` = True.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profparse import tables
+from profparse.marks import STAGES
+from profparse.stages.attribute import Attribution
+from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
+
+MODULE_EVENT = re.compile(r"^nn\.Module: .")
+MODULE_NAME = r"^(.+?)(?:_(\d+))?$"  # Class_instance
+NO_MODULE = "(none)"
+BACKWARD = STAGES.index("backward")
+HOST_KINDS = frozenset({"python_function", "user_annotation", "cpu_op"})
+COLUMNS = (
+    "module",
+    "class",
+    "instance",
+    "parent",
+    "depth",
+    "stage",
+    "recompute",
+    "calls",
+    "backward_nodes",
+    "host_ns",
+    "host_self_ns",
+    "gpu_ns",
+    "op_count",
+    "kernel_count",
+    "first_ts_ns",
+)
+
+
+def _innermost(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row: the row itself if in ``mask``, else its innermost ancestor in ``mask`` (-1 = none)."""
+    found = innermost_ancestor_of_kind(parent, depth, mask)
+    return np.where(mask, np.arange(len(mask)), found)
+
+
+def _roll_up(values: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Inclusive sums over a tree of module calls: add each call's total to its parent call, deepest first."""
+    out = values.copy()
+    for d in range(int(level.max(initial=0)), 0, -1):
+        rows = np.flatnonzero((level == d) & (up >= 0))
+        np.add.at(out, up[rows], out[rows])
+    return out
+
+
+def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """One row per (module instance, stage, recompute); empty when the trace has no ``nn.Module`` events."""
+    n = len(events)
+    categories = events["name"].cat.categories
+    is_module_name = np.fromiter(
+        (MODULE_EVENT.match(str(c)) is not None for c in categories), dtype=bool, count=len(categories)
+    )
+    name_codes = events["name"].cat.codes.to_numpy()
+    module = is_module_name[name_codes] & links.host & kind_mask(events, HOST_KINDS) if n else np.zeros(0, bool)
+    calls = np.flatnonzero(module)
+    if calls.size == 0:
+        return _empty()
+
+    ts = events["ts_ns"].to_numpy()
+    dur = events["dur_ns"].to_numpy()
+    parent, depth = links.parent, links.depth
+    # calls form a tree: each call's enclosing call and its depth in that tree
+    enclosing = innermost_ancestor_of_kind(parent, depth, module)  # nearest module call above each row
+    inner = np.where(module, np.arange(n), enclosing)  # the innermost call around each row (itself included)
+    call_pos = np.full(n, -1, dtype=np.int64)
+    call_pos[calls] = np.arange(len(calls))
+    up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
+    level = np.zeros(len(calls), dtype=np.int64)  # number of enclosing calls, by pointer chasing
+    cursor = up.copy()
+    while (cursor >= 0).any():
+        ok = cursor >= 0
+        level[ok] += 1
+        cursor[ok] = up[cursor[ok]]
+
+    def per_call(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """Exclusive sums per call: each row counts for the innermost call around it."""
+        owner = call_pos[np.maximum(inner[rows], 0)]
+        ok = (inner[rows] >= 0) & (owner >= 0)
+        w = None if weights is None else weights[ok]
+        return np.bincount(owner[ok], weights=w, minlength=len(calls)).astype(np.int64)
+
+    ops = np.flatnonzero(kind_mask(events, {"cpu_op"}) & links.host)
+    activity = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS) & (links.launch >= 0))
+    kernels = activity[kind_mask(events, {"kernel"})[activity]]
+    launch_of = links.launch
+
+    fwd = {
+        "host": dur[calls].astype(np.int64),
+        "gpu": per_call(launch_of[activity], dur[activity]),
+        "ops": per_call(ops),
+        "kernels": per_call(launch_of[kernels]),
+    }
+    fwd_incl = {k: v if k == "host" else _roll_up(v, up, level) for k, v in fwd.items()}
+    child_host = np.zeros(len(calls), dtype=np.int64)
+    has_up = up >= 0
+    np.add.at(child_host, up[has_up], fwd["host"][has_up])
+    host_self = fwd["host"] - child_host
+
+    # backward nodes -> their forward op (same sequence number) -> the innermost call around that op
+    node_rows, node_call, bwd_vals = _backward(events, links, inner, call_pos, activity, kernels, ops)
+    bwd_excl = {
+        k: np.bincount(node_call[node_call >= 0], weights=v[node_call >= 0], minlength=len(calls))
+        for k, v in bwd_vals.items()
+    }
+    bwd_excl = {k: v.astype(np.int64) for k, v in bwd_excl.items()}
+    node_count = np.bincount(node_call[node_call >= 0], minlength=len(calls)).astype(np.int64)
+    bwd_incl = {k: _roll_up(v, up, level) for k, v in bwd_excl.items()}
+    nodes_incl = _roll_up(node_count, up, level)
+
+    names = np.asarray(categories[name_codes[calls]].astype(str).str.removeprefix("nn.Module: "))
+    call_stage = attribution.stage[calls].astype(np.int64)
+    parent_name = np.where(up >= 0, names[np.maximum(up, 0)], "")
+    base = pd.DataFrame(
+        {
+            "module": names.astype(object),
+            "parent": parent_name.astype(object),
+            "depth": level,
+            "ts": ts[calls],
+        }
+    )
+    forward = base.assign(
+        stage=call_stage,
+        recompute=call_stage == BACKWARD,
+        calls=1,
+        backward_nodes=0,
+        host_ns=fwd["host"],
+        host_self_ns=host_self,
+        gpu_ns=fwd_incl["gpu"],
+        op_count=fwd_incl["ops"],
+        kernel_count=fwd_incl["kernels"],
+    )
+    with_nodes = nodes_incl > 0
+    backward = base[with_nodes].assign(
+        stage=BACKWARD,
+        recompute=False,
+        calls=1,
+        backward_nodes=nodes_incl[with_nodes],
+        host_ns=bwd_incl["host"][with_nodes],
+        host_self_ns=bwd_excl["host"][with_nodes],
+        gpu_ns=bwd_incl["gpu"][with_nodes],
+        op_count=bwd_incl["ops"][with_nodes],
+        kernel_count=bwd_incl["kernels"][with_nodes],
+    )
+    frames = [forward, backward]
+    orphan = node_call < 0
+    if orphan.any():
+        frames.append(
+            pd.DataFrame(
+                {
+                    "module": [NO_MODULE],
+                    "parent": [""],
+                    "depth": [0],
+                    "ts": [int(ts[node_rows[orphan]].min())],
+                    "stage": [BACKWARD],
+                    "recompute": [False],
+                    "calls": [0],
+                    "backward_nodes": [int(orphan.sum())],
+                    **{
+                        c: [int(bwd_vals[k][orphan].sum())]
+                        for c, k in (
+                            ("host_ns", "host"),
+                            ("gpu_ns", "gpu"),
+                            ("op_count", "ops"),
+                            ("kernel_count", "kernels"),
+                        )
+                    },
+                    "host_self_ns": [int(bwd_vals["host"][orphan].sum())],
+                }
+            )
+        )
+    rows = pd.concat(frames, ignore_index=True)
+    return _aggregate(rows)
+
+
+def _backward(events, links, inner, call_pos, activity, kernels, ops):
+    """Backward nodes (outermost event per node), the call of their forward op, and their host/GPU measures."""
+    n = len(events)
+    seq = events["sequence_number"].to_numpy()
+    fwd_tid = events["fwd_thread_id"].to_numpy()
+    has_seq = (seq != NULL) & links.host
+    is_bwd = has_seq & (fwd_tid != NULL) & (fwd_tid > 0)
+    parent = links.parent
+    # outermost event of each node: its parent is not a backward event of the same sequence number
+    p = np.maximum(parent, 0)
+    same_as_parent = (parent >= 0) & is_bwd[p] & (seq[p] == seq)
+    node = is_bwd & ~same_as_parent
+    # a node running inside another node (reentrant checkpointing) is counted in the outer one
+    node &= innermost_ancestor_of_kind(parent, links.depth, node) < 0
+    outer_node = innermost_ancestor_of_kind(parent, links.depth, node)
+    node_rows = np.flatnonzero(node)
+    empty = {k: np.zeros(0, np.int64) for k in ("host", "gpu", "ops", "kernels")}
+    if node_rows.size == 0:
+        return node_rows, np.zeros(0, np.int64), empty
+
+    # forward op of each sequence number: the latest-starting forward op that recorded it
+    fwd_rows = np.flatnonzero(has_seq & ~is_bwd)
+    ts = events["ts_ns"].to_numpy()
+    order = fwd_rows[np.lexsort((ts[fwd_rows], seq[fwd_rows]))]
+    last = np.r_[seq[order][1:] != seq[order][:-1], True] if order.size else np.zeros(0, bool)
+    creator = order[last]
+    creator_seq = seq[creator]
+    pos = np.searchsorted(creator_seq, seq[node_rows])
+    found = (pos < len(creator_seq)) & (creator_seq[np.minimum(pos, len(creator_seq) - 1)] == seq[node_rows])
+    fwd_op = np.where(found, creator[np.minimum(pos, max(len(creator) - 1, 0))], -1)
+    call = np.where(fwd_op >= 0, inner[np.maximum(fwd_op, 0)], -1)
+    node_call = np.where(call >= 0, call_pos[np.maximum(call, 0)], -1)
+
+    # measures per node: host duration; ops, GPU time and kernels inside it
+    node_pos = np.full(n, -1, dtype=np.int64)
+    node_pos[node_rows] = np.arange(len(node_rows))
+    within = np.where(node, np.arange(n), outer_node)  # the node around each row (itself included)
+
+    def per_node(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        owner = within[rows]
+        ok = owner >= 0
+        w = None if weights is None else weights[ok]
+        return np.bincount(node_pos[owner[ok]], weights=w, minlength=len(node_rows)).astype(np.int64)
+
+    dur = events["dur_ns"].to_numpy()
+    launch = links.launch
+    values = {
+        "host": dur[node_rows].astype(np.int64),
+        "gpu": per_node(launch[activity], dur[activity]),
+        "ops": per_node(ops),
+        "kernels": per_node(launch[kernels]),
+    }
+    return node_rows, node_call, values
+
+
+def _aggregate(rows: pd.DataFrame) -> pd.DataFrame:
+    """Sum the per-call rows per (module, stage, recompute); keep tree order (first call)."""
+    keys = ["module", "stage", "recompute"]
+    grouped = rows.groupby(keys, sort=False)
+    out = grouped.agg(
+        parent=("parent", "first"),
+        depth=("depth", "min"),
+        calls=("calls", "sum"),
+        backward_nodes=("backward_nodes", "sum"),
+        host_ns=("host_ns", "sum"),
+        host_self_ns=("host_self_ns", "sum"),
+        gpu_ns=("gpu_ns", "sum"),
+        op_count=("op_count", "sum"),
+        kernel_count=("kernel_count", "sum"),
+        first_ts_ns=("ts", "min"),
+    ).reset_index()
+    first = out.groupby("module", sort=False)["first_ts_ns"].transform("min")
+    out = out.assign(_first=first).sort_values(["_first", "stage", "recompute"], kind="stable").drop(columns="_first")
+    parts = out["module"].str.extract(MODULE_NAME)
+    out["class"] = parts[0].where(out["module"] != NO_MODULE, NO_MODULE)
+    instance = pd.to_numeric(parts[1], errors="coerce")
+    out["instance"] = np.where(instance.isna(), NULL, instance.fillna(0)).astype(np.int64)
+    out["stage"] = tables.stage_categorical(out["stage"].to_numpy())
+    for column in (
+        "depth",
+        "calls",
+        "backward_nodes",
+        "host_ns",
+        "host_self_ns",
+        "gpu_ns",
+        "op_count",
+        "kernel_count",
+        "first_ts_ns",
+    ):
+        out[column] = out[column].to_numpy().astype(np.int64)
+    out["recompute"] = out["recompute"].astype(bool)
+    return out[list(COLUMNS)].reset_index(drop=True)
+
+
+def _empty() -> pd.DataFrame:
+    frame = pd.DataFrame({c: np.array([], np.int64) for c in COLUMNS})
+    frame["module"] = frame["module"].astype(object)
+    frame["class"] = frame["class"].astype(object)
+    frame["parent"] = frame["parent"].astype(object)
+    frame["stage"] = tables.stage_categorical(np.array([], np.int8))
+    frame["recompute"] = frame["recompute"].astype(bool)
+    return frame
