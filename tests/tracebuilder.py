@@ -128,3 +128,40 @@ def training_step(b: TraceBuilder, step: int, t0: float) -> float:
     b.op("aten::_foreach_add_", t0 + 71, 10)
     b.launch(t0 + 72, t0 + 75, 5, name="adam_kernel")
     return t0 + 100
+
+
+# -- helpers for the analysis tests (tests/test_analysis_*.py) -------------------------------------------------------
+
+
+def forward_op(b: TraceBuilder, name: str, ts: float, dur: float, seq: int, tid: int = MAIN) -> dict:
+    """A forward op that recorded autograd history: ``Sequence number`` = ``seq``, ``Fwd thread id`` = 0."""
+    return b.op(name, ts, dur, tid, **{"Sequence number": seq, "Fwd thread id": 0})
+
+
+def backward_node(b: TraceBuilder, node: str, ts: float, dur: float, seq: int, tid: int = AUTOGRAD) -> dict:
+    """An autograd node as the engine records it: the ``evaluate_function`` wrapper around the node op."""
+    args = {"Sequence number": seq, "Fwd thread id": 1}
+    wrapper = b.op(f"autograd::engine::evaluate_function: {node}", ts, dur, tid, **args)
+    b.op(node, ts + 0.5, dur - 1, tid, **args)
+    return wrapper
+
+
+def memory_event(
+    b: TraceBuilder,
+    ts: float,
+    nbytes: int,
+    total: int | None,
+    *,
+    reserved: int | None = None,
+    device_type: int = 1,
+    device_id: int = 0,
+    tid: int = MAIN,
+) -> dict:
+    """A ``[memory]`` event; ``total`` None leaves out ``Total Allocated`` (as legacy traces do)."""
+    event = b.memory(ts, nbytes, total or 0, tid)
+    args = event["args"]
+    args["Device Type"], args["Device Id"] = device_type, device_id
+    args["Total Reserved"] = reserved if reserved is not None else (total or 0)
+    if total is None:
+        del args["Total Allocated"], args["Total Reserved"]
+    return event

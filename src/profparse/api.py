@@ -50,8 +50,8 @@ class ParsedTrace:
 
     @cached_property
     def events(self) -> pd.DataFrame:
-        """One row per trace event, with nesting, launch links, ``stage``, ``stage_rule`` and ``step``."""
-        return _public(self._events)
+        """One row per trace event, with nesting, launch links, ``stage``, ``stage_rule``, ``step``, ``substage``."""
+        return _public(self._analysis.add_substage(self._events))
 
     @cached_property
     def kernels(self) -> pd.DataFrame:
@@ -67,6 +67,37 @@ class ParsedTrace:
     def stage_summary(self) -> pd.DataFrame:
         """Per (step, stage) and total per stage: host wall, op time, GPU time/busy/idle, counts, bytes."""
         return _public(tables.stage_summary(self.raw.events, self.links, self.attribution))
+
+    @cached_property
+    def _analysis(self) -> Any:
+        from profparse.analysis import Analyses
+
+        return Analyses(self)
+
+    @cached_property
+    def load_breakdown(self) -> pd.DataFrame:
+        """Loading sub-steps (config, class resolution, instantiation, weights, device transfer, unattributed)."""
+        return _public(self._analysis.load_breakdown)
+
+    @cached_property
+    def stage_levels(self) -> pd.DataFrame:
+        """Per (step, stage) and stage: Python, op, runtime and device time, device idle, launch latency."""
+        return _public(self._analysis.stage_levels)
+
+    @cached_property
+    def modules(self) -> pd.DataFrame:
+        """Forward and backward host/GPU time per nn.Module instance (recompute labelled)."""
+        return _public(self._analysis.modules)
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """The allocator timeline: one row per ``[memory]`` event with totals, device, stage and step."""
+        return _public(self._analysis.memory)
+
+    @cached_property
+    def memory_by_stage(self) -> pd.DataFrame:
+        """Per (step, stage, device): allocated at start/end, peak, bytes allocated and freed."""
+        return _public(self._analysis.memory_by_stage)
 
     @cached_property
     def warnings(self) -> pd.DataFrame:

@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profparse import tables
+from profparse.analysis import TABLES as ANALYSIS_TABLES
 from profparse.outputs.files import atomic_dir
 from profparse.trace.events import NULL
 
-TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings")
+TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings") + ANALYSIS_TABLES
 
 
 def to_arrow(frame: pd.DataFrame) -> pa.Table:
@@ -42,12 +43,13 @@ def internal_tables(parsed: Any) -> dict[str, pd.DataFrame]:
     """The tables to write, with internal NULL sentinels."""
     raw, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
     return {
-        "events": tables.event_table(raw, links, attribution),
+        "events": parsed._analysis.add_substage(tables.event_table(raw, links, attribution)),
         "kernels": tables.kernel_table(raw, links, attribution),
         "ops": tables.op_table(raw, links, attribution),
         "stage_summary": tables.stage_summary(raw, links, attribution),
         "steps": attribution.steps,
         "warnings": parsed.warnings,
+        **parsed._analysis.tables(),
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.analysis import report as analysis_report
 from profparse.marks import STAGES
 from profparse.trace.events import NULL
 
@@ -103,6 +104,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "warnings": parsed.warnings.to_dict("records"),
+        "analyses": analysis_report.summary_sections(parsed),
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),
@@ -184,6 +186,8 @@ def render_text(data: dict[str, Any]) -> str:
         out.write(_table(["step", *STAGES], rows) + "\n")
 
     for title, key in (("Top kernels (GPU time)", "top_kernels"), ("Top ops (host self time)", "top_ops")):
+        if not any(data[key].values()):
+            continue
         out.write(f"\n{title} per stage\n")
         for stage in STAGES:
             items = data[key].get(stage, [])
@@ -195,12 +199,13 @@ def render_text(data: dict[str, Any]) -> str:
                     f"    {_ms(item['total_ns']):>10} ms {item['share']:6.1%} {item['count']:>6}x  "
                     f"{_shorten(item['name'])}\n"
                 )
+    out.write(analysis_report.render_text(data.get("analyses")))
     if data["warnings"]:
         out.write("\nChecks\n")
         for w in data["warnings"]:
             out.write(f"  {w['severity']:<7}  {w['message']}\n")
     if data["gpu_time_by_rule"] or data["op_time_by_rule"]:
-        out.write("\nWhich rules decided (host op self time, GPU time; ms)\n")
+        out.write(f"\nWhich rules decided ({'host op self time, GPU time' if has_gpu else 'host op self time'}; ms)\n")
         names = sorted(set(data["gpu_time_by_rule"]) | set(data["op_time_by_rule"]))
         rows = [[n, _ms(data["op_time_by_rule"].get(n, 0)), _ms(data["gpu_time_by_rule"].get(n, 0))] for n in names]
         headers = ["rule", "host ops", "GPU"]
@@ -228,6 +233,7 @@ def render_markdown(data: dict[str, Any]) -> str:
                 lines.append(
                     f"| {stage} | `{name}` | {item['count']} | {_ms(item['total_ns'])} | {item['share']:.1%} |"
                 )
+    lines += analysis_report.render_markdown(data.get("analyses"))
     return "\n".join(lines) + "\n"
 
 
