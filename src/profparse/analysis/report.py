@@ -216,7 +216,8 @@ def render_text(data: dict[str, Any] | None) -> str:
         headers, rows = _module_rows(modules)
         more = len(modules) - MODULE_ROWS
         parts.append(
-            f"Modules by class ({data['module_count']} instances; ms, a module includes its sub-modules)\n"
+            f"Modules by class ({data['module_count']} instance{'s' if data['module_count'] != 1 else ''}; "
+            "ms, a module includes its sub-modules)\n"
             + _table(headers, rows)
             + (f"\n  ... {more} more classes (profparse parse: modules table)" if more > 0 else "")
         )
