@@ -1,0 +1,33 @@
+"""``profparse annotate TRACE -o OUT.json.gz``: the trace plus stage tracks, for Perfetto UI / chrome://tracing."""
+
+from __future__ import annotations
+
+import argparse
+
+from profparse.cli.common import add_input_options, note, parse_input
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "annotate",
+        help="write a copy of the trace with stage tracks added (open it in Perfetto UI or chrome://tracing)",
+        description="Copy TRACE to OUT unchanged and append, before the event array closes, one process named "
+        "'profparse stages' with a thread per host thread and GPU stream whose slices are the stages "
+        "(args: stage, rule, step). OUT is gzip-compressed when it ends with .gz.",
+    )
+    add_input_options(p)
+    p.add_argument("-o", "--out", required=True, help="output trace (.json or .json.gz); must not exist unless --force")
+    p.add_argument("--force", action="store_true", help="replace an existing output file (never the input)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from profparse.outputs.perfetto import write_annotated
+
+    parsed = parse_input(args)
+    result = write_annotated(parsed, args.out, force=args.force)
+    cut = " (input was cut short: its complete events were copied)" if result.truncated_input else ""
+    tracks = f"{result.tracks} track" + ("s" if result.tracks != 1 else "")
+    substeps = f", {result.substeps:,} loading sub-step slices" if result.substeps else ""
+    note(f"wrote {result.path} ({result.intervals:,} stage slices on {tracks}{substeps}){cut}", args.quiet)
+    return 0

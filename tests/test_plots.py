@@ -1,0 +1,206 @@
+"""``profparse plot``: one valid, non-empty PNG and SVG per kind; kinds without data are skipped with a reason."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import SAMPLE_TRACES, SHARED_TRACES
+from conftest import parsed as parsed_once
+from tracebuilder import TraceBuilder, training_step
+
+import profparse
+from profparse.cli.main import main
+from profparse.marks import STAGES
+from profparse.outputs import plots
+from profparse.outputs.plots import PLOT_KINDS, STAGE_COLORS, optional_table, shorten_name, write_plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
+V100 = SHARED_TRACES / "v100_ns_resolution_5steps.json.gz"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+def assert_png(path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    image = mpimg.imread(path)
+    assert image.shape[0] > 100 and image.shape[1] > 300
+    assert float(np.std(image[..., :3])) > 0.01, f"{path.name} is blank"
+
+
+def assert_svg(path: Path) -> None:
+    root = ET.parse(path).getroot()
+    assert root.tag.endswith("svg")
+    assert len(list(root.iter())) > 50, f"{path.name} has almost nothing drawn"
+
+
+def results_by_kind(results) -> dict[str, plots.PlotResult]:
+    by_kind = {r.kind: r for r in results}
+    assert list(by_kind) == list(PLOT_KINDS)  # one result per kind, in order
+    return by_kind
+
+
+def has_analysis(parsed) -> bool:
+    return hasattr(type(parsed), "modules")
+
+
+def test_cpu_sample_trace_plots(tmp_path):
+    parsed = parsed_once(need(CPU_MARKS))
+    out = tmp_path / "plots"
+    by_kind = results_by_kind(write_plots(parsed, out))
+    drawn = {"stages", "timeline", "top_ops", "memory"}
+    if has_analysis(parsed):
+        drawn |= {"layers", "load"}
+    for kind in drawn:
+        r = by_kind[kind]
+        assert r.skipped is None, (kind, r.skipped)
+        assert [f.name for f in r.files] == [f"{kind}.png", f"{kind}.svg"]
+        assert_png(out / f"{kind}.png")
+        assert_svg(out / f"{kind}.svg")
+    assert by_kind["top_kernels"].skipped and "GPU" in by_kind["top_kernels"].skipped
+    assert not by_kind["top_kernels"].files
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted(f"{k}.{fmt}" for k in drawn for fmt in ("png", "svg"))
+
+
+@pytest.mark.parametrize("name", ["v100_ns_resolution_5steps", "v100_resnet50_legacy2021", "mi300x_resnet18_train"])
+def test_gpu_trace_plots(tmp_path, name):
+    parsed = parsed_once(need(SHARED_TRACES / f"{name}.json.gz"))
+    out = tmp_path / "plots"
+    by_kind = results_by_kind(write_plots(parsed, out, formats=("png",)))
+    for kind in ("stages", "timeline", "top_kernels", "top_ops"):
+        assert by_kind[kind].skipped is None
+        assert_png(out / f"{kind}.png")
+    memory = by_kind["memory"]
+    if name == "v100_resnet50_legacy2021":  # [memory] events without Total Allocated: the running sum is drawn
+        assert memory.skipped is None
+    elif name == "v100_ns_resolution_5steps":
+        assert memory.skipped and "[memory]" in memory.skipped
+    for r in by_kind.values():
+        assert (r.skipped is None) == bool(r.files)
+        assert r.skipped is None or r.skipped.strip()
+
+
+def test_kinds_and_formats_can_be_chosen(tmp_path):
+    parsed = parsed_once(need(V100))
+    out = tmp_path / "one"
+    results = write_plots(parsed, out, kinds=["timeline"], formats=("svg",))
+    assert [r.kind for r in results] == ["timeline"]
+    assert [p.name for p in out.iterdir()] == ["timeline.svg"]
+    assert_svg(out / "timeline.svg")
+    with pytest.raises(ValueError, match="unknown plot kind"):
+        write_plots(parsed, tmp_path / "bad", kinds=["pie"])
+    assert not (tmp_path / "bad").exists()
+
+
+def test_synthetic_trace_without_memory_or_modules_skips_cleanly(tmp_path):
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3):
+        t = training_step(b, step, t)
+    parsed = profparse.parse(b.write(tmp_path / "t.json.gz"))
+    by_kind = results_by_kind(write_plots(parsed, tmp_path / "out", formats=("png",)))
+    assert by_kind["memory"].skipped
+    assert by_kind["load"].skipped
+    for kind in ("stages", "timeline", "top_kernels", "top_ops"):
+        assert by_kind[kind].skipped is None
+        assert_png(tmp_path / "out" / f"{kind}.png")
+
+
+def test_memory_plot_from_memory_events(tmp_path):
+    b = TraceBuilder()
+    t = 0.0
+    total = 0
+    for step in range(2):
+        t0 = t
+        t = training_step(b, step, t)
+        for i in range(20):
+            total += (1 << 20) if i < 12 else -(1 << 19)
+            b.memory(t0 + 1 + i * 4, 1 << 20, total)
+    parsed = profparse.parse(b.write(tmp_path / "t.json.gz"))
+    fig, why = plots.make_figure(parsed, "memory")
+    assert why is None and fig is not None
+    ax = fig.axes[0]
+    assert "GPU 0" in ax.get_ylabel() or "cuda" in ax.get_ylabel()
+    assert "MB" in ax.get_ylabel()
+    plots.save_figure(fig, tmp_path / "memory", ("png",))
+    assert_png(tmp_path / "memory.png")
+
+
+def test_empty_or_missing_tables_are_skipped():
+    class Bare:
+        empty = pd.DataFrame({"x": []})
+
+    assert optional_table(Bare(), "modules") is None  # attribute missing
+    assert optional_table(Bare(), "empty") is None  # no rows
+
+
+def test_timeline_caps_drawn_rectangles(monkeypatch):
+    parsed = parsed_once(need(V100))
+    monkeypatch.setattr(plots, "MAX_RECTS", 12)
+    tracks, gap = plots._timeline_intervals(parsed)
+    assert len(tracks.intervals) <= 12 or gap >= tracks.intervals["end_ns"].max() - tracks.intervals["start_ns"].min()
+    fig, why = plots.make_figure(parsed, "timeline")
+    assert why is None and fig is not None
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_one_colour_per_stage_everywhere():
+    assert set(STAGE_COLORS) == set(STAGES)
+    assert len(set(STAGE_COLORS.values())) == len(STAGES)
+
+
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+            "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+            "vectorized_elementwise_kernel<CUDAFunctor_add>",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+            "at::native::(anonymous namespace)::threshold_kernel_impl<float>(at::TensorIteratorBase&, float, float)"
+            "::{lambda(float, float)#1}>, at::detail::Array<char*, 3> >(int, at::native::BinaryFunctor<float, float, "
+            "float, at::native::(anonymous namespace)::threshold_kernel_impl<float>(at::TensorIteratorBase&, float, "
+            "float)::{lambda(float, float)#1}>, at::detail::Array<char*, 3>)",
+            "vectorized_elementwise_kernel<BinaryFunctor<threshold_kernel_impl>>",
+        ),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", None),
+        ("volta_sgemm_64x64_nt", "volta_sgemm_64x64_nt"),
+        ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD"),
+    ],
+)
+def test_kernel_names_are_shortened_readably(name, short):
+    got = shorten_name(name)
+    assert len(got) <= plots.LABEL_WIDTH
+    if short is not None:
+        assert got == short
+    else:
+        assert got == "ncclKernel_AllReduce_RING_LL_Sum_float"
+    assert shorten_name("aten::mm", kernel=False) == "aten::mm"
+
+
+def test_plot_verb(tmp_path, capsys):
+    trace = need(CPU_MARKS)
+    out = tmp_path / "p"
+    assert main(["plot", str(trace), "-o", str(out), "--kind", "stages", "--kind", "top_kernels", "-q"]) == 0
+    stdout = capsys.readouterr().out
+    assert f"stages: {out}/stages.png {out}/stages.svg" in stdout
+    assert "top_kernels: skipped" in stdout
+    assert sorted(p.name for p in out.iterdir()) == ["stages.png", "stages.svg"]
+    assert main(["plot", str(trace), "-o", str(out), "-q"]) == 6  # exists, no --force
+    assert main(["plot", str(trace), "-o", str(out), "-q", "--force", "--kind", "timeline", "--format", "png"]) == 0
+    assert [p.name for p in out.iterdir()] == ["timeline.png"]
