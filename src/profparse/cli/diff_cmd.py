@@ -1,0 +1,44 @@
+"""``profparse diff A B``: what changed per stage and level, and the kernels and ops that moved most."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+from profparse.cli.common import parse_input
+from profparse.diff import FORMATS, TOP_N, render_diff
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="compare two traces: change per stage and level (B - A), kernels and ops that moved most",
+    )
+    p.add_argument("a", help="the baseline trace (A)")
+    p.add_argument("b", help="the trace to compare with it (B)")
+    p.add_argument(
+        "--no-marks",
+        action="store_true",
+        help="ignore stage marks (profparse.stage:* and user ranges) and infer stages from PyTorch's own events",
+    )
+    p.add_argument("--strict", action="store_true", help="treat a truncated trace as an error")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
+    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    p.add_argument("--top", type=int, default=TOP_N, help=f"kernels and ops listed (default: {TOP_N})")
+    p.add_argument(
+        "--per-step",
+        action="store_true",
+        help="compare means per step (for captures with different step counts) instead of whole-trace totals",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    parsed = []
+    for path in (args.a, args.b):
+        one = copy.copy(args)
+        one.trace = path
+        parsed.append(parse_input(one))
+    sys.stdout.write(render_diff(parsed[0], parsed[1], args.format, top=args.top, per_step=args.per_step))
+    return 0

@@ -1,0 +1,293 @@
+"""Compare two parsed traces: per stage and level, and the kernels and ops whose time moved most.
+
+Every change is ``B - A`` (positive = B spent more), with the relative change ``(B - A) / A`` (None when A is 0).
+``diff_data`` returns plain JSON-ready data; ``render`` formats it as text, markdown or JSON.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pandas as pd
+
+from profparse.marks import STAGES
+
+FORMATS = ("text", "json", "markdown")
+TOP_N = 10
+
+#: (column, label) of the per-stage levels, from Python down to the device. ``stage_levels`` columns are used when
+#: the analyses provide them; ``stage_summary`` columns otherwise. Counts and bytes come last.
+LEVELS: tuple[tuple[str, str, str], ...] = (
+    ("stage_summary", "host_wall_ns", "host wall"),
+    ("stage_levels", "python_ns", "Python"),
+    ("stage_levels", "op_ns", "ops"),
+    ("stage_summary", "host_op_ns", "ops"),
+    ("stage_levels", "runtime_ns", "runtime"),
+    ("stage_levels", "sync_ns", "synchronize"),
+    ("stage_summary", "gpu_time_ns", "GPU time"),
+    ("stage_summary", "gpu_busy_ns", "GPU busy"),
+    ("stage_summary", "gpu_idle_ns", "GPU idle"),
+    ("stage_summary", "kernel_count", "kernels"),
+    ("stage_summary", "launch_count", "launches"),
+    ("stage_summary", "memcpy_bytes", "memcpy bytes"),
+)
+
+
+def _optional(parsed: Any, name: str) -> pd.DataFrame | None:
+    from profparse.outputs.plots import optional_table
+
+    return optional_table(parsed, name)
+
+
+def _stage_values(parsed: Any, per_step: bool) -> tuple[dict[str, dict[str, float]], list[tuple[str, str]]]:
+    """{stage: {column: value}} and the (column, label) levels available for this trace."""
+    tables: dict[str, pd.DataFrame] = {"stage_summary": parsed.stage_summary}
+    levels = _optional(parsed, "stage_levels")
+    if levels is not None and "scope" in levels.columns:
+        tables["stage_levels"] = levels
+    columns: list[tuple[str, str]] = []
+    values: dict[str, dict[str, float]] = {s: {} for s in STAGES}
+    labels_done: set[str] = set()
+    for source, column, label in LEVELS:
+        table = tables.get(source)
+        if table is None or column not in table.columns or label in labels_done:
+            continue
+        labels_done.add(label)
+        columns.append((column, label))
+        if per_step:
+            rows = table[table["scope"] == "step"]
+            sums = rows.groupby("stage", observed=False)[column].sum() / max(len(parsed.steps), 1)
+        else:
+            rows = table[table["scope"] == "total"]
+            sums = rows.groupby("stage", observed=False)[column].sum()
+        for stage in STAGES:
+            values[stage][column] = float(sums.get(stage, 0) or 0)
+    return values, columns
+
+
+def _change(a: float, b: float) -> dict[str, Any]:
+    delta = b - a
+    return {"a": a, "b": b, "delta": delta, "pct": (delta / a) if a else None}
+
+
+def _moved(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step: tuple[int, int] | None) -> list[dict]:
+    """The (stage, name) pairs whose total ``value`` changed most, by absolute change."""
+
+    def totals(frame: pd.DataFrame, steps: int) -> pd.DataFrame:
+        if frame.empty:
+            return pd.DataFrame(columns=["stage", "name", "total", "count"])
+        if per_step is not None:
+            frame = frame[frame["step"].notna()]
+        g = frame.groupby([frame["stage"].astype(str), frame["name"].astype(str)], observed=True)[value]
+        out = g.agg(total="sum", count="count").reset_index()
+        out.columns = ["stage", "name", "total", "count"]
+        out["total"] = out["total"].astype(float) / steps
+        out["count"] = out["count"].astype(float) / steps
+        return out
+
+    sa, sb = per_step if per_step is not None else (1, 1)
+    merged = totals(a, max(sa, 1)).merge(
+        totals(b, max(sb, 1)), on=["stage", "name"], how="outer", suffixes=("_a", "_b")
+    )
+    if merged.empty:
+        return []
+    merged = merged.fillna({"total_a": 0.0, "total_b": 0.0, "count_a": 0.0, "count_b": 0.0})
+    merged["delta"] = merged["total_b"] - merged["total_a"]
+    merged = merged[merged["delta"] != 0]
+    merged = merged.reindex(merged["delta"].abs().sort_values(ascending=False, kind="stable").index).head(top)
+    rows = []
+    for r in merged.itertuples(index=False):
+        rows.append(
+            {
+                "stage": r.stage,
+                "name": r.name,
+                "a_ns": r.total_a,
+                "b_ns": r.total_b,
+                "delta_ns": r.delta,
+                "pct": (r.delta / r.total_a) if r.total_a else None,
+                "a_count": r.count_a,
+                "b_count": r.count_b,
+            }
+        )
+    return rows
+
+
+def _describe(parsed: Any) -> dict[str, Any]:
+    steps = parsed.steps
+    return {
+        "trace": str(parsed.path),
+        "events": int(len(parsed.raw.events)),
+        "steps": int(len(steps)),
+        "devices": sorted(
+            {str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)}
+        ),
+    }
+
+
+def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> dict[str, Any]:
+    """The changes from trace ``a`` to trace ``b`` as plain data.
+
+    ``per_step``: compare means per step (rows inside step windows, divided by each trace's step count) instead of
+    whole-trace totals, for captures with different step counts.
+    """
+    va, cols_a = _stage_values(a, per_step)
+    vb, cols_b = _stage_values(b, per_step)
+    labels = dict(cols_a)
+    columns = [c for c in cols_a if c in cols_b]  # levels both traces have
+    stages = []
+    for stage in (*STAGES, "all"):
+        for column, label in columns:
+            if stage == "all":  # the sum over stages
+                x, y = (sum(v[s].get(column, 0.0) for s in STAGES) for v in (va, vb))
+            else:
+                x, y = va[stage].get(column, 0.0), vb[stage].get(column, 0.0)
+            if x == 0 and y == 0:
+                continue
+            stages.append({"stage": stage, "level": label, "column": column, **_change(x, y)})
+    steps = (max(len(a.steps), 1), max(len(b.steps), 1)) if per_step else None
+    return {
+        "a": _describe(a),
+        "b": _describe(b),
+        "per_step": per_step,
+        "levels": [labels[c] for c, _ in columns],
+        "stages": stages,
+        "gpu": bool(len(a.kernels) or len(b.kernels)),
+        "kernels": _moved(a.kernels, b.kernels, "dur_ns", top, steps),
+        "ops": _moved(a.ops, b.ops, "self_ns", top, steps),
+    }
+
+
+# -- rendering ----------------------------------------------------------------------------------------------------
+
+
+def _value(column: str, v: float) -> str:
+    if column.endswith("_ns"):
+        return f"{v / 1e6:,.2f}"
+    if column.endswith("_bytes"):
+        return f"{v / (1 << 20):,.1f} MB"
+    return f"{v:,.1f}" if v != int(v) else f"{int(v):,}"
+
+
+def _delta(column: str, v: float) -> str:
+    text = _value(column, abs(v))
+    return ("+" if v > 0 else "-" if v < 0 else " ") + text
+
+
+def _pct(p: float | None) -> str:
+    return "new" if p is None else f"{p:+.1%}"
+
+
+def _table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  " + "  ".join(cells).rstrip())
+    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _short(name: str, width: int = 70, kernel: bool = False) -> str:
+    from profparse.outputs.plots import shorten_name
+
+    return shorten_name(name, width, kernel=kernel)
+
+
+def _count(v: float) -> str:
+    return f"{v:,.0f}" if v == int(v) else f"{v:,.1f}"
+
+
+def render_text(data: dict[str, Any]) -> str:
+    out = io.StringIO()
+    a, b = data["a"], data["b"]
+    out.write("profparse diff (change = B - A)\n")
+    for key, d in (("A", a), ("B", b)):
+        devices = ", ".join(d["devices"]) or "no GPU"
+        out.write(f"  {key}: {d['trace']}  ({d['events']:,} events, {d['steps']} steps, {devices})\n")
+    scope = "mean per step" if data["per_step"] else "whole trace"
+    out.write(f"\nPer stage and level ({scope}; times in ms)\n")
+    if data["stages"]:
+        rows = [
+            [
+                r["stage"],
+                r["level"],
+                _value(r["column"], r["a"]),
+                _value(r["column"], r["b"]),
+                _delta(r["column"], r["delta"]),
+                _pct(r["pct"]) if r["delta"] else "",
+            ]
+            for r in data["stages"]
+        ]
+        out.write(_table(["stage", "level", "A", "B", "change", "%"], rows) + "\n")
+    else:
+        out.write("  (no time in any stage)\n")
+    for title, key, what in (("Kernels", "kernels", "GPU time"), ("Ops", "ops", "host self time")):
+        out.write(f"\n{title} that moved most ({what}, ms; count in parentheses)\n")
+        if key == "kernels" and not data["gpu"]:
+            out.write("  (no GPU activity in either trace)\n")
+            continue
+        if not data[key]:
+            out.write("  (no change)\n")
+            continue
+        rows = [
+            [
+                r["stage"],
+                _short(r["name"], kernel=key == "kernels"),
+                f"{r['a_ns'] / 1e6:,.2f} ({_count(r['a_count'])})",
+                f"{r['b_ns'] / 1e6:,.2f} ({_count(r['b_count'])})",
+                _delta("x_ns", r["delta_ns"]),
+                _pct(r["pct"]),
+            ]
+            for r in data[key]
+        ]
+        out.write(_table(["stage", "name", "A", "B", "change", "%"], rows) + "\n")
+    return out.getvalue()
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    a, b = data["a"], data["b"]
+    lines = [
+        f"# profparse diff: `{a['trace']}` → `{b['trace']}`",
+        "",
+        f"Change = B - A; {'mean per step' if data['per_step'] else 'whole trace'}; times in ms.",
+        "",
+        "| stage | level | A | B | change | % |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in data["stages"]:
+        c = r["column"]
+        pct = _pct(r["pct"]) if r["delta"] else ""
+        cells = [r["stage"], r["level"], _value(c, r["a"]), _value(c, r["b"]), _delta(c, r["delta"]), pct]
+        lines.append("| " + " | ".join(cells) + " |")
+    for title, key in (("Kernels that moved most", "kernels"), ("Ops that moved most", "ops")):
+        lines += ["", f"## {title}", "", "| stage | name | A ms (count) | B ms (count) | change | % |"]
+        lines.append("|---|---|---:|---:|---:|---:|")
+        for r in data[key]:
+            name = _short(r["name"], kernel=key == "kernels").replace("|", "\\|")
+            cells = [
+                r["stage"],
+                f"`{name}`",
+                f"{r['a_ns'] / 1e6:,.2f} ({_count(r['a_count'])})",
+                f"{r['b_ns'] / 1e6:,.2f} ({_count(r['b_count'])})",
+                _delta("x_ns", r["delta_ns"]),
+                _pct(r["pct"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render(data: dict[str, Any], fmt: str = "text") -> str:
+    if fmt == "text":
+        return render_text(data)
+    if fmt == "markdown":
+        return render_markdown(data)
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def render_diff(a: Any, b: Any, fmt: str = "text", *, top: int = TOP_N, per_step: bool = False) -> str:
+    """The diff of two parsed traces in the given format."""
+    return render(diff_data(a, b, top=top, per_step=per_step), fmt)

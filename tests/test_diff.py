@@ -1,0 +1,127 @@
+"""``profparse diff A B``: B - A per stage and level, and the kernels and ops that moved most."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE_TRACES, SHARED_TRACES
+from conftest import parsed as parsed_once
+from tracebuilder import TraceBuilder
+
+import profparse
+from profparse.cli.main import main
+from profparse.diff import diff_data, render
+
+CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
+CPU_NOSTACK = SAMPLE_TRACES / "qwen2_tiny_cpu_nostack_syncload.json.gz"
+V100 = SHARED_TRACES / "v100_ns_resolution_5steps.json.gz"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+def build(tmp_path: Path, name: str, forward_kernel_us: float, steps: int = 3) -> Path:
+    """A small training trace whose forward GEMM kernel lasts ``forward_kernel_us``."""
+    b = TraceBuilder()
+    for step in range(steps):
+        t0 = step * 200.0
+        b.annotation(f"ProfilerStep#{step}", t0, 200)
+        b.py("nn.Module: Linear_0", t0 + 1, 40)
+        b.op("aten::linear", t0 + 2, 30)
+        b.launch(t0 + 3, t0 + 5, forward_kernel_us, name="gemm_fwd")
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 60, 30, tid=200)
+        b.op("AddmmBackward0", t0 + 61, 25, tid=200)
+        b.launch(t0 + 62, t0 + 70, 20, tid=200, name="gemm_bwd")
+        b.annotation("Optimizer.step#AdamW.step", t0 + 120, 20)
+        b.op("aten::_foreach_add_", t0 + 121, 10)
+        b.launch(t0 + 122, t0 + 125, 5, name="adam_kernel")
+    return b.write(tmp_path / f"{name}.json.gz")
+
+
+def test_diff_of_a_trace_with_itself_is_all_zeros():
+    parsed = parsed_once(need(CPU_MARKS))
+    for per_step in (False, True):
+        data = diff_data(parsed, parsed, per_step=per_step)
+        assert data["stages"], "the trace has time in its stages"
+        assert all(r["delta"] == 0 for r in data["stages"])
+        assert all(r["pct"] in (0.0, None) for r in data["stages"])
+        assert data["kernels"] == [] and data["ops"] == []
+    gpu = parsed_once(need(V100))
+    data = diff_data(gpu, gpu)
+    assert {r["level"] for r in data["stages"]} >= {"GPU busy", "kernels"}
+    assert all(r["delta"] == 0 for r in data["stages"])
+    assert data["kernels"] == []
+
+
+def test_longer_forward_kernels_show_as_positive_forward_gpu_change(tmp_path):
+    a = profparse.parse(build(tmp_path, "a", 10))
+    b = profparse.parse(build(tmp_path, "b", 30))
+    data = diff_data(a, b)
+    rows = {(r["stage"], r["level"]): r for r in data["stages"]}
+    fwd = rows[("forward", "GPU time")]
+    assert fwd["a"] == 30_000 and fwd["b"] == 90_000  # 3 steps x 10 us -> 3 x 30 us, in ns
+    assert fwd["delta"] == 60_000 and fwd["pct"] == pytest.approx(2.0)
+    assert rows[("backward", "GPU time")]["delta"] == 0
+    assert rows[("all", "GPU time")]["delta"] == 60_000
+    top = data["kernels"][0]
+    assert (top["stage"], top["name"], top["delta_ns"], top["a_count"], top["b_count"]) == (
+        "forward",
+        "gemm_fwd",
+        60_000,
+        3,
+        3,
+    )
+    assert [k["name"] for k in data["kernels"]] == ["gemm_fwd"]  # nothing else moved
+    back = diff_data(b, a)  # the other way round: the same change with the opposite sign
+    assert {(r["stage"], r["level"]): r for r in back["stages"]}[("forward", "GPU time")]["delta"] == -60_000
+    assert back["kernels"][0]["delta_ns"] == -60_000
+
+
+def test_per_step_compares_means(tmp_path):
+    a = profparse.parse(build(tmp_path, "a", 10, steps=2))
+    b = profparse.parse(build(tmp_path, "b", 10, steps=4))
+    totals = {(r["stage"], r["level"]): r for r in diff_data(a, b)["stages"]}
+    assert totals[("forward", "GPU time")]["delta"] == 20_000  # two more steps of 10 us
+    means = {(r["stage"], r["level"]): r for r in diff_data(a, b, per_step=True)["stages"]}
+    assert means[("forward", "GPU time")]["a"] == means[("forward", "GPU time")]["b"] == 10_000
+    assert all(r["delta"] == 0 for r in means.values())
+
+
+def test_two_real_captures_differ_with_the_right_sign():
+    a, b = parsed_once(need(CPU_MARKS)), parsed_once(need(CPU_NOSTACK))
+    data = diff_data(a, b, top=5)
+    assert any(r["delta"] != 0 for r in data["stages"])
+    sa = a.stage_summary.query("scope == 'total'").set_index("stage")
+    sb = b.stage_summary.query("scope == 'total'").set_index("stage")
+    for r in data["stages"]:
+        if r["column"] in sa.columns and r["stage"] != "all":
+            x, y = float(sa.loc[r["stage"], r["column"]]), float(sb.loc[r["stage"], r["column"]])
+            assert (r["a"], r["b"], r["delta"]) == (x, y, y - x)
+    moved = data["ops"]
+    assert len(moved) == 5
+    assert [abs(m["delta_ns"]) for m in moved] == sorted((abs(m["delta_ns"]) for m in moved), reverse=True)
+    for m in moved:
+        assert m["delta_ns"] == pytest.approx(m["b_ns"] - m["a_ns"])
+
+
+def test_formats_and_verb(tmp_path, capsys):
+    a_path, b_path = build(tmp_path, "a", 10), build(tmp_path, "b", 30)
+    a, b = profparse.parse(a_path), profparse.parse(b_path)
+    data = diff_data(a, b)
+    assert json.loads(render(data, "json"))["kernels"][0]["name"] == "gemm_fwd"
+    md = render(data, "markdown")
+    assert (
+        "| stage | level | A | B | change | % |" in md
+        and "| forward | GPU time | 0.03 | 0.09 | +0.06 | +200.0% |" in md
+    )
+    text = render(data, "text")
+    assert "forward" in text and "+200.0%" in text and "gemm_fwd" in text
+    assert main(["diff", str(a_path), str(b_path), "--format", "json", "-q"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["a"]["trace"] == str(a_path) and out["b"]["trace"] == str(b_path)
+    assert main(["diff", str(a_path), str(tmp_path / "missing.json"), "-q"]) == 3
