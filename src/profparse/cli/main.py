@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from profparse import __version__
-from profparse.cli import annotate_cmd, diff_cmd, parse_cmd, plot_cmd, summarize_cmd
+from profparse.cli import annotate_cmd, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd
 from profparse.errors import ProfparseError
 
-VERBS = (parse_cmd, summarize_cmd, plot_cmd, annotate_cmd, diff_cmd)
+VERBS = (parse_cmd, summarize_cmd, plot_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
