@@ -12,7 +12,7 @@ import pandas as pd
 from profparse.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, depth_order, kind_mask
 
 HOST_SPAN_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"})
 SUMMARY_COLUMNS = (
@@ -133,22 +133,47 @@ def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd
     )
 
 
-def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int) -> np.ndarray:
-    """Total length covered by the union of [start, end) intervals, per group id in ``range(groups)``."""
+def _group_start_order(group: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Indices sorting by (group, start, index), like ``np.lexsort((start, group))`` but in one pass when
+    (group, start) fits in one int64 key."""
+    s0 = int(start.min())
+    span = int(start.max()) - s0 + 1
+    if int(group.min()) >= 0 and (int(group.max()) + 1) * span < 2**62:
+        return np.argsort(group.astype(np.int64) * span + (start - s0), kind="stable")
+    return np.lexsort((start, group))
+
+
+def _union_stats(
+    group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group id in ``range(groups)``: length of the union of [start, end), min start, max end."""
     out = np.zeros(groups, dtype=np.int64)
+    first = np.full(groups, np.iinfo(np.int64).max)
+    last = np.full(groups, np.iinfo(np.int64).min)
     if len(start) == 0:
-        return out
-    order = np.lexsort((start, group))
+        return out, first, last
+    order = _group_start_order(group, start)
     g, s, e = group[order], start[order], end[order]
+    del order
+    heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
+    ids = g[heads]
+    first[ids] = s[heads]  # sorted by start within a group: its first row starts earliest
+    last[ids] = np.maximum.reduceat(e, heads)
     base = s.min()
     span = int(e.max() - base) + 1
     s = (s - base) + g.astype(np.int64) * span
     e = (e - base) + g.astype(np.int64) * span
     reach = np.maximum.accumulate(e)
     previous = np.concatenate([[np.iinfo(np.int64).min], reach[:-1]])
+    del reach
     covered = np.maximum(e - np.maximum(s, previous), 0)
-    np.add.at(out, g, covered)
-    return out
+    out[ids] = np.add.reduceat(covered, heads)
+    return out, first, last
+
+
+def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int) -> np.ndarray:
+    """Total length covered by the union of [start, end) intervals, per group id in ``range(groups)``."""
+    return _union_stats(group, start, end, groups)[0]
 
 
 def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -> np.ndarray:
@@ -157,8 +182,7 @@ def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -
     mixed = np.zeros(n, dtype=bool)
     if n == 0:
         return mixed
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2))
+    by_depth, bounds = depth_order(depth)
     for d in range(int(depth.max()), 0, -1):
         rows = by_depth[bounds[d] : bounds[d + 1]]
         p = parent[rows]
@@ -202,30 +226,28 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     launcher = np.zeros(len(events), dtype=bool)
     launcher[links.launch[links.launch >= 0]] = True
     launcher &= kind_mask(events, RUNTIME_KINDS)
-    bytes_ = np.where(events["bytes"].to_numpy() == NULL, 0, events["bytes"].to_numpy())
+    memcpy_bytes = events["bytes"].to_numpy()[memcpy]
+    memcpy_bytes = np.where(memcpy_bytes == NULL, 0, memcpy_bytes)
 
-    step_values = np.unique(step[step != NULL])
+    step_values = np.sort(pd.unique(step))
+    step_values = step_values[step_values != NULL]
     frames = []
-    for scope, step_key in (("step", step), ("total", np.zeros_like(step))):
+    for scope in ("step", "total"):
         if scope == "step":
             index = np.searchsorted(step_values, step)
             index[step == NULL] = len(step_values)
             labels = np.concatenate([step_values, [NULL]])
+            key = index * n_stages + stage
+            del index
         else:
-            index = step_key
             labels = np.array([NULL])
+            key = stage
         groups = len(labels) * n_stages
-        key = index * n_stages + stage
 
         def total(mask: np.ndarray, weights: np.ndarray | None = None, key=key, groups=groups) -> np.ndarray:
-            w = None if weights is None else weights[mask]
-            return np.bincount(key[mask], weights=w, minlength=groups).astype(np.int64)
+            return np.bincount(key[mask], weights=weights, minlength=groups).astype(np.int64)
 
-        busy = union_length(key[activity], ts[activity], end[activity], groups)
-        first = np.full(groups, np.iinfo(np.int64).max)
-        last = np.full(groups, np.iinfo(np.int64).min)
-        np.minimum.at(first, key[activity], ts[activity])
-        np.maximum.at(last, key[activity], end[activity])
+        busy, first, last = _union_stats(key[activity], ts[activity], end[activity], groups)
         window = np.where(last > first, last - first, 0)
         frame = pd.DataFrame(
             {
@@ -233,18 +255,18 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
                 "step": np.repeat(labels, n_stages),
                 "stage": stage_categorical(np.tile(np.arange(n_stages), len(labels))),
                 "host_wall_ns": union_length(key[spans], ts[spans], end[spans], groups),
-                "host_op_ns": total(op, links.self_ns),
-                "gpu_time_ns": total(activity, dur),
+                "host_op_ns": total(op, links.self_ns[op]),
+                "gpu_time_ns": total(activity, dur[activity]),
                 "gpu_busy_ns": busy,
                 "gpu_idle_ns": window - busy,
                 "kernel_count": total(kernel),
                 "gpu_activity_count": total(activity),
                 "launch_count": total(launcher),
-                "memcpy_bytes": total(memcpy, bytes_),
+                "memcpy_bytes": total(memcpy, memcpy_bytes),
             }
         )
         if scope == "step":
-            present = total(np.ones(len(events), dtype=bool)) > 0
+            present = np.bincount(key, minlength=groups) > 0
             frame = frame[present | (frame["step"] != NULL).to_numpy()]
         frames.append(frame)
     step_frame, total_frame = frames

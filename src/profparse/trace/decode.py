@@ -12,6 +12,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +28,7 @@ Num = int | float
 
 class Args(
     msgspec.Struct,
+    gc=False,
     rename={
         "external_id": "External id",
         "sequence_number": "Sequence number",
@@ -61,13 +63,38 @@ class Args(
     name: str | None = None
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     """One entry of ``traceEvents`` with the fields profparse uses."""
 
     ph: str = ""
     name: str = ""
     cat: str | None = None
     ts: Num | None = None
+    dur: Num | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    id: int | str | None = None
+    args: Args | None = None
+
+
+class FloatText(str):
+    """The text of a JSON float, as written in the file (``ts`` of :class:`FastEvent`)."""
+
+    __slots__ = ()
+
+
+class FastEvent(msgspec.Struct, gc=False):
+    """:class:`Event` with ``ts`` kept as written: ``int``, :class:`FloatText` or None.
+
+    The text keeps nanosecond digits that a float64 of microseconds loses, so one decoding pass serves both the
+    float and the exact timestamp paths. A chunk whose ``ts`` values have any other type is decoded again with
+    :class:`Event` and repaired event by event.
+    """
+
+    ph: str = ""
+    name: str = ""
+    cat: str | None = None
+    ts: Any = None
     dur: Num | None = None
     pid: int | str | None = None
     tid: int | str | None = None
@@ -90,16 +117,23 @@ class LooseEvent(msgspec.Struct):
 
 
 _STRICT = msgspec.json.Decoder(list[Event])
+_FAST = msgspec.json.Decoder(list[FastEvent], float_hook=FloatText)
+_FAST_TS_TYPES = frozenset({int, FloatText, type(None)})
+_GET_TS = attrgetter("ts")
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _ONE_STRICT = msgspec.json.Decoder(Event)
 _ONE_LOOSE = msgspec.json.Decoder(LooseEvent)
 _ARGS = msgspec.json.Decoder(Args)
 _HEADER = msgspec.json.Decoder(dict[str, Any])
 
-Decoded = tuple[list[Event], bytes | None]
+Decoded = tuple[list[Event] | list[FastEvent], bytes | None]
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BYTE_POS = re.compile(r"at byte (\d+)")
+
+
+class ReadSequentially(Exception):
+    """Raised by :meth:`TraceDecoder.bodies` where only :meth:`TraceDecoder.chunks_with_text` can go on."""
 
 
 @dataclass
@@ -226,16 +260,33 @@ class TraceDecoder:
         self.report.bytes_read += len(block)
         return block
 
-    def chunks(self) -> Iterator[list[Event]]:
+    def chunks(self) -> Iterator[list[Event] | list[FastEvent]]:
         """Yield lists of decoded events, in file order."""
         for events, _ in self.chunks_with_text():
             yield events
 
-    def chunks_with_text(self) -> Iterator[tuple[list[Event], bytes | None]]:
+    def chunks_with_text(self) -> Iterator[Decoded]:
         """Yield ``(events, text)``: decoded events and the JSON array they came from.
 
         ``text`` is None when some events of the chunk had to be repaired or dropped one by one.
         """
+        for item in self._stream(defer=False):
+            yield item  # type: ignore[misc]
+            del item  # do not hold the last chunk while decoding the next one
+
+    def bodies(self) -> Iterator[bytes | Decoded | None]:
+        """Like :meth:`chunks_with_text`, but yield each chunk's text undecoded (``bytes``: events separated by
+        commas), for decoding elsewhere; only what is left at the end of the file is decoded here.
+
+        A chunk is cut where :meth:`chunks_with_text` would cut it when its text decodes, so decoding every body
+        with :meth:`_decode` gives the same events. If one fails with ``msgspec.DecodeError``, the caller must
+        read the file again with :meth:`chunks_with_text` (which then tries shorter cuts or reports corruption).
+        ``None`` is yielded once before the end of the file is decoded: the caller must then count the events of
+        every body so far into ``report.events_read`` (messages about the end quote that count).
+        """
+        return self._stream(defer=True)
+
+    def _stream(self, defer: bool) -> Iterator[bytes | Decoded | None]:
         with open_trace(self.path) as stream:
             buf = self._read(stream)
             if not buf.strip():
@@ -257,13 +308,23 @@ class TraceDecoder:
                 block = self._read(stream)
                 eof = not block
                 buf += block
+                del block
                 if eof:
+                    if defer:
+                        yield None  # the caller takes in every chunk handed out so far before the end is read
                     events, buf = self._final(buf)
+                elif defer:
+                    body, buf = self._cut(buf)
+                    if body is not None:
+                        yield body
+                    del body
+                    continue
                 else:
                     events, buf = self._complete_prefix(buf)
                 if events[0]:
                     self.report.events_read += len(events[0])
                     yield events
+                del events
 
     # -- header and trailer -------------------------------------------------------------------------------
 
@@ -326,9 +387,21 @@ class TraceDecoder:
                     yield idx + 1
             end = idx
 
-    def _decode(self, body: bytes) -> tuple[list[Event], bytes | None]:
-        """Decode ``body`` (events separated by commas, no brackets); fall back per event on type errors."""
+    def _decode(self, body: bytes) -> Decoded:
+        """Decode ``body`` (events separated by commas, no brackets); fall back per event on type errors.
+
+        The usual result is a list of :class:`FastEvent` and the JSON text; after a fallback, a list of
+        :class:`Event` and None.
+        """
         data = b"[" + body + b"]"
+        try:
+            fast = _FAST.decode(data)
+        except msgspec.ValidationError:
+            pass
+        else:
+            if set(map(type, map(_GET_TS, fast))) <= _FAST_TS_TYPES:
+                return fast, data
+            del fast
         try:
             return _STRICT.decode(data), data
         except msgspec.ValidationError:
@@ -373,6 +446,16 @@ class TraceDecoder:
         if len(buf) > 64 * self.chunk_bytes:
             raise TraceFormatError(f"{self.path}: an event larger than {64 * self.chunk_bytes >> 20} MB")
         return ([], None), buf
+
+    def _cut(self, buf: bytes) -> tuple[bytes | None, bytes]:
+        """Split ``buf`` after its last candidate event end, without decoding: (body or None, unread rest)."""
+        for cut in self._boundaries(buf, len(buf)):
+            self._consumed += cut + 1
+            rest = buf[cut:].lstrip()
+            return buf[:cut], rest[1:] if rest.startswith(b",") else rest
+        if len(buf) > 2 * self.chunk_bytes:
+            raise ReadSequentially("no event boundary in two chunks")  # the sequential reader knows what to do
+        return None, buf
 
     def _corrupt(self, pos: int) -> None:
         raise TraceFormatError(f"{self.path}: malformed JSON near byte {self._consumed + pos}")

@@ -7,9 +7,20 @@ times as int64 nanoseconds, strings dictionary-encoded. Categories of every sche
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import multiprocessing
+import os
 import re
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +29,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec.structs import astuple
 
-from profparse.trace.decode import Args, DecodeReport, Event, TraceDecoder
+from profparse.trace.decode import Args, DecodeReport, Event, FastEvent, FloatText, ReadSequentially, TraceDecoder
 
 NULL = np.iinfo(np.int64).min  # sentinel for a missing integer inside numpy arrays
+WORKERS_ENV = "PROFPARSE_WORKERS"
+PARALLEL_MIN_BYTES = 64 << 20
+_INITIAL_ROWS = 1 << 22
 
 KINDS: tuple[str, ...] = (
     "cpu_op",
@@ -83,6 +98,10 @@ INT_ARG_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _EMPTY_ARGS = Args()
+_EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id", "args")
+_GET = {name: attrgetter(name) for name in (*FastEvent.__struct_fields__, *Args.__struct_fields__)}
+assert Event.__struct_fields__ == FastEvent.__struct_fields__ == _EVENT_FIELDS  # chunk_columns unpacks by position
+_ARGS_ARROW = pa.struct([(f, pa.string() if f == "name" else pa.int64()) for f in Args.__struct_fields__])
 _LEGACY_RANGE = re.compile(r"^(ProfilerStep#\d+|Optimizer\.(step|zero_grad)#|enumerate\(DataLoader\)#|##)")
 _EXACT_TS_LIMIT_US = float(2**42)  # beyond this a float64 of microseconds cannot hold whole nanoseconds
 
@@ -95,24 +114,38 @@ _TS_TEXT = msgspec.json.Decoder(list[_TsText], float_hook=str)
 
 
 class _Interner:
-    """Map strings to stable small integer codes across chunks."""
+    """Map strings to stable small integer codes across chunks (codes in order of first appearance)."""
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
         self.values: list[str] = []
 
+    def _code(self, s: str) -> int:
+        c = self.codes.get(s)
+        if c is None:
+            c = self.codes[s] = len(self.values)
+            self.values.append(s)
+        return c
+
     def encode(self, items: list[str]) -> np.ndarray:
-        codes = self.codes
-        values = self.values
+        distinct, codes = _local_codes(items)
+        return self.remap(distinct, codes)
 
-        def code(s: str) -> int:
-            c = codes.get(s)
-            if c is None:
-                c = codes[s] = len(values)
-                values.append(s)
-            return c
+    def remap(self, distinct: list[str], codes: np.ndarray) -> np.ndarray:
+        """Chunk-local codes into ``distinct`` (in order of first appearance) -> codes of this interner."""
+        local = np.fromiter((self._code(s) for s in distinct), dtype=np.int32, count=len(distinct))
+        return local[codes]
 
-        return np.fromiter((code(s) for s in items), dtype=np.int32, count=len(items))
+
+def _local_codes(items: Any) -> tuple[list[str], np.ndarray]:
+    """Strings -> (distinct strings in order of first appearance, int32 code per item)."""
+    try:  # Arrow finds the distinct strings in C
+        encoded = pa.array(items, pa.string()).dictionary_encode()
+    except (pa.ArrowException, UnicodeError):  # e.g. lone surrogates from \ud800 escapes
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in items), dtype=np.int32, count=len(items))
+        return list(index), codes
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy()
 
 
 def _int_array(values: list[Any]) -> np.ndarray:
@@ -121,6 +154,36 @@ def _int_array(values: list[Any]) -> np.ndarray:
         arr = pa.array(values, type=pa.int64())
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         arr = pa.array([v if isinstance(v, int) and -(2**63) < v < 2**63 else None for v in values], pa.int64())
+    return pc.fill_null(arr, NULL).to_numpy()
+
+
+def _float_column(values: list[Any], missing: float) -> np.ndarray:
+    """ts/dur values (float, int, :class:`FloatText` or None) -> float64, ``missing`` for None.
+
+    Text is parsed by Arrow, correctly rounded like msgspec and ``float()``; the result equals decoding floats.
+    """
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
+    try:
+        if kinds <= {FloatText}:
+            arr = pa.array(values, pa.string()).cast(pa.float64())
+        elif kinds <= {int, float}:
+            arr = pa.array(values, pa.float64())
+        else:
+            raise TypeError
+        if arr.null_count:
+            arr = pc.fill_null(arr, missing)
+        return arr.to_numpy(zero_copy_only=False).copy()
+    except (pa.ArrowException, TypeError, OverflowError):
+        return np.array([missing if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def _flow_ids(values: list[Any]) -> np.ndarray:
+    """Flow ``id`` values -> int64 with ``NULL`` where missing or not an integer (string ids)."""
+    try:
+        arr = pa.array(values, type=pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return _int_array([v if isinstance(v, int) else None for v in values])
     return pc.fill_null(arr, NULL).to_numpy()
 
 
@@ -138,6 +201,103 @@ def _exact_ts_ns(texts: list[Any]) -> np.ndarray:
     return pc.round(scaled, 0).cast(pa.int64()).to_numpy()
 
 
+def _ids(values: Any, labels: dict[int, str]) -> np.ndarray:
+    """pid/tid values (ints, numeric strings, labels) -> int64; a label gets a stable negative id."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        pass
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        if isinstance(v, int) and not isinstance(v, bool) and -(2**63) < v < 2**63:
+            out[i] = v
+            continue
+        text = "" if v is None else str(v)
+        try:
+            out[i] = int(text)
+            continue
+        except ValueError:
+            pass
+        digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=5).digest()
+        key = -(1 + int.from_bytes(digest, "little"))
+        labels[key] = text
+        out[i] = key
+    return out
+
+
+def _arg_columns(args: tuple[Any, ...]) -> dict[str, np.ndarray]:
+    """The integer ``args`` columns of a chunk (``NULL`` where missing)."""
+    present = [_EMPTY_ARGS if a is None else a for a in args]
+    try:  # one pass in C over all fields
+        table = pa.array(list(map(astuple, present)), type=_ARGS_ARROW)
+    except (pa.ArrowException, OverflowError, UnicodeError):  # an int beyond int64, a surrogate in a name
+        return {column: _int_array(list(map(_GET[attr], present))) for column, attr in INT_ARG_COLUMNS}
+    del present
+    out = {}
+    for column, attr in INT_ARG_COLUMNS:
+        values = table.field(attr)
+        if values.null_count == len(values):
+            out[column] = np.full(len(values), NULL, dtype=np.int64)
+        else:
+            out[column] = pc.fill_null(values, NULL).to_numpy()
+    return out
+
+
+@dataclass
+class ChunkColumns:
+    """One decoded chunk as columns; strings as codes into chunk-local lists (see :func:`chunk_columns`)."""
+
+    rows: int
+    cols: dict[str, np.ndarray]
+    ph: list[str]
+    cat: list[str]
+    name: list[str]
+    pid_labels: dict[int, str]
+    tid_labels: dict[int, str]
+    metadata: list[tuple[str, int, int, str]]  # (event name, pid, tid, args.name) of "M" events with a name
+
+
+def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None = None) -> ChunkColumns:
+    """Turn one decoded chunk into columns; ``raw_chunk`` is its JSON text when it decoded without repairs."""
+    n = len(events)
+    ph, name, cat, ts_values, dur_values, pid, tid, flow, args = zip(*map(astuple, events), strict=True)
+    cols: dict[str, np.ndarray] = {}
+    ph_values, cols["ph_code"] = _local_codes(ph)
+    cat_values, cols["cat_code"] = _local_codes([c or "" for c in cat])
+    name_values, cols["name_code"] = _local_codes(name)
+    del ph, cat
+    ts = _float_column(ts_values, np.nan)
+    dur = _float_column(dur_values, 0.0)
+    del dur_values
+    missing_ts = np.isnan(ts)
+    ts[missing_ts] = 0.0
+    if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
+        if not isinstance(events[0], FastEvent):  # floats were parsed: read the timestamps' text again
+            ts_values = [t.ts for t in _TS_TEXT.decode(raw_chunk)]
+        cols["ts_ns"] = _exact_ts_ns(ts_values)
+    else:
+        cols["ts_ns"] = _us_to_ns(ts)
+    del ts_values, ts
+    cols["ts_missing"] = missing_ts
+    cols["dur_ns"] = np.maximum(_us_to_ns(dur), 0)
+    cols["negative_dur"] = dur < 0
+    del dur
+    pid_labels: dict[int, str] = {}
+    tid_labels: dict[int, str] = {}
+    cols["pid"] = _ids(pid, pid_labels)
+    cols["tid"] = _ids(tid, tid_labels)
+    del pid, tid
+    cols.update(_arg_columns(args))
+    cols["flow_id"] = _flow_ids(flow)
+    metadata = []
+    if "M" in ph_values:
+        for i in np.flatnonzero(cols["ph_code"] == ph_values.index("M")).tolist():
+            a = args[i]
+            if a is not None and a.name is not None:
+                metadata.append((name[i], int(cols["pid"][i]), int(cols["tid"][i]), a.name))
+    return ChunkColumns(n, cols, ph_values, cat_values, name_values, pid_labels, tid_labels, metadata)
+
+
 class EventTableBuilder:
     """Accumulate decoded chunks into one columnar table."""
 
@@ -147,101 +307,77 @@ class EventTableBuilder:
         self.phs = _Interner()
         self.pid_labels: dict[int, str] = {}
         self.tid_labels: dict[int, str] = {}
-        self.chunks: list[dict[str, np.ndarray]] = []
+        self.columns: dict[str, np.ndarray] = {}  # preallocated, ``capacity`` rows, the first ``rows`` filled
+        self.capacity = 0
         self.rows = 0
         self.process_names: dict[int, str] = {}
         self.thread_names: dict[tuple[int, int], str] = {}
 
-    def _ids(self, values: list[Any], labels: dict[int, str]) -> np.ndarray:
-        """pid/tid values (ints, numeric strings, labels) -> int64; a label gets a stable negative id."""
-        try:
-            return np.array(values, dtype=np.int64)
-        except (ValueError, TypeError, OverflowError):
-            pass
-        out = np.empty(len(values), dtype=np.int64)
-        for i, v in enumerate(values):
-            if isinstance(v, int) and not isinstance(v, bool) and -(2**63) < v < 2**63:
-                out[i] = v
-                continue
-            text = "" if v is None else str(v)
-            try:
-                out[i] = int(text)
-                continue
-            except ValueError:
-                pass
-            digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=5).digest()
-            key = -(1 + int.from_bytes(digest, "little"))
-            labels[key] = text
-            out[i] = key
-        return out
+    def add(self, events: list[Event] | list[FastEvent], raw_chunk: bytes | None = None) -> None:
+        """Append one decoded chunk; ``raw_chunk`` is its JSON text when it decoded without repairs."""
+        if events:
+            self.append(chunk_columns(events, raw_chunk))
 
-    def add(self, events: list[Event], raw_chunk: bytes | None = None) -> None:
-        n = len(events)
-        if n == 0:
-            return
-        cols: dict[str, np.ndarray] = {}
-        cols["trace_index"] = np.arange(self.rows, self.rows + n, dtype=np.int64)
-        cols["ph_code"] = self.phs.encode([e.ph for e in events])
-        cols["cat_code"] = self.cats.encode([e.cat or "" for e in events])
-        cols["name_code"] = self.names.encode([e.name for e in events])
-        ts = np.array([e.ts if e.ts is not None else np.nan for e in events], dtype=np.float64)
-        dur = np.array([e.dur if e.dur is not None else 0.0 for e in events], dtype=np.float64)
-        missing_ts = np.isnan(ts)
-        ts[missing_ts] = 0.0
-        if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
-            cols["ts_ns"] = _exact_ts_ns([t.ts for t in _TS_TEXT.decode(raw_chunk)])
-        else:
-            cols["ts_ns"] = _us_to_ns(ts)
-        cols["ts_missing"] = missing_ts
-        cols["dur_ns"] = np.maximum(_us_to_ns(dur), 0)
-        cols["negative_dur"] = dur < 0
-        cols["pid"] = self._ids([e.pid for e in events], self.pid_labels)
-        cols["tid"] = self._ids([e.tid for e in events], self.tid_labels)
-        args = [e.args if e.args is not None else _EMPTY_ARGS for e in events]
-        for column, attr in INT_ARG_COLUMNS:
-            cols[column] = _int_array([getattr(a, attr) for a in args])
-        cols["flow_id"] = _int_array([e.id if isinstance(e.id, int) else None for e in events])
-        self._metadata(events, cols)
-        self.chunks.append(cols)
-        self.rows += n
+    def append(self, chunk: ChunkColumns) -> None:
+        """Append a chunk made by :func:`chunk_columns` (here or in another process)."""
+        cols = chunk.cols
+        cols["ph_code"] = self.phs.remap(chunk.ph, cols["ph_code"])
+        cols["cat_code"] = self.cats.remap(chunk.cat, cols["cat_code"])
+        cols["name_code"] = self.names.remap(chunk.name, cols["name_code"])
+        self.pid_labels.update(chunk.pid_labels)
+        self.tid_labels.update(chunk.tid_labels)
+        for event_name, pid, tid, label in chunk.metadata:
+            if event_name == "process_name":
+                self.process_names[pid] = label
+            elif event_name == "thread_name":
+                self.thread_names[(pid, tid)] = label
+        self._store(cols, chunk.rows)
 
-    def _metadata(self, events: list[Event], cols: dict[str, np.ndarray]) -> None:
-        meta_code = self.phs.codes.get("M")
-        if meta_code is None:
-            return
-        for i in np.flatnonzero(cols["ph_code"] == meta_code):
-            event = events[i]
-            if event.args is None or event.args.name is None:
-                continue
-            pid, tid = int(cols["pid"][i]), int(cols["tid"][i])
-            if event.name == "process_name":
-                self.process_names[pid] = event.args.name
-            elif event.name == "thread_name":
-                self.thread_names[(pid, tid)] = event.args.name
+    def _store(self, cols: dict[str, np.ndarray], n: int) -> None:
+        """Copy a chunk's columns into the preallocated ones (no list of chunks, no concatenation at the end).
+
+        Capacity starts at 4M rows and doubles; pages the rows do not reach are never touched, so they take
+        address space but no memory.
+        """
+        end = self.rows + n
+        if end > self.capacity:
+            capacity = max(_INITIAL_ROWS, 2 * self.capacity, end)
+            for key, old in self.columns.items():  # one column at a time: the extra memory is one column
+                grown = np.empty(capacity, dtype=old.dtype)
+                grown[: self.rows] = old[: self.rows]
+                self.columns[key] = grown
+                del old
+            self.capacity = capacity
+        for key, values in cols.items():
+            column = self.columns.get(key)
+            if column is None:
+                column = self.columns[key] = np.empty(self.capacity, dtype=values.dtype)
+            column[self.rows : end] = values
+        self.rows = end
 
     def build(self) -> pd.DataFrame:
-        """Concatenate the chunks into the event DataFrame."""
-        keys = self.chunks[0].keys() if self.chunks else []
-        merged = {k: np.concatenate([c[k] for c in self.chunks]) for k in keys}
-        if not merged:
+        """The event DataFrame (its columns are views of the filled rows, no copies)."""
+        if not self.rows:
             return empty_event_frame()
+        merged = {key: column[: self.rows] for key, column in self.columns.items()}
+        self.columns = {}
         kind = self._kinds(merged["ph_code"], merged["cat_code"], merged["name_code"])
-        frame = pd.DataFrame(
-            {
-                "trace_index": merged["trace_index"],
-                "kind": pd.Categorical.from_codes(kind, categories=list(KINDS)),
-                "category": pd.Categorical.from_codes(merged["cat_code"], categories=self.cats.values),
-                "ph": pd.Categorical.from_codes(merged["ph_code"], categories=self.phs.values),
-                "name": pd.Categorical.from_codes(merged["name_code"], categories=self.names.values),
-                "ts_ns": merged["ts_ns"],
-                "dur_ns": merged["dur_ns"],
-                "pid": merged["pid"],
-                "tid": merged["tid"],
-            }
-        )
+        columns = {
+            "trace_index": np.arange(self.rows, dtype=np.int64),
+            "kind": pd.Categorical.from_codes(kind, categories=list(KINDS)),
+            "category": pd.Categorical.from_codes(merged.pop("cat_code"), categories=self.cats.values),
+            "ph": pd.Categorical.from_codes(merged.pop("ph_code"), categories=self.phs.values),
+            "name": pd.Categorical.from_codes(merged.pop("name_code"), categories=self.names.values),
+            "ts_ns": merged.pop("ts_ns"),
+            "dur_ns": merged.pop("dur_ns"),
+            "pid": merged.pop("pid"),
+            "tid": merged.pop("tid"),
+        }
         for column, _ in INT_ARG_COLUMNS:
-            frame[column] = merged[column]
-        frame["flow_id"] = merged["flow_id"]
+            columns[column] = merged.pop(column)
+        columns["flow_id"] = merged.pop("flow_id")
+        frame = pd.DataFrame(columns, copy=False)
+        del columns
         invalid = merged["ts_missing"] & (kind != KIND_CODE["metadata"])
         frame.attrs["dropped_missing_ts"] = int(invalid.sum())
         frame.attrs["negative_dur"] = int(merged["negative_dur"].sum())
@@ -309,22 +445,149 @@ class RawTrace:
     tid_labels: dict[int, str]
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: decoding allocates millions of acyclic objects, and every collection
+    would walk all of them again. Reference counting still frees everything as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _decode_body(body: bytes) -> tuple[ChunkColumns | None, int, dict[str, int]] | None:
+    """Worker side of the parallel reader: decode one chunk's text into columns; None if it does not decode."""
+    decoder = TraceDecoder("")
+    try:
+        events, raw = decoder._decode(body)
+        del body
+        return (chunk_columns(events, raw) if events else None), len(events), decoder.report.dropped
+    except Exception:  # noqa: BLE001 - whatever it is, the sequential reader reproduces and reports it
+        return None
+
+
+def worker_count(path: str | Path, workers: int | None = None) -> int:
+    """Processes for decoding: ``workers``, else ``$PROFPARSE_WORKERS``, else one per CPU (up to 4) for files
+    of at least 64 MB of JSON, else 1. Only where processes can be forked (Linux)."""
+    if workers is None:
+        env = os.environ.get(WORKERS_ENV, "").strip()
+        if env.isdigit():
+            workers = int(env)
+    if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if workers is not None:
+        return max(int(workers), 1)
+    if multiprocessing.parent_process() is not None or threading.active_count() > 1:
+        return 1  # inside a worker (e.g. one per rank) or a threaded program: forking more is no help or unsafe
+    try:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as handle:
+            if handle.read(2) == b"\x1f\x8b":
+                size *= 8  # traces compress about 8-15x
+    except OSError:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cpus, 4) if size >= PARALLEL_MIN_BYTES else 1
+
+
+def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: int, progress: Any) -> bool:
+    """Decode the chunks in ``workers`` forked processes, in file order; False if a chunk needs the sequential
+    reader (then nothing of this attempt is to be used)."""
+    pending: deque[Future] = deque()
+    try:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+    except (OSError, ValueError):
+        return False
+
+    def take_in(future: Future) -> bool:
+        try:
+            result = future.result()
+        except BrokenProcessPool:  # a worker died (e.g. killed for memory): read sequentially instead
+            return False
+        if result is None:
+            return False
+        chunk, events, dropped = result
+        if chunk is not None:
+            builder.append(chunk)
+        decoder.report.events_read += events
+        for reason, count in dropped.items():
+            decoder.report.drop(reason, count)
+        if progress is not None:
+            progress(decoder.report.bytes_read)
+        return True
+
+    def take_in_all() -> bool:
+        while pending:
+            if not take_in(pending.popleft()):
+                return False
+        return True
+
+    try:
+        for item in decoder.bodies():
+            if isinstance(item, bytes):
+                try:
+                    future = pool.submit(_decode_body, item)
+                except (OSError, RuntimeError, AssertionError, BrokenProcessPool):
+                    return False  # no processes here (e.g. inside a daemonic worker)
+                pending.append(future)
+                del item
+                while len(pending) > 2 * workers:  # bound the memory held by chunks in flight
+                    if not take_in(pending.popleft()):
+                        return False
+            elif item is None:
+                if not take_in_all():
+                    return False
+            else:
+                builder.add(*item)  # the end of the file, decoded here
+                del item
+                if progress is not None:
+                    progress(decoder.report.bytes_read)
+    except ReadSequentially:
+        return False
+    except Exception:
+        # the reader stopped (e.g. corrupt compressed data): the sequential reader would have stopped there too,
+        # unless a chunk before it does not decode
+        if not take_in_all():
+            return False
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return take_in_all()
+
+
 def read_trace(
     path: str | Path,
     *,
     strict: bool = False,
     chunk_bytes: int | None = None,
     progress: Any = None,
+    workers: int | None = None,
 ) -> RawTrace:
-    """Decode a trace file into a :class:`RawTrace` (streaming, chunk by chunk)."""
+    """Decode a trace file into a :class:`RawTrace` (streaming, chunk by chunk).
+
+    With ``workers`` > 1 (default: see :func:`worker_count`) chunks are decoded in forked processes; the result
+    is the same as with one, which is also what is used whenever a chunk does not decode cleanly.
+    """
     kwargs = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
-    decoder = TraceDecoder(path, strict=strict, **kwargs)
-    builder = EventTableBuilder()
-    for events, raw in decoder.chunks_with_text():
-        builder.add(events, raw)
-        if progress is not None:
-            progress(decoder.report.bytes_read)
-    frame = builder.build()
+    with _no_cyclic_gc():
+        done = False
+        processes = worker_count(path, workers)
+        if processes > 1:
+            decoder = TraceDecoder(path, strict=strict, **kwargs)
+            builder = EventTableBuilder()
+            done = _read_parallel(decoder, builder, processes, progress)
+        if not done:
+            decoder = TraceDecoder(path, strict=strict, **kwargs)
+            builder = EventTableBuilder()
+            for events, raw in decoder.chunks_with_text():
+                builder.add(events, raw)
+                del events, raw  # free the chunk before the next one is decoded
+                if progress is not None:
+                    progress(decoder.report.bytes_read)
+        frame = builder.build()
     if frame.attrs.get("dropped_missing_ts"):
         decoder.report.drop("event without ts", frame.attrs["dropped_missing_ts"])
     return RawTrace(

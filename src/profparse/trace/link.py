@@ -46,56 +46,110 @@ def gpu_tracks(events: pd.DataFrame) -> set[tuple[int, int]]:
     return set(zip(pairs["pid"].tolist(), pairs["tid"].tolist(), strict=True))
 
 
-def host_mask(events: pd.DataFrame) -> np.ndarray:
+def track_keys(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One int64 key per row that is equal exactly for rows on the same (pid, tid); and the distinct pids, tids.
+
+    ``key = pid_code * len(tids) + tid_code``, so ``pids[key // len(tids)]`` and ``tids[key % len(tids)]``
+    give the pair back.
+    """
+    pid_code, pids = pd.factorize(events["pid"].to_numpy())
+    tid_code, tids = pd.factorize(events["tid"].to_numpy())
+    return pid_code.astype(np.int64) * max(len(tids), 1) + tid_code, np.asarray(pids), np.asarray(tids)
+
+
+def host_mask(events: pd.DataFrame, keys: np.ndarray | None = None) -> np.ndarray:
     """Rows that live on host (CPU) threads: not GPU-track events, not metadata."""
     mask = ~kind_mask(events, GPU_TRACK_KINDS | {"metadata"})
-    tracks = gpu_tracks(events)
-    if tracks:
-        key = pd.MultiIndex.from_arrays([events["pid"].to_numpy(), events["tid"].to_numpy()])
-        on_track = key.isin(list(tracks))
-        mask &= ~np.asarray(on_track)
+    on_gpu = kind_mask(events, GPU_TRACK_KINDS)
+    if on_gpu.any():
+        if keys is None:
+            keys = track_keys(events)[0]
+        mask &= ~np.isin(keys, np.unique(keys[on_gpu]))
     return mask
+
+
+def _thread_order(thread: np.ndarray, ts: np.ndarray, neg_dur: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``rows`` sorted by (thread, ts, longest first, row)."""
+    th, t = thread[rows], ts[rows]
+    if len(rows) == 0:
+        return rows
+    t0 = int(t.min())
+    shift = max(int(t.max()) - t0, 0).bit_length()
+    if int(th.max()) >= 0 and shift + max(int(th.max()), 0).bit_length() <= 62:
+        # (thread, ts) packed in one int64: a stable sort of file order (nearly sorted) is quick;
+        # then rows with equal (thread, ts) are put in order by duration, longest first
+        key = (th << shift) | (t - t0)
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        same = k[1:] == k[:-1]
+        if same.any():
+            tied = np.zeros(len(order), dtype=bool)
+            tied[1:] |= same
+            tied[:-1] |= same
+            pos = np.flatnonzero(tied)
+            sub = order[pos]
+            order[pos] = sub[np.lexsort((sub, neg_dur[rows][sub], key[sub]))]
+        return rows[order]
+    return rows[np.lexsort((rows, neg_dur[rows], t, th))]
 
 
 def nest(thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Parent row and depth of each row in ``rows`` by containment on its thread.
 
-    Rows are visited sorted by (thread, start, longest first); a stack holds the open containers.
+    The rule (a stack over rows sorted by thread, start, longest first): a row's parent is the nearest earlier row
+    of its thread that is longer than zero and ends no earlier than it. Zero-length rows never pop a possible
+    parent, since they start no later than the row and end where they start. That nearest row is found for all
+    rows at once by pointer doubling: each row keeps a candidate such that no row between it and the candidate
+    qualifies, and a failing candidate is replaced by the candidate's own candidate. Depth is the number of
+    ancestors, counted by doubling along parent links.
     """
     n = len(ts)
     parent = np.full(n, -1, dtype=np.int64)
     depth = np.zeros(n, dtype=np.int32)
-    if len(rows) == 0:
+    m = len(rows)
+    if m == 0:
         return parent, depth
-    order = rows[np.lexsort((rows, -(end[rows] - ts[rows]), ts[rows], thread[rows]))]
-    order_l = order.tolist()
-    thread_l = thread[order].tolist()
-    ts_l = ts[order].tolist()
-    end_l = end[order].tolist()
-    par = [-1] * len(order_l)
-    dep = [0] * len(order_l)
-    stack_rows: list[int] = []
-    stack_end: list[int] = []
-    current = None
-    for k, row in enumerate(order_l):
-        t = thread_l[k]
-        if t != current:
-            current = t
-            stack_rows.clear()
-            stack_end.clear()
-        e = end_l[k]
-        while stack_end and stack_end[-1] < e:
-            stack_end.pop()
-            stack_rows.pop()
-        if stack_rows:
-            par[k] = stack_rows[-1]
-            dep[k] = len(stack_rows)
-        if e > ts_l[k]:
-            stack_rows.append(row)
-            stack_end.append(e)
-    parent[order] = par
+    order = _thread_order(thread, ts, ts - end, rows)
+    th = thread[order]
+    e = end[order]
+    can_contain = e > ts[order]
+    cand = np.arange(-1, m - 1, dtype=np.int64)
+    cand[0] = -1
+    cand[1:][th[1:] != th[:-1]] = -1
+    del th
+    found = np.full(m, -1, dtype=np.int64)
+    active = np.flatnonzero(cand >= 0)
+    while active.size:
+        c = cand[active]
+        ok = can_contain[c] & (e[c] >= e[active])
+        found[active[ok]] = c[ok]
+        active = active[~ok]
+        nxt = cand[c[~ok]]
+        cand[active] = nxt
+        active = active[nxt >= 0]
+    del cand, e, can_contain
+    dep = (found >= 0).astype(np.int32)
+    up = found.copy()
+    active = np.flatnonzero(up >= 0)
+    while active.size:
+        a = up[active]
+        dep[active] += dep[a]
+        up[active] = up[a]
+        active = active[up[active] >= 0]
+    del up
+    has = found >= 0
+    parent[order[has]] = order[found[has]]
     depth[order] = dep
     return parent, depth
+
+
+def depth_order(depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by depth (stable) and the bounds of each depth: rows of depth d are
+    ``order[bounds[d] : bounds[d + 1]]``."""
+    top = int(depth.max()) if len(depth) else 0
+    keys = depth.astype(np.int16) if 0 <= top < 2**15 and int(depth.min()) >= 0 else depth
+    order = np.argsort(keys, kind="stable")  # 16-bit keys: a radix sort
+    return order, np.searchsorted(depth[order], np.arange(top + 2))
 
 
 def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
@@ -104,8 +158,7 @@ def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: n
     found = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return found
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2))
+    by_depth, bounds = depth_order(depth)
     for d in range(1, depth.max() + 1):
         rows = by_depth[bounds[d] : bounds[d + 1]]
         p = parent[rows]
@@ -121,18 +174,15 @@ def link(events: pd.DataFrame) -> Links:
     ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
     end = ts + dur
-    host = host_mask(events)
-    pid = events["pid"].to_numpy()
-    tid = events["tid"].to_numpy()
+    keys, pids, tids = track_keys(events)
+    host = host_mask(events, keys)
     thread = np.full(n, -1, dtype=np.int64)
-    pairs = pd.DataFrame({"pid": pid[host], "tid": tid[host]})
-    codes, uniques = pd.MultiIndex.from_frame(pairs).factorize() if len(pairs) else (np.array([], int), None)
+    codes, uniques = pd.factorize(keys[host])
+    del keys
     thread[host] = codes
-    threads = (
-        pd.DataFrame({"pid": uniques.get_level_values(0), "tid": uniques.get_level_values(1)})
-        if uniques is not None
-        else pd.DataFrame({"pid": np.array([], np.int64), "tid": np.array([], np.int64)})
-    )
+    uniques = np.asarray(uniques, dtype=np.int64)
+    width = max(len(tids), 1)
+    threads = pd.DataFrame({"pid": pids[uniques // width], "tid": tids[uniques % width]})
     host_rows = np.flatnonzero(host)
     parent, depth = nest(thread, ts, end, host_rows)
 

@@ -1,0 +1,123 @@
+"""The parallel reader (chunks decoded in forked processes) gives exactly what the sequential one gives."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sys
+
+import pytest
+from conftest import shared_traces
+from tracebuilder import TraceBuilder, training_step
+
+from profparse.trace.events import read_trace, worker_count
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parallel reader forks (Linux only)")
+
+
+def outcome(path, workers: int, chunk_bytes: int, strict: bool = False):
+    try:
+        raw = read_trace(path, workers=workers, chunk_bytes=chunk_bytes, strict=strict)
+    except Exception as exc:  # noqa: BLE001 - compared below
+        return ("error", type(exc).__name__, str(exc))
+    return ("ok", raw)
+
+
+def assert_same(path, chunk_bytes: int, strict: bool = False) -> None:
+    seq = outcome(path, 1, chunk_bytes, strict)
+    par = outcome(path, 2, chunk_bytes, strict)
+    assert seq[0] == par[0], (seq, par)
+    if seq[0] == "error":
+        assert seq == par
+        return
+    a, b = seq[1], par[1]
+    assert a.events.equals(b.events)
+    assert a.events.attrs == b.events.attrs
+    assert list(a.events.columns) == list(b.events.columns)
+    assert [a.events[c].dtype for c in a.events] == [b.events[c].dtype for c in b.events]
+    assert vars(a.report) == vars(b.report)
+    assert a.header == b.header
+    assert (a.process_names, a.thread_names, a.pid_labels, a.tid_labels) == (
+        b.process_names,
+        b.thread_names,
+        b.pid_labels,
+        b.tid_labels,
+    )
+
+
+def document() -> dict:
+    b = TraceBuilder()
+    for step in range(6):
+        training_step(b, step, step * 100)
+    b.memory(3, 4096, 4096)
+    doc = b.document()
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": 'odd "},{" name', "pid": 1, "tid": 100, "ts": 1})
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "x", "pid": "labelled", "tid": 5, "ts": 2})
+    return doc
+
+
+@pytest.mark.parametrize("chunk_bytes", [200, 700, 4000])
+def test_same_table_as_sequential(tmp_path, chunk_bytes):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(document(), indent=1))
+    assert_same(path, chunk_bytes)
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert_same(gz, chunk_bytes)
+
+
+def test_nanosecond_text_timestamps(tmp_path):
+    events = [
+        f'{{"ph": "X", "cat": "cpu_op", "name": "op{i % 7}", "pid": 1, "tid": 1, '
+        f'"ts": 1712195495519{i:03d}.{i % 1000:03d}, "dur": 1.25}}'
+        for i in range(400)
+    ]
+    path = tmp_path / "ns.json"
+    path.write_text('{"traceEvents": [\n' + ",\n".join(events) + '\n], "traceName": "x"}')
+    assert_same(path, 1000)
+
+
+def test_truncated_and_corrupt_files(tmp_path):
+    text = json.dumps(document(), indent=1).encode()
+    path = tmp_path / "cut.json"
+    for cut in range(1, len(text), max(1, len(text) // 25)):
+        path.write_bytes(text[:cut])
+        assert_same(path, 500)
+        assert_same(path, 500, strict=True)
+    rng = random.Random(7)
+    for _ in range(25):
+        broken = bytearray(text)
+        broken[rng.randrange(len(broken))] = rng.choice(b'{}[]",:0a\\\x00\xff')
+        path.write_bytes(bytes(broken))
+        assert_same(path, 500)
+
+
+def test_type_changes(tmp_path):
+    rng = random.Random(3)
+    path = tmp_path / "types.json"
+    for _ in range(15):
+        doc = document()
+        event = rng.choice(doc["traceEvents"])
+        event[rng.choice(["ts", "dur", "pid", "tid", "id", "name", "cat", "ph"])] = rng.choice(
+            [None, True, "12.5", "abc", 2**70, [1], {"a": 1}, 3.5]
+        )
+        path.write_text(json.dumps(doc))
+        assert_same(path, 600)
+
+
+@pytest.mark.parametrize("trace", shared_traces(), ids=lambda p: p.name)
+def test_shared_traces(trace):
+    assert_same(trace, 1 << 20)
+
+
+def test_worker_count(tmp_path, monkeypatch):
+    small = tmp_path / "s.json"
+    small.write_text('{"traceEvents": []}')
+    monkeypatch.delenv("PROFPARSE_WORKERS", raising=False)
+    assert worker_count(small) == 1  # small files are read here
+    assert worker_count(small, 3) == 3
+    monkeypatch.setenv("PROFPARSE_WORKERS", "1")
+    assert worker_count(small) == 1
+    monkeypatch.setenv("PROFPARSE_WORKERS", "2")
+    assert worker_count(small) == 2
