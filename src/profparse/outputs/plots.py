@@ -702,7 +702,9 @@ def plot_load(parsed: Any) -> tuple[Figure | None, str | None]:
 
     table = optional_table(parsed, "load_breakdown")
     if table is None:
-        return None, "no load_breakdown table (no loading seen, or profparse.analysis not available)"
+        if not hasattr(type(parsed), "load_breakdown"):
+            return None, "no load_breakdown table in this version of profparse"
+        return None, "no loading sub-steps (no load stage, or no Python frames to split it: capture with_stack=True)"
     label, value = _stage_value_frame(
         table, ("substep", "sub_step", "name", "step_name"), ("dur_ns", "time_ns", "wall_ns", "total_ns")
     )
