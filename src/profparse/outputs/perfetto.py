@@ -276,21 +276,46 @@ def _free_pid(parsed: Any) -> int:
     return pid
 
 
+def _substage_codes(parsed: Any) -> tuple[np.ndarray, list[str]] | None:
+    """Per raw event: loading sub-step code (-1 = none) and the sub-step names, from the analyses when present.
+
+    Reads the analyses' per-row result directly when it is there (no copy of the event table), else the public
+    ``events.substage`` column.
+    """
+    substeps = getattr(getattr(parsed, "_analysis", None), "substeps", None)
+    if substeps is not None and hasattr(substeps, "substep") and hasattr(substeps, "substage_column"):
+        if not getattr(substeps, "active", True):
+            return None
+        codes = np.asarray(substeps.substep, dtype=np.int64)
+        if len(codes) == len(parsed.raw.events):
+            return codes, [str(c) for c in substeps.substage_column().categories]
+    try:
+        public = parsed.events
+    except AttributeError:
+        return None
+    if (
+        "substage" not in public.columns
+        or not public["substage"].notna().any()
+        or len(public) != len(parsed.raw.events)
+    ):
+        return None
+    substage = public["substage"].astype("category")
+    return substage.cat.codes.to_numpy().astype(np.int64), [str(c) for c in substage.cat.categories]
+
+
 def load_substep_intervals(parsed: Any) -> pd.DataFrame | None:
     """Loading sub-steps per host thread: (pid, tid, start_ns, end_ns, substep, events), never overlapping.
 
     Built from the ``substage`` column the analyses add to ``events`` (None when it is absent or empty): spans
     that hold one sub-step only, consecutive ones of the same sub-step merged, as for the stages.
     """
-    try:
-        public = parsed.events
-    except AttributeError:
+    load = STAGES.index("load")
+    if not (parsed.attribution.stage == load).any():
         return None
-    if "substage" not in public.columns or not public["substage"].notna().any():
+    found = _substage_codes(parsed)
+    if found is None:
         return None
-    substage = public["substage"].astype("category")
-    codes = substage.cat.codes.to_numpy().astype(np.int64)
-    names = list(substage.cat.categories)
+    codes, names = found
     events = parsed.raw.events
     links = parsed.links
     dur = events["dur_ns"].to_numpy()
