@@ -180,6 +180,15 @@ def test_one_colour_per_stage_everywhere():
         ),
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", None),
         ("volta_sgemm_64x64_nt", "volta_sgemm_64x64_nt"),
+        (
+            "_ZN2ck16tensor_operation6device12_GLOBAL__N_139kernel_grouped_conv_fwd_xdl_cshuffle_v3INS_34GridwiseGemm"
+            "MultiD_xdl_cshuffle_v3INS_13tensor_layout4gemm8RowMajorENS6_11ColumnMajorENS_5TupleIJEEES7_ttftSA_",
+            "kernel_grouped_conv_fwd_xdl_cshuffle_v3<…>",
+        ),
+        (
+            "_ZN19cutlass_cudnn_train6KernelINS_4conv6kernel23ImplicitGemmConvolutionINS1_11threadblock22Implicit",
+            "Kernel<ImplicitGemmConvolution>",
+        ),
         ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD"),
     ],
 )

@@ -143,6 +143,38 @@ def _render(node: tuple[str, list | None, str], drop: bool) -> str:
     return f"{name}<{', '.join(_render(a, drop) for a in shown)}>{tail}"
 
 
+def _mangled_label(name: str) -> str | None:
+    """A readable label for an Itanium-mangled name (``_ZN2ck...``): the function's own identifier, and for a
+    generic one (``Kernel``) the first long identifier of its template arguments. None when it does not parse."""
+    i = 2
+    nested = name.startswith("_ZN")
+    i += 1 if nested else 0
+    tokens: list[str] = []
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        n = int(name[i:j])
+        tokens.append(name[j : j + n])
+        i = j + n
+        if not nested:
+            break
+    if not tokens or not tokens[-1]:
+        return None
+    base = tokens[-1]
+    if i < len(name) and name[i] == "I":  # template arguments follow
+        inner = ""
+        if len(base) <= 8:
+            for m in re.finditer(r"(\d+)([A-Za-z_])", name[i:]):
+                n = int(m.group(1))
+                ident = name[i + m.start(2) : i + m.start(2) + n]
+                if n >= 8 and re.fullmatch(r"[A-Za-z_]\w*", ident):
+                    inner = ident
+                    break
+        return f"{base}<{inner or '…'}>"
+    return base
+
+
 def shorten_name(name: str, width: int = LABEL_WIDTH, *, kernel: bool = True) -> str:
     """A readable label for a GPU kernel (or, with ``kernel=False``, a CPU op) name.
 
@@ -152,7 +184,9 @@ def shorten_name(name: str, width: int = LABEL_WIDTH, *, kernel: bool = True) ->
     becomes ``vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>``. Anything longer is cut with ``…``.
     """
     text = " ".join(name.split())
-    if kernel:
+    if kernel and text.startswith("_Z"):
+        text = _mangled_label(text) or text
+    elif kernel:
         if text.startswith("void "):
             text = text[5:]
         text = _ANON.sub("", text)
