@@ -121,3 +121,36 @@ def test_worker_count(tmp_path, monkeypatch):
     assert worker_count(small) == 1
     monkeypatch.setenv("PROFPARSE_WORKERS", "2")
     assert worker_count(small) == 2
+
+
+def test_exact_timestamp_fast_path_equals_decimal_path():
+    import pyarrow as pa
+
+    from profparse.trace.events import _exact_ts_fast, _exact_ts_ns
+
+    rng = random.Random(11)
+    texts = ["1712195495519689.047", "-0.500", "0.1", "12.34", "4458676388068.751", "7.000", "1e3", "1.5e3", "7.1234"]
+    texts += [f"{rng.randrange(9 * 10**15)}.{rng.randrange(1000):03d}"[: rng.choice([-2, -1, 20])] for _ in range(300)]
+    for sample in [texts[:1], texts[:4], texts[4:6], texts[6:], texts[9:], ["-5.25", "3.5"]]:
+        fast = _exact_ts_fast(pa.array(sample, pa.string()))
+        slow = _exact_ts_ns(sample)
+        if fast is not None:
+            assert fast.tolist() == slow.tolist(), sample
+    assert _exact_ts_fast(pa.array(texts[9:], pa.string())) is not None
+    assert _exact_ts_fast(pa.array(["1e3", "1.0"], pa.string())) is None
+
+
+def test_growing_columns_and_args_seen_late(tmp_path, monkeypatch):
+    import profparse.trace.events as events_module
+
+    doc = document()
+    late = {"ph": "i", "name": "[memory]", "pid": 1, "tid": 100, "ts": 900, "s": "t"}
+    doc["traceEvents"].append({**late, "args": {"Bytes": 64, "Total Allocated": 128, "Addr": 7, "Python id": 3}})
+    path = tmp_path / "late.json"
+    path.write_text(json.dumps(doc, indent=1))
+    whole = read_trace(path, workers=1)
+    monkeypatch.setattr(events_module, "_INITIAL_ROWS", 7)
+    small = read_trace(path, workers=1, chunk_bytes=300)
+    assert whole.events.equals(small.events)
+    assert small.events["mem_bytes"].iloc[-1] == 64 and small.events["python_id"].iloc[-1] == 3
+    assert not small.events["python_parent_id"].to_numpy().flags.writeable  # absent everywhere: no memory

@@ -64,9 +64,13 @@ class ParsedTrace:
         return _public(tables.op_table(self.raw.events, self.links, self.attribution))
 
     @cached_property
+    def _stage_summary(self) -> pd.DataFrame:
+        return tables.stage_summary(self.raw.events, self.links, self.attribution)
+
+    @cached_property
     def stage_summary(self) -> pd.DataFrame:
         """Per (step, stage) and total per stage: host wall, op time, GPU time/busy/idle, counts, bytes."""
-        return _public(tables.stage_summary(self.raw.events, self.links, self.attribution))
+        return _public(self._stage_summary)
 
     @cached_property
     def _analysis(self) -> Any:

@@ -55,6 +55,21 @@ def _stream_overlaps(events: pd.DataFrame, activity: np.ndarray) -> tuple[int, i
     return int(overlap.sum()), int(np.minimum(reach - ts[1:], end[1:] - ts[1:])[overlap].sum())
 
 
+def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> int:
+    """``events.loc[mask, key].duplicated().sum()``, comparing only rows whose hash of ``key`` repeats."""
+    rows = np.flatnonzero(mask)
+    h = np.zeros(len(rows), dtype=np.uint64)
+    for column in key:
+        series = events[column]
+        values = series.cat.codes.to_numpy() if isinstance(series.dtype, pd.CategoricalDtype) else series.to_numpy()
+        h = h * np.uint64(0x9E3779B97F4A7C15) + values[rows].astype(np.uint64)  # wraps around: fine for a hash
+    maybe = pd.Series(h).duplicated(keep=False).to_numpy()
+    del h
+    if not maybe.any():
+        return 0
+    return int(events.iloc[rows[maybe]][key].duplicated().sum())
+
+
 def quality_checks(parsed: Any) -> pd.DataFrame:
     """Run every check on a parsed trace; one row per finding."""
     events = parsed.raw.events
@@ -116,8 +131,8 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
             )  # fmt: skip
 
     key = ["ph", "name", "ts_ns", "dur_ns", "pid", "tid"]
-    real = events["kind"].astype(str) != "metadata"
-    duplicates = int(events.loc[real, key].duplicated().sum()) if n else 0
+    real = (events["kind"] != "metadata").to_numpy()
+    duplicates = _duplicate_rows(events, real, key) if n else 0
     if duplicates:
         rows.append(_row("duplicate_events", "warning", duplicates, 0, f"{duplicates} events appear twice"))
 

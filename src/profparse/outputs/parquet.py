@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,20 @@ from profparse.trace.events import NULL
 TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings") + ANALYSIS_TABLES
 
 
+def _with_nulls(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """Arrow array of ``values`` with nulls where ``missing``, sharing the values' memory (``pa.array(values,
+    mask=...)`` makes extra copies); an all-null column gets buffers that are never written, so take no memory."""
+    n = len(values)
+    nulls = int(np.count_nonzero(missing))
+    if nulls == 0:
+        return pa.array(values, type=kind)
+    if nulls == n:
+        none = pa.py_buffer(np.zeros((n + 7) // 8, np.uint8))  # calloc: pages appear only if written
+        return pa.Array.from_buffers(kind, n, [none, pa.py_buffer(np.zeros(n, dtype=values.dtype))], nulls)
+    valid = pa.py_buffer(np.packbits(~missing, bitorder="little"))
+    return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(np.ascontiguousarray(values))], nulls)
+
+
 def to_arrow(frame: pd.DataFrame) -> pa.Table:
     """DataFrame with internal NULL-sentinel int64 columns -> Arrow table with real nulls."""
     columns = {}
@@ -26,13 +41,11 @@ def to_arrow(frame: pd.DataFrame) -> pa.Table:
         series = frame[name]
         if series.dtype == np.int64:
             values = series.to_numpy()
-            mask = values == NULL
-            columns[name] = pa.array(values, mask=mask if mask.any() else None)
+            columns[name] = _with_nulls(values, values == NULL, pa.int64())
         elif isinstance(series.dtype, pd.CategoricalDtype):
             codes = series.cat.codes.to_numpy().astype(np.int32)
-            missing = codes < 0
             columns[name] = pa.DictionaryArray.from_arrays(
-                pa.array(codes, mask=missing if missing.any() else None),
+                _with_nulls(codes, codes < 0, pa.int32()),
                 pa.array(series.cat.categories.astype(str).to_numpy(dtype=object), pa.string()),
             )
         else:
@@ -40,41 +53,82 @@ def to_arrow(frame: pd.DataFrame) -> pa.Table:
     return pa.table(columns)
 
 
+def table_makers(parsed: Any) -> dict[str, Callable[[], pd.DataFrame]]:
+    """The tables to write, each computed only when its function is called (internal NULL sentinels)."""
+    raw, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
+    makers: dict[str, Callable[[], pd.DataFrame]] = {
+        "events": lambda: parsed._analysis.add_substage(tables.event_table(raw, links, attribution)),
+        "kernels": lambda: tables.kernel_table(raw, links, attribution),
+        "ops": lambda: tables.op_table(raw, links, attribution),
+        "stage_summary": lambda: parsed._stage_summary,  # computed once, shared with parsed.stage_summary
+        "steps": lambda: attribution.steps,
+        "warnings": lambda: parsed.warnings,
+    }
+    for name in ANALYSIS_TABLES:
+        makers[name] = lambda name=name: getattr(parsed._analysis, name)
+    return makers
+
+
 def internal_tables(parsed: Any) -> dict[str, pd.DataFrame]:
     """The tables to write, with internal NULL sentinels."""
-    raw, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
-    return {
-        "events": parsed._analysis.add_substage(tables.event_table(raw, links, attribution)),
-        "kernels": tables.kernel_table(raw, links, attribution),
-        "ops": tables.op_table(raw, links, attribution),
-        "stage_summary": tables.stage_summary(raw, links, attribution),
-        "steps": attribution.steps,
-        "warnings": parsed.warnings,
-        **parsed._analysis.tables(),
-    }
+    return {name: make() for name, make in table_makers(parsed).items()}
 
 
-def _write_one(name: str, frame: pd.DataFrame, folder: Path, metadata: dict[str, str] | None) -> None:
+ROW_GROUP = 1 << 20  # rows per row group, as pyarrow's default
+
+
+def _arrow(frame: pd.DataFrame, metadata: dict[str, str] | None) -> pa.Table:
     table = to_arrow(frame)
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    return table
+
+
+def _options(schema: pa.Schema) -> dict[str, Any]:
     # Dictionary pages only for text: on numbers (times, ids) they rarely pay off and cost a failed attempt each
-    text = [f.name for f in table.schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
-    pq.write_table(table, folder / f"{name}.parquet", compression="zstd", use_dictionary=text)
+    text = [f.name for f in schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
+    return {"compression": "zstd", "use_dictionary": text}
 
 
-def write_tables(frames: dict[str, pd.DataFrame], folder: Path, metadata: dict[str, str] | None = None) -> None:
-    """One file per table; the biggest is written in a second thread (Parquet encoding runs without the GIL)."""
-    if not frames:
+def _write(frame: pd.DataFrame, path: Path, metadata: dict[str, str] | None) -> None:
+    """Write one table. A long table of fixed-width columns is converted one row group at a time, so only one
+    row group's Arrow data exists at once (same file: pyarrow cuts row groups at :data:`ROW_GROUP` rows too)."""
+    sliceable = all(
+        isinstance(dtype, pd.CategoricalDtype) or (isinstance(dtype, np.dtype) and dtype.kind in "iufb")
+        for dtype in frame.dtypes
+    )  # every slice converts to the same Arrow types
+    if len(frame) <= ROW_GROUP or not sliceable:
+        table = _arrow(frame, metadata)
+        pq.write_table(table, path, **_options(table.schema))
         return
-    names = sorted(frames, key=lambda name: len(frames[name]) * len(frames[name].columns), reverse=True)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        big = pool.submit(_write_one, names[0], frames[names[0]], folder, metadata)
+    first = _arrow(frame.iloc[:ROW_GROUP], metadata)
+    with pq.ParquetWriter(path, first.schema, **_options(first.schema)) as out:
+        out.write_table(first)
+        del first
+        for start in range(ROW_GROUP, len(frame), ROW_GROUP):
+            out.write_table(_arrow(frame.iloc[start : start + ROW_GROUP], metadata))
+
+
+def write_tables(
+    frames: Mapping[str, pd.DataFrame | Callable[[], pd.DataFrame]],
+    folder: Path,
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """One file per table. ``frames`` may hold functions that compute a table: each is called only after the
+    previous table went to the writer thread, so computing the next table overlaps with writing the last one
+    (Parquet encoding runs without the GIL) and tables that are written can be freed."""
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        pending: Future | None = None
         try:
-            for name in names[1:]:
-                _write_one(name, frames[name], folder, metadata)
+            for name, item in frames.items():
+                frame = item() if callable(item) else item
+                if pending is not None:
+                    pending.result()
+                pending = writer.submit(_write, frame, folder / f"{name}.parquet", metadata)
+                del frame
         finally:
-            big.result()
+            if pending is not None:
+                pending.result()
 
 
 def write_parquet(parsed: Any, out_dir: str | Path, *, force: bool = False) -> Path:
@@ -82,7 +136,7 @@ def write_parquet(parsed: Any, out_dir: str | Path, *, force: bool = False) -> P
     out_dir = Path(out_dir)
     metadata = {"profparse.source": str(parsed.path)}
     with atomic_dir(out_dir, force=force) as tmp:
-        write_tables(internal_tables(parsed), tmp, metadata)
+        write_tables(table_makers(parsed), tmp, metadata)
     return out_dir
 
 

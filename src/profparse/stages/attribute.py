@@ -11,7 +11,7 @@ import pandas as pd
 from profparse.marks import STAGES
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, depth_order, kind_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
@@ -207,8 +207,7 @@ def attribute(
     best = own.copy()
     parent = links.parent
     if n:
-        by_depth = np.argsort(links.depth, kind="stable")
-        bounds = np.searchsorted(links.depth[by_depth], np.arange(links.depth.max() + 2))
+        by_depth, bounds = depth_order(links.depth)
         for d in range(1, int(links.depth.max()) + 1):
             rows = by_depth[bounds[d] : bounds[d + 1]]
             p = parent[rows]

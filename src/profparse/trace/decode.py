@@ -274,9 +274,9 @@ class TraceDecoder:
             yield item  # type: ignore[misc]
             del item  # do not hold the last chunk while decoding the next one
 
-    def bodies(self) -> Iterator[bytes | Decoded | None]:
-        """Like :meth:`chunks_with_text`, but yield each chunk's text undecoded (``bytes``: events separated by
-        commas), for decoding elsewhere; only what is left at the end of the file is decoded here.
+    def bodies(self) -> Iterator[memoryview | Decoded | None]:
+        """Like :meth:`chunks_with_text`, but yield each chunk's text undecoded (a ``memoryview``: events separated
+        by commas), for decoding elsewhere; only what is left at the end of the file is decoded here.
 
         A chunk is cut where :meth:`chunks_with_text` would cut it when its text decodes, so decoding every body
         with :meth:`_decode` gives the same events. If one fails with ``msgspec.DecodeError``, the caller must
@@ -286,7 +286,7 @@ class TraceDecoder:
         """
         return self._stream(defer=True)
 
-    def _stream(self, defer: bool) -> Iterator[bytes | Decoded | None]:
+    def _stream(self, defer: bool) -> Iterator[memoryview | Decoded | None]:
         with open_trace(self.path) as stream:
             buf = self._read(stream)
             if not buf.strip():
@@ -393,7 +393,10 @@ class TraceDecoder:
         The usual result is a list of :class:`FastEvent` and the JSON text; after a fallback, a list of
         :class:`Event` and None.
         """
-        data = b"[" + body + b"]"
+        return self._decode_data(b"[" + body + b"]")
+
+    def _decode_data(self, data: bytes | memoryview) -> Decoded:
+        """:meth:`_decode` of a JSON array (``[`` + events + ``]``), e.g. a view of shared memory."""
         try:
             fast = _FAST.decode(data)
         except msgspec.ValidationError:
@@ -447,12 +450,12 @@ class TraceDecoder:
             raise TraceFormatError(f"{self.path}: an event larger than {64 * self.chunk_bytes >> 20} MB")
         return ([], None), buf
 
-    def _cut(self, buf: bytes) -> tuple[bytes | None, bytes]:
+    def _cut(self, buf: bytes) -> tuple[memoryview | None, bytes]:
         """Split ``buf`` after its last candidate event end, without decoding: (body or None, unread rest)."""
         for cut in self._boundaries(buf, len(buf)):
             self._consumed += cut + 1
             rest = buf[cut:].lstrip()
-            return buf[:cut], rest[1:] if rest.startswith(b",") else rest
+            return memoryview(buf)[:cut], rest[1:] if rest.startswith(b",") else rest
         if len(buf) > 2 * self.chunk_bytes:
             raise ReadSequentially("no event boundary in two chunks")  # the sequential reader knows what to do
         return None, buf

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import mmap
 import multiprocessing
 import os
 import re
@@ -98,6 +99,7 @@ INT_ARG_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _EMPTY_ARGS = Args()
+_ARG_KEYS = frozenset(column for column, _ in INT_ARG_COLUMNS)
 _EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id", "args")
 _GET = {name: attrgetter(name) for name in (*FastEvent.__struct_fields__, *Args.__struct_fields__)}
 assert Event.__struct_fields__ == FastEvent.__struct_fields__ == _EVENT_FIELDS  # chunk_columns unpacks by position
@@ -111,6 +113,11 @@ class _TsText(msgspec.Struct):
 
 
 _TS_TEXT = msgspec.json.Decoder(list[_TsText], float_hook=str)
+
+
+def _all_null(n: int) -> np.ndarray:
+    """A read-only int64 column of ``n`` NULLs that takes no memory (stride 0)."""
+    return np.broadcast_to(np.int64(NULL), (n,))
 
 
 class _Interner:
@@ -157,25 +164,64 @@ def _int_array(values: list[Any]) -> np.ndarray:
     return pc.fill_null(arr, NULL).to_numpy()
 
 
-def _float_column(values: list[Any], missing: float) -> np.ndarray:
+def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> np.ndarray:
     """ts/dur values (float, int, :class:`FloatText` or None) -> float64, ``missing`` for None.
 
     Text is parsed by Arrow, correctly rounded like msgspec and ``float()``; the result equals decoding floats.
+    ``text``: the values as an Arrow string array, when the caller has it already.
     """
-    kinds = set(map(type, values))
-    kinds.discard(type(None))
     try:
-        if kinds <= {FloatText}:
-            arr = pa.array(values, pa.string()).cast(pa.float64())
-        elif kinds <= {int, float}:
-            arr = pa.array(values, pa.float64())
+        if text is not None:
+            arr = text.cast(pa.float64())
         else:
-            raise TypeError
+            kinds = set(map(type, values))
+            kinds.discard(type(None))
+            if kinds <= {FloatText}:
+                arr = pa.array(values, pa.string()).cast(pa.float64())
+            elif kinds <= {int, float}:
+                arr = pa.array(values, pa.float64())
+            else:
+                raise TypeError
         if arr.null_count:
             arr = pc.fill_null(arr, missing)
         return arr.to_numpy(zero_copy_only=False).copy()
     except (pa.ArrowException, TypeError, OverflowError):
         return np.array([missing if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def _text_column(values: Any) -> pa.Array | None:
+    """``ts`` values as an Arrow string array when all are :class:`FloatText` (or None), else None."""
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
+    if kinds != {FloatText}:
+        return None
+    try:
+        return pa.array(values, pa.string())
+    except (pa.ArrowException, UnicodeError):
+        return None
+
+
+_NS_PER_UNIT = np.array([1000, 100, 10, 1], dtype=np.int64)  # by number of decimals
+
+
+def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
+    """:func:`_exact_ts_ns` for plain decimal text with 1 to 3 decimals (``1712195495519689.047``): drop the dot,
+    parse the digits as an integer, scale to nanoseconds. None when any value is not of that form."""
+    if text is None or text.null_count or len(text) == 0:
+        return None
+    dot = pc.find_substring(text, ".").to_numpy()
+    decimals = pc.binary_length(text).to_numpy() - dot - 1
+    if (dot < 1).any() or (decimals < 1).any() or (decimals > 3).any():
+        return None
+    try:
+        digits = pc.replace_substring(text, ".", "", max_replacements=1).cast(pa.int64()).to_numpy()
+    except pa.ArrowException:  # an exponent, a sign Arrow does not take, too many digits
+        return None
+    scale = _NS_PER_UNIT[decimals]
+    limit = np.iinfo(np.int64).max // scale
+    if ((digits > limit) | (digits < -limit)).any():
+        return None
+    return digits * scale
 
 
 def _flow_ids(values: list[Any]) -> np.ndarray:
@@ -225,8 +271,8 @@ def _ids(values: Any, labels: dict[int, str]) -> np.ndarray:
     return out
 
 
-def _arg_columns(args: tuple[Any, ...]) -> dict[str, np.ndarray]:
-    """The integer ``args`` columns of a chunk (``NULL`` where missing)."""
+def _arg_columns(args: tuple[Any, ...]) -> dict[str, np.ndarray | None]:
+    """The integer ``args`` columns of a chunk (``NULL`` where missing; None where all are missing)."""
     present = [_EMPTY_ARGS if a is None else a for a in args]
     try:  # one pass in C over all fields
         table = pa.array(list(map(astuple, present)), type=_ARGS_ARROW)
@@ -237,7 +283,7 @@ def _arg_columns(args: tuple[Any, ...]) -> dict[str, np.ndarray]:
     for column, attr in INT_ARG_COLUMNS:
         values = table.field(attr)
         if values.null_count == len(values):
-            out[column] = np.full(len(values), NULL, dtype=np.int64)
+            out[column] = None  # all missing (most args in most chunks): nothing to build, send or copy
         else:
             out[column] = pc.fill_null(values, NULL).to_numpy()
     return out
@@ -248,7 +294,7 @@ class ChunkColumns:
     """One decoded chunk as columns; strings as codes into chunk-local lists (see :func:`chunk_columns`)."""
 
     rows: int
-    cols: dict[str, np.ndarray]
+    cols: dict[str, np.ndarray | None]  # None: an int64 column where every value is NULL
     ph: list[str]
     cat: list[str]
     name: list[str]
@@ -261,12 +307,13 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     """Turn one decoded chunk into columns; ``raw_chunk`` is its JSON text when it decoded without repairs."""
     n = len(events)
     ph, name, cat, ts_values, dur_values, pid, tid, flow, args = zip(*map(astuple, events), strict=True)
-    cols: dict[str, np.ndarray] = {}
+    cols: dict[str, np.ndarray | None] = {}
     ph_values, cols["ph_code"] = _local_codes(ph)
     cat_values, cols["cat_code"] = _local_codes([c or "" for c in cat])
     name_values, cols["name_code"] = _local_codes(name)
     del ph, cat
-    ts = _float_column(ts_values, np.nan)
+    text = _text_column(ts_values)
+    ts = _float_column(ts_values, np.nan, text)
     dur = _float_column(dur_values, 0.0)
     del dur_values
     missing_ts = np.isnan(ts)
@@ -274,10 +321,12 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
         if not isinstance(events[0], FastEvent):  # floats were parsed: read the timestamps' text again
             ts_values = [t.ts for t in _TS_TEXT.decode(raw_chunk)]
-        cols["ts_ns"] = _exact_ts_ns(ts_values)
+            text = None
+        exact = _exact_ts_fast(text)
+        cols["ts_ns"] = exact if exact is not None else _exact_ts_ns(ts_values)
     else:
         cols["ts_ns"] = _us_to_ns(ts)
-    del ts_values, ts
+    del ts_values, ts, text
     cols["ts_missing"] = missing_ts
     cols["dur_ns"] = np.maximum(_us_to_ns(dur), 0)
     cols["negative_dur"] = dur < 0
@@ -310,6 +359,7 @@ class EventTableBuilder:
         self.columns: dict[str, np.ndarray] = {}  # preallocated, ``capacity`` rows, the first ``rows`` filled
         self.capacity = 0
         self.rows = 0
+        self.seen: set[str] = set()  # args columns with a value so far
         self.process_names: dict[int, str] = {}
         self.thread_names: dict[tuple[int, int], str] = {}
 
@@ -333,26 +383,36 @@ class EventTableBuilder:
                 self.thread_names[(pid, tid)] = label
         self._store(cols, chunk.rows)
 
-    def _store(self, cols: dict[str, np.ndarray], n: int) -> None:
+    def _store(self, cols: dict[str, np.ndarray | None], n: int) -> None:
         """Copy a chunk's columns into the preallocated ones (no list of chunks, no concatenation at the end).
 
         Capacity starts at 4M rows and doubles; pages the rows do not reach are never touched, so they take
-        address space but no memory.
+        address space but no memory. An args column is written only from its first chunk with a value on (then
+        the rows before are filled with NULL); one that never gets a value is never written at all.
         """
         end = self.rows + n
         if end > self.capacity:
             capacity = max(_INITIAL_ROWS, 2 * self.capacity, end)
             for key, old in self.columns.items():  # one column at a time: the extra memory is one column
                 grown = np.empty(capacity, dtype=old.dtype)
-                grown[: self.rows] = old[: self.rows]
+                if key in self.seen or key not in _ARG_KEYS:  # an args column without values yet holds nothing
+                    grown[: self.rows] = old[: self.rows]
                 self.columns[key] = grown
                 del old
             self.capacity = capacity
         for key, values in cols.items():
             column = self.columns.get(key)
             if column is None:
-                column = self.columns[key] = np.empty(self.capacity, dtype=values.dtype)
-            column[self.rows : end] = values
+                dtype = np.int64 if values is None else values.dtype
+                column = self.columns[key] = np.empty(self.capacity, dtype=dtype)
+            if values is None:
+                if key in self.seen:
+                    column[self.rows : end] = NULL
+            else:
+                if key not in self.seen and key in _ARG_KEYS:
+                    self.seen.add(key)
+                    column[: self.rows] = NULL
+                column[self.rows : end] = values
         self.rows = end
 
     def build(self) -> pd.DataFrame:
@@ -374,7 +434,9 @@ class EventTableBuilder:
             "tid": merged.pop("tid"),
         }
         for column, _ in INT_ARG_COLUMNS:
-            columns[column] = merged.pop(column)
+            # an args key absent from the whole trace (memory, Python ids in most traces): one NULL repeated
+            # (read-only, no memory) instead of 8 bytes per row
+            columns[column] = merged.pop(column) if column in self.seen else _all_null(self.rows)
         columns["flow_id"] = merged.pop("flow_id")
         frame = pd.DataFrame(columns, copy=False)
         del columns
@@ -458,13 +520,52 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _decode_body(body: bytes) -> tuple[ChunkColumns | None, int, dict[str, int]] | None:
-    """Worker side of the parallel reader: decode one chunk's text into columns; None if it does not decode."""
+class _Slots:
+    """Chunk buffers in memory shared with forked workers: the reader copies a chunk's text in once (as a JSON
+    array) and a worker decodes it in place, instead of pickling it through a pipe."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+        self.memory = mmap.mmap(-1, count * size)  # anonymous and shared: forked workers see the same pages
+
+    def put(self, slot: int, body: memoryview) -> int | None:
+        """Write ``[`` + body + ``]`` into ``slot``; its length, or None if it does not fit."""
+        n = len(body)
+        if n + 2 > self.size:
+            return None
+        base = slot * self.size
+        self.memory[base] = 0x5B  # [
+        self.memory[base + 1 : base + 1 + n] = body
+        self.memory[base + 1 + n] = 0x5D  # ]
+        return n + 2
+
+    def view(self, slot: int, length: int) -> memoryview:
+        return memoryview(self.memory)[slot * self.size : slot * self.size + length]
+
+    def close(self) -> None:
+        try:
+            self.memory.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the last reference
+            pass
+
+
+_SLOTS: _Slots | None = None  # set before the workers fork, so they inherit the mapping
+
+
+def _decode_body(body: bytes | None, slot: int = -1, length: int = 0) -> tuple[ChunkColumns | None, int, dict] | None:
+    """Worker side of the parallel reader: decode one chunk (``body``, or ``length`` bytes of shared ``slot``)
+    into columns; None if it does not decode."""
     decoder = TraceDecoder("")
     try:
-        events, raw = decoder._decode(body)
-        del body
-        return (chunk_columns(events, raw) if events else None), len(events), decoder.report.dropped
+        if body is None:
+            data = _SLOTS.view(slot, length)  # type: ignore[union-attr]
+            events, raw = decoder._decode_data(data)
+        else:
+            events, raw = decoder._decode(body)
+            del body
+        chunk = chunk_columns(events, raw) if events else None
+        del raw
+        return chunk, len(events), decoder.report.dropped
     except Exception:  # noqa: BLE001 - whatever it is, the sequential reader reproduces and reports it
         return None
 
@@ -496,10 +597,14 @@ def worker_count(path: str | Path, workers: int | None = None) -> int:
 def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: int, progress: Any) -> bool:
     """Decode the chunks in ``workers`` forked processes, in file order; False if a chunk needs the sequential
     reader (then nothing of this attempt is to be used)."""
+    global _SLOTS
     pending: deque[Future] = deque()
+    slots = _Slots(workers + 2, decoder.chunk_bytes + (1 << 20))
+    _SLOTS = slots
     try:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
     except (OSError, ValueError):
+        slots.close()
         return False
 
     def take_in(future: Future) -> bool:
@@ -525,18 +630,26 @@ def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: i
                 return False
         return True
 
+    chunks = 0
     try:
         for item in decoder.bodies():
-            if isinstance(item, bytes):
-                try:
-                    future = pool.submit(_decode_body, item)
-                except (OSError, RuntimeError, AssertionError, BrokenProcessPool):
-                    return False  # no processes here (e.g. inside a daemonic worker)
-                pending.append(future)
-                del item
-                while len(pending) > 2 * workers:  # bound the memory held by chunks in flight
+            if isinstance(item, memoryview):
+                # chunk number ``chunks`` goes to slot ``chunks % count``: the chunk that used it must be in
+                while len(pending) >= slots.count - 1:
                     if not take_in(pending.popleft()):
                         return False
+                slot = chunks % slots.count
+                length = slots.put(slot, item)
+                try:
+                    if length is None:  # bigger than a slot: send the text itself
+                        future = pool.submit(_decode_body, bytes(item))
+                    else:
+                        future = pool.submit(_decode_body, None, slot, length)
+                except (OSError, RuntimeError, AssertionError, BrokenProcessPool):
+                    return False  # no processes here (e.g. inside a daemonic worker)
+                del item
+                pending.append(future)
+                chunks += 1
             elif item is None:
                 if not take_in_all():
                     return False
@@ -545,6 +658,7 @@ def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: i
                 del item
                 if progress is not None:
                     progress(decoder.report.bytes_read)
+        return take_in_all()
     except ReadSequentially:
         return False
     except Exception:
@@ -555,7 +669,8 @@ def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: i
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return take_in_all()
+        _SLOTS = None
+        slots.close()
 
 
 def read_trace(

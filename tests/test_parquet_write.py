@@ -1,0 +1,36 @@
+"""Parquet writing: tables written row group by row group give the same files as whole-table writes."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+from tracebuilder import TraceBuilder, training_step
+
+import profparse
+from profparse.outputs import parquet
+from profparse.outputs.parquet import internal_tables, read_parquet, to_arrow, write_parquet
+
+
+def test_sliced_writes_match_whole_writes(tmp_path, monkeypatch):
+    b = TraceBuilder()
+    for step in range(20):
+        training_step(b, step, step * 100)
+    b.memory(3, 4096, 4096)
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    events = internal_tables(p)["events"]
+    assert len(events) > 200
+    monkeypatch.setattr(parquet, "ROW_GROUP", 48)
+    out = write_parquet(p, tmp_path / "sliced")
+    whole = tmp_path / "whole.parquet"
+    table = to_arrow(events).replace_schema_metadata({"profparse.source": str(p.path)})
+    pq.write_table(table, whole, row_group_size=48, compression="zstd")
+    sliced = pq.ParquetFile(out / "events.parquet")
+    reference = pq.ParquetFile(whole)
+    assert sliced.schema_arrow == reference.schema_arrow
+    assert sliced.schema_arrow.metadata == reference.schema_arrow.metadata
+    rows = [sliced.metadata.row_group(i).num_rows for i in range(sliced.metadata.num_row_groups)]
+    assert rows == [reference.metadata.row_group(i).num_rows for i in range(reference.metadata.num_row_groups)]
+    assert sliced.read().equals(reference.read())
+    monkeypatch.setattr(parquet, "ROW_GROUP", 1 << 20)
+    again = read_parquet(write_parquet(p, tmp_path / "whole_out"))
+    for name, frame in read_parquet(out).items():
+        assert frame.equals(again[name]), name
