@@ -7,12 +7,12 @@ Every change is ``B - A`` (positive = B spent more), with the relative change ``
 from __future__ import annotations
 
 import io
-import json
 from typing import Any
 
 import pandas as pd
 
 from profparse.marks import STAGES
+from profparse.outputs.formats import render_as
 
 FORMATS = ("text", "json", "markdown")
 TOP_N = 10
@@ -279,13 +279,7 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def render(data: dict[str, Any], fmt: str = "text") -> str:
-    if fmt == "text":
-        return render_text(data)
-    if fmt == "markdown":
-        return render_markdown(data)
-    if fmt == "json":
-        return json.dumps(data, indent=2) + "\n"
-    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return render_as(data, fmt, {"text": render_text, "markdown": render_markdown})
 
 
 def render_diff(a: Any, b: Any, fmt: str = "text", *, top: int = TOP_N, per_step: bool = False) -> str:

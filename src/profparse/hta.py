@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import warnings
@@ -33,6 +32,7 @@ import pandas as pd
 
 from profparse.errors import ProfparseError
 from profparse.marks import STAGES
+from profparse.outputs.formats import render_as
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
@@ -389,10 +389,4 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def render(data: dict[str, Any], fmt: str = "text") -> str:
-    if fmt == "text":
-        return render_text(data)
-    if fmt == "markdown":
-        return render_markdown(data)
-    if fmt == "json":
-        return json.dumps(data, indent=2, default=str) + "\n"
-    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return render_as(data, fmt, {"text": render_text, "markdown": render_markdown})

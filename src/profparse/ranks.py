@@ -40,6 +40,7 @@ import pandas as pd
 
 from profparse.errors import InputNotFoundError, ProfparseError, TraceFormatError, UsageError
 from profparse.marks import STAGES
+from profparse.outputs.formats import render_as
 
 PLAIN_TABLES = ("ranks", "failed_ranks")  # one file each, not partitioned
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -915,13 +916,5 @@ def render_ranks_csv(data: dict[str, Any]) -> str:
 
 
 def render_ranks(data: dict[str, Any], fmt: str = "text") -> str:
-
-    if fmt == "text":
-        return render_ranks_text(data)
-    if fmt == "markdown":
-        return render_ranks_markdown(data)
-    if fmt == "csv":
-        return render_ranks_csv(data)
-    if fmt == "json":
-        return json.dumps(data, indent=2) + "\n"
-    raise ValueError(f"unknown format {fmt!r}")
+    renderers = {"text": render_ranks_text, "markdown": render_ranks_markdown, "csv": render_ranks_csv}
+    return render_as(data, fmt, renderers)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pandas as pd
 
 from profparse.analysis import report as analysis_report
 from profparse.marks import STAGES
+from profparse.outputs.formats import render_as
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
@@ -243,15 +243,7 @@ def render_csv(data: dict[str, Any]) -> str:
 
 
 def render(data: dict[str, Any], fmt: str = "text") -> str:
-    if fmt == "text":
-        return render_text(data)
-    if fmt == "markdown":
-        return render_markdown(data)
-    if fmt == "csv":
-        return render_csv(data)
-    if fmt == "json":
-        return json.dumps(data, indent=2) + "\n"
-    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return render_as(data, fmt, {"text": render_text, "markdown": render_markdown, "csv": render_csv})
 
 
 def render_summary(parsed: Any, fmt: str = "text", top: int = TOP_N) -> str:
