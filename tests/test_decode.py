@@ -202,3 +202,19 @@ def test_header_and_trailer_keys_are_kept(tmp_path):
     assert raw.header["distributedInfo"]["rank"] == 3
     assert raw.header["traceName"] == "built-by-tests"
     assert np.issubdtype(raw.events["ts_ns"].dtype, np.integer)
+
+
+def test_absurd_times_are_dropped_and_negative_durations_clamped(tmp_path):
+    path = tmp_path / "absurd.json"
+    path.write_text(
+        '{"traceEvents": ['
+        '{"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 10, "dur": 5},'
+        '{"ph": "X", "cat": "cpu_op", "name": "huge_ts", "pid": 1, "tid": 1, "ts": 1e300, "dur": 5},'
+        '{"ph": "X", "cat": "cpu_op", "name": "huge_dur", "pid": 1, "tid": 1, "ts": 20, "dur": 1e17},'
+        '{"ph": "X", "cat": "cpu_op", "name": "neg", "pid": 1, "tid": 1, "ts": 30, "dur": -4}]}'
+    )
+    p = profparse.parse(path)
+    assert list(p.events["name"]) == ["ok", "neg"]
+    assert p.events.set_index("name").loc["neg", "dur_ns"] == 0
+    checks = set(p.warnings["check"])
+    assert {"dropped_events", "negative_duration"} <= checks

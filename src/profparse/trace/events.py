@@ -233,6 +233,10 @@ def _flow_ids(values: list[Any]) -> np.ndarray:
     return pc.fill_null(arr, NULL).to_numpy()
 
 
+_MAX_ABS_TS_US = 9.2e15  # int64 nanoseconds end near 9.22e18
+_MAX_DUR_US = 1e12  # 11.6 days
+
+
 def _us_to_ns(values: np.ndarray) -> np.ndarray:
     """Microseconds (float64) -> int64 nanoseconds, rounding to the nearest nanosecond."""
     whole = np.floor(values)
@@ -317,7 +321,11 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     dur = _float_column(dur_values, 0.0)
     del dur_values
     missing_ts = np.isnan(ts)
-    ts[missing_ts] = 0.0
+    # absurd values (overflow int64 ns, infinities, durations over 11 days) would poison every sum: drop them
+    absurd = ~missing_ts & ((np.abs(ts) > _MAX_ABS_TS_US) | ~np.isfinite(ts))
+    absurd |= ~np.isfinite(dur) | (np.abs(dur) > _MAX_DUR_US)
+    ts[missing_ts | absurd] = 0.0
+    dur[absurd] = 0.0
     if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
         if not isinstance(events[0], FastEvent):  # floats were parsed: read the timestamps' text again
             ts_values = [t.ts for t in _TS_TEXT.decode(raw_chunk)]
@@ -328,6 +336,7 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
         cols["ts_ns"] = _us_to_ns(ts)
     del ts_values, ts, text
     cols["ts_missing"] = missing_ts
+    cols["absurd_time"] = absurd
     cols["dur_ns"] = np.maximum(_us_to_ns(dur), 0)
     cols["negative_dur"] = dur < 0
     del dur
@@ -442,6 +451,8 @@ class EventTableBuilder:
         del columns
         invalid = merged["ts_missing"] & (kind != KIND_CODE["metadata"])
         frame.attrs["dropped_missing_ts"] = int(invalid.sum())
+        frame.attrs["dropped_absurd_time"] = int(merged["absurd_time"].sum())
+        invalid |= merged["absurd_time"]
         frame.attrs["negative_dur"] = int(merged["negative_dur"].sum())
         if invalid.any():
             frame = frame.loc[~invalid].reset_index(drop=True)
@@ -705,6 +716,10 @@ def read_trace(
         frame = builder.build()
     if frame.attrs.get("dropped_missing_ts"):
         decoder.report.drop("event without ts", frame.attrs["dropped_missing_ts"])
+    if frame.attrs.get("dropped_absurd_time"):
+        decoder.report.drop(
+            "absurd ts or dur (non-finite, or beyond int64 ns / 11 days)", frame.attrs["dropped_absurd_time"]
+        )
     return RawTrace(
         path=str(path),
         events=frame,
