@@ -143,7 +143,12 @@ def parse(
         raw = read_trace(path, strict=strict, progress=progress)
     except RecursionError:
         raise TraceFormatError(f"{path}: JSON nested too deeply (corrupt or hostile input)") from None
+    phase = getattr(progress, "phase", None)  # a progress bar may also show the phases after reading
+    if phase is not None:
+        phase("linking")
     links = link(raw.events)
+    if phase is not None:
+        phase("attributing stages")
     attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
     return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})
 

@@ -55,18 +55,24 @@ def stage_categorical(codes: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(codes.astype(np.int8), categories=list(STAGES))
 
 
-def event_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
-    """The raw event table plus nesting, launch links, stage, rule and step (internal NULL sentinels)."""
-    out = events.copy(deep=False)
+def event_table(
+    events: pd.DataFrame, links: Links, attribution: Attribution, start: int = 0, stop: int | None = None
+) -> pd.DataFrame:
+    """The raw event table plus nesting, launch links, stage, rule and step (internal NULL sentinels).
+
+    ``start``/``stop``: only those rows (a writer can then hold one slice at a time); the default is all rows.
+    """
+    rows = slice(start, stop)
+    out = events.iloc[rows].copy(deep=False) if start or stop is not None else events.copy(deep=False)
     trace_index = events["trace_index"].to_numpy()
-    out["parent_trace_index"] = _row_ref(links.parent, trace_index)
-    out["depth"] = links.depth
-    out["self_ns"] = links.self_ns
-    out["launch_trace_index"] = _row_ref(links.launch, trace_index)
-    out["launch_op_trace_index"] = _row_ref(links.launch_op, trace_index)
-    out["stage"] = stage_categorical(attribution.stage)
-    out["stage_rule"] = pd.Categorical.from_codes(attribution.rule, categories=attribution.rule_names)
-    out["step"] = attribution.step
+    out["parent_trace_index"] = _row_ref(links.parent[rows], trace_index)
+    out["depth"] = links.depth[rows]
+    out["self_ns"] = links.self_ns[rows]
+    out["launch_trace_index"] = _row_ref(links.launch[rows], trace_index)
+    out["launch_op_trace_index"] = _row_ref(links.launch_op[rows], trace_index)
+    out["stage"] = stage_categorical(attribution.stage[rows])
+    out["stage_rule"] = pd.Categorical.from_codes(attribution.rule[rows], categories=attribution.rule_names)
+    out["step"] = attribution.step[rows]
     return out
 
 
@@ -99,7 +105,8 @@ def kernel_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
             "launch_op_trace_index": _row_ref(launch_op, trace_index),
             "launch_op_name": _take_categorical(events["name"], launch_op),
             "launch_latency_ns": latency,
-        }
+        },
+        copy=False,  # every column is a fresh array: no need to copy it again
     )
 
 
@@ -109,8 +116,15 @@ def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd
     rows = np.flatnonzero(kind_mask(events, {"cpu_op"}) & links.host)
     activity = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS) & (links.launch_op >= 0))
     dur = events["dur_ns"].to_numpy()
-    gpu_ns = np.bincount(links.launch_op[activity], weights=dur[activity], minlength=n).astype(np.int64)
-    gpu_count = np.bincount(links.launch_op[activity], minlength=n).astype(np.int64)
+    launcher = links.launch_op[activity]
+    at = np.searchsorted(rows, launcher)  # a launching op is a host cpu_op: count per op row, not per event row
+    if len(rows) and (at < len(rows)).all() and (rows[np.minimum(at, len(rows) - 1)] == launcher).all():
+        gpu_ns = np.bincount(at, weights=dur[activity], minlength=len(rows)).astype(np.int64)
+        gpu_count = np.bincount(at, minlength=len(rows)).astype(np.int64)
+    else:
+        gpu_ns = np.bincount(launcher, weights=dur[activity], minlength=n).astype(np.int64)[rows]
+        gpu_count = np.bincount(launcher, minlength=n).astype(np.int64)[rows]
+    del launcher, at
     trace_index = events["trace_index"].to_numpy()
     return pd.DataFrame(
         {
@@ -127,9 +141,10 @@ def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd
             "stage": stage_categorical(attribution.stage[rows]),
             "stage_rule": pd.Categorical.from_codes(attribution.rule[rows], categories=attribution.rule_names),
             "step": attribution.step[rows],
-            "gpu_launched_ns": gpu_ns[rows],
-            "gpu_launched_count": gpu_count[rows],
-        }
+            "gpu_launched_ns": gpu_ns,
+            "gpu_launched_count": gpu_count,
+        },
+        copy=False,  # every column is a fresh array: no need to copy it again
     )
 
 
@@ -139,35 +154,60 @@ def _group_start_order(group: np.ndarray, start: np.ndarray) -> np.ndarray:
     s0 = int(start.min())
     span = int(start.max()) - s0 + 1
     if int(group.min()) >= 0 and (int(group.max()) + 1) * span < 2**62:
-        return np.argsort(group.astype(np.int64) * span + (start - s0), kind="stable")
+        key = group.astype(np.int64)
+        key *= span
+        key += start
+        key -= s0
+        return np.argsort(key, kind="stable")
     return np.lexsort((start, group))
 
 
 def _union_stats(
-    group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int
+    group: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray | None,
+    groups: int,
+    rows: np.ndarray | None = None,
+    dur: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per group id in ``range(groups)``: length of the union of [start, end), min start, max end."""
+    """Per group id in ``range(groups)``: length of the union of [start, end), min start, max end.
+
+    ``rows``: use only these positions of the arrays (a mask or indices), without copying them first.
+    ``dur``: give durations instead of ``end`` (ends are then computed for the rows used only).
+    """
     out = np.zeros(groups, dtype=np.int64)
     first = np.full(groups, np.iinfo(np.int64).max)
     last = np.full(groups, np.iinfo(np.int64).min)
-    if len(start) == 0:
+    rows = np.arange(len(start)) if rows is None else np.flatnonzero(rows) if rows.dtype == bool else rows
+    if len(rows) == 0:
         return out, first, last
-    order = _group_start_order(group, start)
-    g, s, e = group[order], start[order], end[order]
+    order = _group_start_order(group[rows], start[rows])
+    rows = rows[order]
     del order
+    g = group[rows]
+    s = start[rows].astype(np.int64, copy=False)
+    e = end[rows].astype(np.int64, copy=False) if end is not None else s + dur[rows]
+    del rows
     heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
     ids = g[heads]
     first[ids] = s[heads]  # sorted by start within a group: its first row starts earliest
     last[ids] = np.maximum.reduceat(e, heads)
     base = s.min()
     span = int(e.max() - base) + 1
-    s = (s - base) + g.astype(np.int64) * span
-    e = (e - base) + g.astype(np.int64) * span
+    shift = g.astype(np.int64)  # groups far apart on one line: one sweep covers them all
+    del g
+    shift *= span
+    s -= base
+    s += shift
+    e -= base
+    e += shift
+    del shift
     reach = np.maximum.accumulate(e)
-    previous = np.concatenate([[np.iinfo(np.int64).min], reach[:-1]])
+    np.maximum(s[1:], reach[:-1], out=s[1:])  # where each interval's new coverage starts
     del reach
-    covered = np.maximum(e - np.maximum(s, previous), 0)
-    out[ids] = np.add.reduceat(covered, heads)
+    np.subtract(e, s, out=e)
+    np.maximum(e, 0, out=e)  # covered
+    out[ids] = np.add.reduceat(e, heads)
     return out, first, last
 
 
@@ -210,12 +250,10 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     GPU idle is measured inside each step: from the stage's first GPU activity to its last, minus busy time;
     the total row adds up the per-step idle times.
     """
-    stage = attribution.stage.astype(np.int64)
     step = attribution.step
     n_stages = len(STAGES)
     ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
-    end = ts + dur
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)
     kernel = kind_mask(events, {"kernel"})
     memcpy = kind_mask(events, {"gpu_memcpy"})
@@ -234,27 +272,27 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     frames = []
     for scope in ("step", "total"):
         if scope == "step":
-            index = np.searchsorted(step_values, step)
-            index[step == NULL] = len(step_values)
+            key = np.searchsorted(step_values, step)  # becomes (step index) * n_stages + stage, in place
+            key[step == NULL] = len(step_values)
+            key *= n_stages
+            key += attribution.stage
             labels = np.concatenate([step_values, [NULL]])
-            key = index * n_stages + stage
-            del index
         else:
             labels = np.array([NULL])
-            key = stage
+            key = attribution.stage.astype(np.int64)
         groups = len(labels) * n_stages
 
         def total(mask: np.ndarray, weights: np.ndarray | None = None, key=key, groups=groups) -> np.ndarray:
             return np.bincount(key[mask], weights=weights, minlength=groups).astype(np.int64)
 
-        busy, first, last = _union_stats(key[activity], ts[activity], end[activity], groups)
+        busy, first, last = _union_stats(key, ts, None, groups, activity, dur)
         window = np.where(last > first, last - first, 0)
         frame = pd.DataFrame(
             {
                 "scope": scope,
                 "step": np.repeat(labels, n_stages),
                 "stage": stage_categorical(np.tile(np.arange(n_stages), len(labels))),
-                "host_wall_ns": union_length(key[spans], ts[spans], end[spans], groups),
+                "host_wall_ns": _union_stats(key, ts, None, groups, spans, dur)[0],
                 "host_op_ns": total(op, links.self_ns[op]),
                 "gpu_time_ns": total(activity, dur[activity]),
                 "gpu_busy_ns": busy,
@@ -269,6 +307,7 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
             present = np.bincount(key, minlength=groups) > 0
             frame = frame[present | (frame["step"] != NULL).to_numpy()]
         frames.append(frame)
+        del key
     step_frame, total_frame = frames
     idle_by_stage = step_frame.groupby("stage", observed=False)["gpu_idle_ns"].sum()
     total_frame["gpu_idle_ns"] = idle_by_stage.reindex(total_frame["stage"]).to_numpy()

@@ -32,6 +32,7 @@ def progress_bar(path: str, quiet: bool) -> Any:
     except OSError:
         return None
     gz = str(path).endswith(".gz")
+    tqdm.monitor_interval = 0  # no monitor thread: reading forks decoding workers only from a single-threaded process
     bar = tqdm(total=None if gz else size, unit="B", unit_scale=True, desc="reading", leave=False, file=sys.stderr)
     state = {"last": 0}
 
@@ -40,7 +41,19 @@ def progress_bar(path: str, quiet: bool) -> Any:
         state["last"] = done
 
     update.close = bar.close  # type: ignore[attr-defined]
+    update.phase = lambda text: bar.set_description_str(text)  # type: ignore[attr-defined]  # after reading
     return update
+
+
+def steps_bar(total: int, desc: str, quiet: bool) -> Any:
+    """A tqdm counter of ``total`` steps on stderr when it is a terminal, else None."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
 
 
 def note(message: str, quiet: bool) -> None:

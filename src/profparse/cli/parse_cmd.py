@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from profparse.cli.common import add_input_options, note, parse_input
+from profparse.cli.common import add_input_options, note, parse_input, steps_bar
 from profparse.errors import PartialFailureError, UsageError
 
 TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces"
@@ -55,10 +55,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if Path(args.trace).is_dir():
         return run_ranks(args)
-    from profparse.outputs.parquet import write_parquet
+    from profparse.outputs.parquet import TABLES, write_parquet
 
     parsed = parse_input(args)
-    out = write_parquet(parsed, args.out, force=args.force)
+    bar = steps_bar(len(TABLES), "writing tables", args.quiet)
+    advance = None if bar is None else lambda _: bar.update(1)
+    try:
+        out = write_parquet(parsed, args.out, force=args.force, on_table=advance)
+    finally:
+        if bar is not None:
+            bar.close()
     note(f"wrote {out}/ ({len(parsed.raw.events):,} events)", args.quiet)
     return 0
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from profparse import tables
 from profparse.analysis import TABLES as ANALYSIS_TABLES
 from profparse.outputs.files import atomic_dir
-from profparse.trace.events import NULL
+from profparse.trace.events import NULL, release_memory
 
 TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings") + ANALYSIS_TABLES
 
@@ -53,11 +53,29 @@ def to_arrow(frame: pd.DataFrame) -> pa.Table:
     return pa.table(columns)
 
 
-def table_makers(parsed: Any) -> dict[str, Callable[[], pd.DataFrame]]:
+class RowSlices:
+    """A long table made one slice of rows at a time, so that writing it never holds all of it at once."""
+
+    def __init__(self, rows: int, make: Callable[[int, int], pd.DataFrame]) -> None:
+        self.rows = rows
+        self.make = make  # (start, stop) -> the table's rows start:stop
+
+    def frame(self) -> pd.DataFrame:
+        return self.make(0, self.rows)
+
+
+Table = pd.DataFrame | RowSlices
+
+
+def table_makers(parsed: Any) -> dict[str, Callable[[], Table]]:
     """The tables to write, each computed only when its function is called (internal NULL sentinels)."""
     raw, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
-    makers: dict[str, Callable[[], pd.DataFrame]] = {
-        "events": lambda: parsed._analysis.add_substage(tables.event_table(raw, links, attribution)),
+
+    def events(start: int, stop: int) -> pd.DataFrame:
+        return parsed._analysis.add_substage(tables.event_table(raw, links, attribution, start, stop))
+
+    makers: dict[str, Callable[[], Table]] = {
+        "events": lambda: RowSlices(len(raw), events),
         "kernels": lambda: tables.kernel_table(raw, links, attribution),
         "ops": lambda: tables.op_table(raw, links, attribution),
         "stage_summary": lambda: parsed._stage_summary,  # computed once, shared with parsed.stage_summary
@@ -71,10 +89,11 @@ def table_makers(parsed: Any) -> dict[str, Callable[[], pd.DataFrame]]:
 
 def internal_tables(parsed: Any) -> dict[str, pd.DataFrame]:
     """The tables to write, with internal NULL sentinels."""
-    return {name: make() for name, make in table_makers(parsed).items()}
+    made = {name: make() for name, make in table_makers(parsed).items()}
+    return {name: table.frame() if isinstance(table, RowSlices) else table for name, table in made.items()}
 
 
-ROW_GROUP = 1 << 20  # rows per row group, as pyarrow's default
+ROW_GROUP = 1 << 18  # rows per row group: smaller than pyarrow's 1Mi, so a long table is written in less memory
 
 
 def _arrow(frame: pd.DataFrame, metadata: dict[str, str] | None) -> pa.Table:
@@ -90,53 +109,69 @@ def _options(schema: pa.Schema) -> dict[str, Any]:
     return {"compression": "zstd", "use_dictionary": text}
 
 
-def _write(frame: pd.DataFrame, path: Path, metadata: dict[str, str] | None) -> None:
-    """Write one table. A long table of fixed-width columns is converted one row group at a time, so only one
-    row group's Arrow data exists at once (same file: pyarrow cuts row groups at :data:`ROW_GROUP` rows too)."""
-    sliceable = all(
-        isinstance(dtype, pd.CategoricalDtype) or (isinstance(dtype, np.dtype) and dtype.kind in "iufb")
-        for dtype in frame.dtypes
-    )  # every slice converts to the same Arrow types
-    if len(frame) <= ROW_GROUP or not sliceable:
-        table = _arrow(frame, metadata)
-        pq.write_table(table, path, **_options(table.schema))
-        return
-    first = _arrow(frame.iloc[:ROW_GROUP], metadata)
+def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
+    """Write one table. A long table of fixed-width columns is converted (and for :class:`RowSlices` made) one
+    row group at a time, so only one row group's data exists at once."""
+    if isinstance(table, RowSlices):
+        rows, part = table.rows, table.make
+    else:
+        sliceable = all(
+            isinstance(dtype, pd.CategoricalDtype) or (isinstance(dtype, np.dtype) and dtype.kind in "iufb")
+            for dtype in table.dtypes
+        )  # every slice converts to the same Arrow types
+        if len(table) <= ROW_GROUP or not sliceable:
+            arrow = _arrow(table, metadata)
+            pq.write_table(arrow, path, row_group_size=ROW_GROUP, **_options(arrow.schema))
+            return
+        rows, part = len(table), lambda start, stop: table.iloc[start:stop]
+    first = _arrow(part(0, min(ROW_GROUP, rows)), metadata)
     with pq.ParquetWriter(path, first.schema, **_options(first.schema)) as out:
-        out.write_table(first)
+        out.write_table(first, row_group_size=ROW_GROUP)
         del first
-        for start in range(ROW_GROUP, len(frame), ROW_GROUP):
-            out.write_table(_arrow(frame.iloc[start : start + ROW_GROUP], metadata))
+        for start in range(ROW_GROUP, rows, ROW_GROUP):
+            out.write_table(_arrow(part(start, min(start + ROW_GROUP, rows)), metadata), row_group_size=ROW_GROUP)
 
 
 def write_tables(
-    frames: Mapping[str, pd.DataFrame | Callable[[], pd.DataFrame]],
+    frames: Mapping[str, Table | Callable[[], Table]],
     folder: Path,
     metadata: dict[str, str] | None = None,
+    on_table: Callable[[str], Any] | None = None,
 ) -> None:
     """One file per table. ``frames`` may hold functions that compute a table: each is called only after the
     previous table went to the writer thread, so computing the next table overlaps with writing the last one
-    (Parquet encoding runs without the GIL) and tables that are written can be freed."""
+    (Parquet encoding runs without the GIL) and tables that are written can be freed. ``on_table(name)`` is
+    called as each table is done."""
     with ThreadPoolExecutor(max_workers=1) as writer:
         pending: Future | None = None
+        last = ""
         try:
             for name, item in frames.items():
                 frame = item() if callable(item) else item
                 if pending is not None:
                     pending.result()
+                    release_memory()
+                    if on_table is not None:
+                        on_table(last)
                 pending = writer.submit(_write, frame, folder / f"{name}.parquet", metadata)
+                last = name
                 del frame
         finally:
             if pending is not None:
                 pending.result()
+        if pending is not None and on_table is not None:
+            on_table(last)
 
 
-def write_parquet(parsed: Any, out_dir: str | Path, *, force: bool = False) -> Path:
-    """Write every table of ``parsed`` into ``out_dir`` (atomically: all tables or nothing)."""
+def write_parquet(
+    parsed: Any, out_dir: str | Path, *, force: bool = False, on_table: Callable[[str], Any] | None = None
+) -> Path:
+    """Write every table of ``parsed`` into ``out_dir`` (atomically: all tables or nothing); ``on_table(name)``
+    is called as each table is written (e.g. to advance a progress bar)."""
     out_dir = Path(out_dir)
     metadata = {"profparse.source": str(parsed.path)}
     with atomic_dir(out_dir, force=force) as tmp:
-        write_tables(table_makers(parsed), tmp, metadata)
+        write_tables(table_makers(parsed), tmp, metadata, on_table)
     return out_dir
 
 

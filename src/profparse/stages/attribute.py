@@ -66,7 +66,7 @@ def find_steps(events: pd.DataFrame, links: Links, thread_names: dict) -> tuple[
     end = ts + events["dur_ns"].to_numpy()
     if len(step_rows):
         step_rows = step_rows[links.thread[step_rows] == main]
-        numbers = [int(_STEP_NAME.match(n).group(1)) for n in events["name"].to_numpy()[step_rows]]
+        numbers = [int(_STEP_NAME.match(n).group(1)) for n in events["name"].iloc[step_rows].to_numpy()]
         steps = pd.DataFrame(
             {"step": numbers, "start_ns": ts[step_rows], "end_ns": end[step_rows], "source": "ProfilerStep"}
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profparse.trace.events import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
+from profparse.trace.events import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS, release_memory
 
 
 def kind_mask(events: pd.DataFrame, kinds: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:
@@ -68,6 +68,24 @@ def host_mask(events: pd.DataFrame, keys: np.ndarray | None = None) -> np.ndarra
     return mask
 
 
+def _order_ties(order: np.ndarray, same: np.ndarray, neg_dur: np.ndarray) -> None:
+    """Within each run of equal keys in ``order`` (``same[i]``: positions i and i+1 are equal), sort by
+    ``neg_dur`` of the rows, keeping the present order among equals (in place)."""
+    tied = np.zeros(len(order), dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    pos = np.flatnonzero(tied)
+    sub = order[pos]
+    group = np.cumsum(np.concatenate([[True], ~same]))[pos]  # one number per run of equal keys, increasing
+    nd = neg_dur[sub]
+    low = int(nd.min())
+    span = int(nd.max()) - low + 1
+    if int(group[-1]) * span < 2**62:  # (run, -dur) in one int64: runs are in order already, so this is quick
+        order[pos] = sub[np.argsort(group * span + (nd - low), kind="stable")]
+    else:
+        order[pos] = sub[np.lexsort((nd, group))]
+
+
 def _thread_order(thread: np.ndarray, ts: np.ndarray, neg_dur: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``rows`` sorted by (thread, ts, longest first, row)."""
     th, t = thread[rows], ts[rows]
@@ -83,12 +101,7 @@ def _thread_order(thread: np.ndarray, ts: np.ndarray, neg_dur: np.ndarray, rows:
         k = key[order]
         same = k[1:] == k[:-1]
         if same.any():
-            tied = np.zeros(len(order), dtype=bool)
-            tied[1:] |= same
-            tied[:-1] |= same
-            pos = np.flatnonzero(tied)
-            sub = order[pos]
-            order[pos] = sub[np.lexsort((sub, neg_dur[rows][sub], key[sub]))]
+            _order_ties(order, same, neg_dur[rows])
         return rows[order]
     return rows[np.lexsort((rows, neg_dur[rows], t, th))]
 
@@ -208,6 +221,7 @@ def link(events: pd.DataFrame) -> Links:
     launch_op = np.full(n, -1, dtype=np.int64)
     has_launch = launch >= 0
     launch_op[has_launch] = enclosing_op[launch[has_launch]]
+    release_memory()
     return Links(
         host=host,
         thread=thread,

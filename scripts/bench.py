@@ -1,0 +1,636 @@
+#!/usr/bin/env python
+"""Benchmark: profparse end to end vs HolisticTraceAnalysis (HTA) loading, on large tiled traces.
+
+1. Generate: tile the body of a real Kineto trace (every event except metadata, the ``Trace`` span and the
+   global instants) N times, shifting timestamps by the body's span, every id (``External id``,
+   ``correlation``, flow ``id``, ``Ev Idx``, ``Sequence number``, ``Python id``/``Python parent id``,
+   ``Record function id``) by one stride, and ``ProfilerStep#N`` numbers by the number of steps. Each event keeps
+   the source's exact text (Kineto formatting, one event per object); files are written tile by tile.
+2. Measure: ``profparse parse TRACE -o DIR`` (read + link + attribute + Parquet) and
+   ``TraceAnalysis(trace_files={0: TRACE}, include_last_profiler_step=True)``, each in a fresh subprocess,
+   alternating, ``--runs`` times. Wall seconds from spawn to exit; peak RSS from ``wait4`` (the child and its
+   waited-for descendants, like ``/usr/bin/time -v``). A watchdog kills a child that runs past ``--timeout``, whose
+   process tree grows past ``--mem-limit-gb``, or when the machine's available memory drops under
+   ``--min-free-gb``; it is then reported as "did not finish (reason)".
+3. Report: a table on stdout; ``--write-docs`` puts it into docs/performance.md with the machine it ran on.
+
+Examples::
+
+    python scripts/bench.py --sizes 100MB --runs 3
+    python scripts/bench.py --sizes 500MB 2GB --runs 3 --write-docs
+    python scripts/bench.py --generate-only --sizes 2GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "performance.md"
+DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "v100_ns_resolution_5steps.json.gz"
+MB = 1_000_000
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PSS_EVERY_S = 1.0
+SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+DATA = re.compile(r"<!-- bench:data (.*?) -->", re.S)
+
+ID_KEYS = (
+    "External id",
+    "correlation",
+    "Ev Idx",
+    "Sequence number",
+    "Python id",
+    "Python parent id",
+    "Record function id",
+    "id",
+)
+_TS = re.compile(r'("ts"\s*:\s*)(\d+)(\.\d+)?')
+_DUR = re.compile(r'("dur"\s*:\s*)(\d+)(\.\d+)?')
+_ID = re.compile(r'("(?:' + "|".join(re.escape(k) for k in ID_KEYS) + r')"\s*:\s*)(\d+)(?![\d.eE])')
+_STEP = re.compile(r"(ProfilerStep#)(\d+)")
+
+HTA_CODE = """
+import sys, time
+from hta.trace_analysis import TraceAnalysis
+t = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
+print("rows", len(t.t.get_trace(0)), flush=True)
+"""
+
+
+# -- generation -----------------------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]B)", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"size like 100MB or 2GB expected, got {text!r}")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
+
+
+def size_label(n: int) -> str:
+    return f"{n / 10**9:g}GB" if n >= 10**9 else f"{n / 10**6:g}MB"
+
+
+def _read_source(path: Path) -> bytes:
+    import gzip
+
+    with path.open("rb") as handle:
+        magic = handle.read(2)
+    opener = gzip.open if magic == b"\x1f\x8b" else open
+    with opener(path, "rb") as handle:
+        return handle.read()
+
+
+@dataclass
+class Template:
+    """One %-format string and the base value and per-tile increment of each of its ``%d`` slots."""
+
+    text: str
+    base: np.ndarray
+    inc: np.ndarray
+
+    def render(self, k: int) -> str:
+        return self.text % tuple((self.base + k * self.inc).tolist())
+
+
+@dataclass
+class Tiler:
+    head: str  # text up to and including the first event's indentation
+    body: Template  # one tile: all body events, separated, without a trailing separator
+    tail: Template  # separator + metadata/Trace/instants + end of array and document (increments x last tile)
+    separator: str
+    body_events: int
+    tail_events: int
+    tile_bytes: int
+    period_us: int
+    id_stride: int
+    steps: int
+
+
+def build_tiler(source: Path, gap_us: int = 1000) -> Tiler:
+    """Cut ``source`` into head, tile-able body and tail templates."""
+    data = _read_source(source)
+    top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    array = bytes(top["traceEvents"])
+    start = data.find(array)
+    text_head, text_tail = data[:start].decode(), data[start + len(array) :].decode()
+    raws = [bytes(r) for r in msgspec.json.decode(array, type=list[msgspec.Raw])]
+    events = msgspec.json.decode(array, type=list[dict])
+    # exact text positions of each event inside the array, for the separators
+    pos, spans = 0, []
+    for raw in raws:
+        i = array.find(raw, pos)
+        spans.append((i, i + len(raw)))
+        pos = i + len(raw)
+    lead = array[1 : spans[0][0]].decode()  # "\n  " between '[' and the first '{'
+    separator = array[spans[0][1] : spans[1][0]].decode() if len(raws) > 1 else ",\n  "
+    close = array[spans[-1][1] :].decode()  # "\n  ]"
+
+    def is_tail(e: dict) -> bool:
+        return e.get("ph") in ("M", "i", "I") or e.get("cat") == "Trace"
+
+    body_idx = [i for i, e in enumerate(events) if not is_tail(e)]
+    tail_idx = [i for i, e in enumerate(events) if is_tail(e)]
+    ts = [float(events[i]["ts"]) for i in body_idx if "ts" in events[i]]
+    ends = [float(events[i]["ts"]) + float(events[i].get("dur") or 0) for i in body_idx if "ts" in events[i]]
+    period_us = int(max(ends) - min(ts)) + 1 + gap_us
+    max_id = 0
+    step_numbers = set()
+    for i in body_idx:
+        text = raws[i].decode()
+        for m in _ID.finditer(text):
+            max_id = max(max_id, int(m.group(2)))
+        step_numbers.update(int(m.group(2)) for m in _STEP.finditer(text))
+    id_stride = -(-(max_id + 1) // 1000) * 1000
+    steps = (max(step_numbers) - min(step_numbers) + 1) if step_numbers else 0
+
+    def template(indices: list[int], join: str, tail: bool) -> Template:
+        parts: list[str] = []
+        base: list[int] = []
+        inc: list[int] = []
+        for i in indices:
+            text = raws[i].decode().replace("%", "%%")
+            e = events[i]
+            slots: list[tuple[int, int, int, int, int]] = []  # start, end, value, increment, group (keep)
+            shift_time = not tail or (e.get("ph") in ("i", "I") and e.get("name") == "Record Window End")
+            for m in _TS.finditer(text):
+                slots.append((m.start(2), m.end(2), int(m.group(2)), period_us if shift_time else 0, 0))
+            if tail and e.get("cat") == "Trace":
+                for m in _DUR.finditer(text):
+                    slots.append((m.start(2), m.end(2), int(m.group(2)), period_us, 0))
+            if not tail:
+                for m in _ID.finditer(text):
+                    slots.append((m.start(2), m.end(2), int(m.group(2)), id_stride, 0))
+                for m in _STEP.finditer(text):
+                    slots.append((m.start(2), m.end(2), int(m.group(2)), steps, 0))
+            slots.sort()
+            out, last = [], 0
+            for s, t, value, step, _ in slots:
+                out.append(text[last:s])
+                out.append("%d")
+                base.append(value)
+                inc.append(step)
+                last = t
+            out.append(text[last:])
+            parts.append("".join(out))
+        return Template(join.join(parts), np.array(base, dtype=np.int64), np.array(inc, dtype=np.int64))
+
+    body = template(body_idx, separator.replace("%", "%%"), tail=False)
+    tail_t = template(tail_idx, separator.replace("%", "%%"), tail=True)
+    tail_t.text = (
+        (separator.replace("%", "%%") + tail_t.text if tail_idx else "")
+        + close.replace("%", "%%")
+        + text_tail.replace("%", "%%")
+    )
+    head = text_head + "[" + lead
+    tile_bytes = len(body.render(0).encode()) + len(separator)
+    return Tiler(
+        head=head,
+        body=body,
+        tail=tail_t,
+        separator=separator,
+        body_events=len(body_idx),
+        tail_events=len(tail_idx),
+        tile_bytes=tile_bytes,
+        period_us=period_us,
+        id_stride=id_stride,
+        steps=steps,
+    )
+
+
+def generate(tiler: Tiler, target_bytes: int, path: Path) -> dict:
+    """Write about ``target_bytes`` of tiled trace to ``path`` (tile by tile); return its description."""
+    tiles = max(1, round((target_bytes - len(tiler.head)) / tiler.tile_bytes))
+    tmp = path.with_suffix(path.suffix + ".partial")
+    t0 = time.perf_counter()
+    with tmp.open("w", encoding="utf-8", newline="") as out:
+        out.write(tiler.head)
+        for k in range(tiles):
+            if k:
+                out.write(tiler.separator)
+            out.write(tiler.body.render(k))
+        out.write(tiler.tail.render(tiles - 1))
+    tmp.rename(path)
+    info = {
+        "bytes": path.stat().st_size,
+        "events": tiles * tiler.body_events + tiler.tail_events,
+        "tiles": tiles,
+        "steps": tiles * tiler.steps,
+        "generate_s": round(time.perf_counter() - t0, 1),
+    }
+    path.with_suffix(".meta.json").write_text(json.dumps(info))
+    return info
+
+
+def ensure_trace(source: Path, target: int, out_dir: Path, tiler_cache: dict) -> tuple[Path, dict]:
+    stem = source.name.split(".")[0]
+    path = out_dir / f"{stem}_x_{size_label(target)}.json"
+    meta = path.with_suffix(".meta.json")
+    if path.exists() and meta.exists():
+        info = json.loads(meta.read_text())
+        if info.get("bytes") == path.stat().st_size:
+            return path, info
+    if "tiler" not in tiler_cache:
+        tiler_cache["tiler"] = build_tiler(source)
+    print(f"generating {path} (~{size_label(target)}) ...", file=sys.stderr, flush=True)
+    info = generate(tiler_cache["tiler"], target, path)
+    print(f"  {info['bytes'] / MB:.0f} MB, {info['events']:,} events in {info['generate_s']} s", file=sys.stderr)
+    return path, info
+
+
+# -- measurement ----------------------------------------------------------------------------------------------
+
+
+def _meminfo(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _tree_rss(pid: int) -> int:
+    """Sum of RSS over ``pid`` and its descendants (cheap: statm)."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _tree_pss(pid: int) -> int:
+    """Sum of PSS over ``pid`` and its descendants. PSS counts a page shared by k processes (forked workers,
+    shared memory) as 1/k in each, so the sum is the memory really in use. Reading smaps_rollup walks the page
+    tables (~10 ms for a 1 GB process), so it is sampled rarely to keep the measurement from disturbing the run."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+@dataclass
+class Run:
+    tool: str
+    size: str
+    run: int
+    seconds: float
+    peak_rss: int  # bytes: ru_maxrss from wait4, the largest single process (what /usr/bin/time -v reports)
+    peak_pss: int  # bytes: largest sampled sum of PSS over the process tree (counts forked workers too)
+    ok: bool
+    reason: str = ""
+
+
+@dataclass
+class Limits:
+    timeout_s: float
+    mem_limit: int
+    min_free: int
+
+
+def measure(cmd: list[str], limits: Limits, log: Path) -> tuple[float, int, int, bool, str]:
+    """Run ``cmd`` in its own session under the watchdog: (seconds, peak RSS, peak tree PSS, finished, reason)."""
+    reason = ""
+    peak_pss = 0
+    next_pss = 0.5
+    with log.open("wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            elapsed = time.perf_counter() - t0
+            rss = _tree_rss(proc.pid)
+            if elapsed >= next_pss:
+                peak_pss = max(peak_pss, _tree_pss(proc.pid))
+                next_pss = elapsed + PSS_EVERY_S
+            if not reason:
+                if elapsed > limits.timeout_s:
+                    reason = f"timeout after {limits.timeout_s:.0f} s"
+                elif rss > limits.mem_limit:
+                    reason = f"memory guard: RSS {rss / 2**30:.1f} GiB > {limits.mem_limit / 2**30:.1f} GiB"
+                elif _meminfo("MemAvailable") < limits.min_free:
+                    reason = f"memory guard: machine had < {limits.min_free / 2**30:.1f} GiB available"
+                if reason:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(0.1)
+        seconds = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    peak = usage.ru_maxrss * 1024
+    if not reason and proc.returncode != 0:
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+        reason = f"exit {proc.returncode}: {lines[-1][:160] if lines else ''}"
+        if proc.returncode in (-9, 137, -11) or "MemoryError" in (lines[-1] if lines else ""):
+            reason = f"killed or out of memory ({reason})"
+    return seconds, peak, max(peak_pss, 0), not reason, reason
+
+
+def profparse_cmd(trace: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "profparse.cli.main", "parse", str(trace), "-o", str(out), "--force", "--quiet"]
+
+
+def hta_cmd(trace: Path, as_limit_gb: float | None) -> list[str]:
+    cmd = [sys.executable, "-c", HTA_CODE, str(trace)]
+    if as_limit_gb and shutil.which("prlimit"):  # a hard cap on address space, besides the watchdog
+        cmd = ["prlimit", f"--as={int(as_limit_gb * 2**30)}", "--", *cmd]
+    return cmd
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for pkg in ("profparse", "msgspec", "numpy", "pandas", "pyarrow", "HolisticTraceAnalysis"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "-"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(_meminfo("MemTotal") / 2**30, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "versions": versions,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+@dataclass
+class SizeResult:
+    size: str
+    bytes: int
+    events: int
+    runs: int
+    tools: dict = field(default_factory=dict)  # tool -> {seconds, all_seconds, peak_rss, peak_pss, ok, reason}
+    load: list = field(default_factory=list)  # 1-minute load average before and after the runs
+
+
+def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> SizeResult:
+    res = SizeResult(size=size, bytes=info["bytes"], events=info["events"], runs=0, load=load)
+    for tool in ("profparse", "hta"):
+        mine = [r for r in runs if r.tool == tool]
+        if not mine:
+            continue
+        done = [r for r in mine if r.ok]
+        pick = done or mine
+        res.tools[tool] = {
+            "ok": bool(done),
+            "seconds": statistics.median(r.seconds for r in done) if done else None,
+            "all_seconds": [round(r.seconds, 2) for r in mine],
+            "peak_rss": max(r.peak_rss for r in pick),
+            "peak_pss": max(r.peak_pss for r in pick),
+            "reason": "; ".join(sorted({r.reason for r in mine if not r.ok})),
+            "finished": f"{len(done)}/{len(mine)}",
+        }
+        res.runs = max(res.runs, len(mine))
+    return res
+
+
+GIB = 2**30
+
+
+def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
+    t = res.tools.get(tool)
+    if t is None:
+        return ["not run", "", "", "", "", "", ""]
+    if not t["ok"]:
+        return [f"did not finish ({t['reason']})", "", "", f"{t['peak_rss'] / GIB:.2f} GiB at stop", "", "", ""]
+    s = t["seconds"]
+    spread = f" ({min(t['all_seconds']):.1f}-{max(t['all_seconds']):.1f})" if len(t["all_seconds"]) > 1 else ""
+    return [
+        f"{s:.1f}{spread}",
+        f"{res.bytes / MB / s:.0f}",
+        f"{res.events / s / 1e6:.3f} M",
+        f"{t['peak_rss'] / GIB:.2f} GiB",
+        f"{t['peak_rss'] / res.bytes:.2f}",
+        f"{t['peak_pss'] / GIB:.2f} GiB",
+        f"{t['peak_pss'] / res.bytes:.2f}",
+    ]
+
+
+def table(results: list[SizeResult]) -> str:
+    head = [
+        "JSON",
+        "events",
+        "tool",
+        "seconds, median (min-max)",
+        "MB/s",
+        "events/s",
+        "peak RSS",
+        "RSS / JSON",
+        "peak PSS, all processes",
+        "PSS / JSON",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ratios = [
+        "| JSON | throughput profparse / HTA | peak RSS profparse / HTA | runs finished | load avg (before, after) |",
+        "|---|---|---|---|---|",
+    ]
+    for res in sorted(results, key=lambda r: r.bytes):
+        for tool, label in (("profparse", "profparse parse (end to end)"), ("hta", "HTA TraceAnalysis (load)")):
+            row = [f"{res.bytes / MB:,.0f} MB", f"{res.events / 1e6:.2f} M", label] + _fmt_tool(res, tool)
+            lines.append("| " + " | ".join(row) + " |")
+        p, h = res.tools.get("profparse"), res.tools.get("hta")
+        both = bool(p and h and p["ok"] and h["ok"])
+        speed = f"**{h['seconds'] / p['seconds']:.1f}x**" if both else "-"
+        rss = f"{p['peak_rss'] / h['peak_rss']:.2f}" if both else "-"
+        if p and h and p["ok"] and not h["ok"]:
+            speed = f"> {h['all_seconds'][0] / p['seconds']:.1f}x (HTA did not finish)"
+        fin = ", ".join(f"{k} {v['finished']}" for k, v in res.tools.items())
+        load = ", ".join(f"{x:.1f}" for x in res.load)
+        ratios.append(f"| {res.bytes / MB:,.0f} MB | {speed} | {rss} | {fin} | {load} |")
+    return "\n".join(lines) + "\n\n" + "\n".join(ratios)
+
+
+def scaling(results: list[SizeResult]) -> str:
+    """How profparse's time and memory grow with the trace: per event and per byte of JSON."""
+    rows = ["| JSON | events | µs per event | peak RSS bytes per event | peak RSS / JSON |", "|---|---|---|---|---|"]
+    for res in sorted(results, key=lambda r: r.bytes):
+        p = res.tools.get("profparse")
+        if not p or not p["ok"]:
+            continue
+        rows.append(
+            f"| {res.bytes / MB:,.0f} MB | {res.events / 1e6:.2f} M | {p['seconds'] / res.events * 1e6:.2f} | "
+            f"{p['peak_rss'] / res.events:.0f} | {p['peak_rss'] / res.bytes:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def machine_text(m: dict) -> str:
+    v = ", ".join(f"{k} {val}" for k, val in m["versions"].items())
+    return (
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}; Python {m['python']}; {v}. "
+        f"Measured {m['date']}."
+    )
+
+
+def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
+    """Put the results between the bench markers of docs/performance.md, merged with sizes measured before."""
+    text = DOCS.read_text() if DOCS.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    found = DATA.search(text)
+    stored = json.loads(found.group(1)) if found else {"results": {}}
+    for res in results:
+        stored["results"][res.size] = {**asdict(res), "machine": m, "source": source}
+    merged = [
+        SizeResult(**{k: v for k, v in r.items() if k not in ("machine", "source")}) for r in stored["results"].values()
+    ]
+    machines = {machine_text(r["machine"]) for r in stored["results"].values()}
+    sources = sorted({r["source"] for r in stored["results"].values()})
+    block = "\n".join(
+        [
+            BEGIN,
+            "",
+            f"Generated by `scripts/bench.py --write-docs`; source trace tiled: {', '.join(sources)}. Seconds: median "
+            "of the finished runs, wall clock from spawn to exit. Peak RSS: largest process (`wait4`, as "
+            "`/usr/bin/time -v`). Peak PSS: sampled sum over the process and its children (forked decoding workers "
+            "included, shared pages counted once). MB = 10^6 bytes, GiB = 2^30 bytes.",
+            "",
+            table(merged),
+            "",
+            "profparse per event, by size:",
+            "",
+            scaling(merged),
+            "",
+            *sorted(machines),
+            "",
+            f"<!-- bench:data {json.dumps(stored)} -->",
+            END,
+        ]
+    )
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    DOCS.write_text(text[:start] + block + text[end:])
+    print(f"wrote {DOCS}", file=sys.stderr)
+
+
+# -- main -----------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="real Kineto trace to tile (.json[.gz])")
+    ap.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size("100MB")], help="e.g. 100MB 500MB 2GB")
+    ap.add_argument("--runs", type=int, default=3, help="runs per tool and size, alternating (default 3)")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/bench"), help="where traces and outputs go")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before a profparse run is killed")
+    ap.add_argument("--hta-timeout", type=float, default=1800, help="seconds before an HTA run is killed")
+    ap.add_argument("--mem-limit-gb", type=float, default=20, help="kill a run whose process tree passes this RSS")
+    ap.add_argument("--hta-as-gb", type=float, default=20, help="address-space cap for HTA via prlimit (0: none)")
+    ap.add_argument("--min-free-gb", type=float, default=1.0, help="kill a run when the machine has less available")
+    ap.add_argument("--tools", nargs="+", choices=("profparse", "hta"), default=["profparse", "hta"])
+    ap.add_argument("--skip-hta-after-fail", action="store_true", help="no more HTA runs at a size once one failed")
+    ap.add_argument("--generate-only", action="store_true", help="only write the traces")
+    ap.add_argument("--clean", action="store_true", help="delete each generated trace after its runs")
+    ap.add_argument("--write-docs", action="store_true", help=f"put the results into {DOCS.relative_to(REPO)}")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    limits = {
+        "profparse": Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB)),
+        "hta": Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB)),
+    }
+    cache: dict = {}
+    results: list[SizeResult] = []
+    for target in args.sizes:
+        label = size_label(target)
+        trace, info = ensure_trace(args.source, target, args.work_dir, cache)
+        if args.generate_only:
+            continue
+        runs: list[Run] = []
+        hta_failed = False
+        load = [os.getloadavg()[0]]
+        for k in range(args.runs):
+            for tool in args.tools:
+                if tool == "hta" and hta_failed and args.skip_hta_after_fail:
+                    continue
+                out = args.work_dir / f"out_{label}"
+                cmd = profparse_cmd(trace, out) if tool == "profparse" else hta_cmd(trace, args.hta_as_gb)
+                log = args.work_dir / f"{tool}_{label}_{k}.log"
+                seconds, peak, pss, ok, reason = measure(cmd, limits[tool], log)
+                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason))
+                hta_failed |= tool == "hta" and not ok
+                status = "ok" if ok else f"did not finish ({reason})"
+                print(
+                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.1f} s"
+                    f"  {info['bytes'] / MB / seconds:6.0f} MB/s  peak RSS {peak / GIB:5.2f} GiB"
+                    f"  PSS {pss / GIB:5.2f} GiB  {status}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            shutil.rmtree(args.work_dir / f"out_{label}", ignore_errors=True)
+        load.append(os.getloadavg()[0])
+        results.append(summarize(label, info, runs, load))
+        if args.clean:
+            trace.unlink(missing_ok=True)
+            trace.with_suffix(".meta.json").unlink(missing_ok=True)
+    if args.generate_only:
+        return 0
+    m = machine()
+    print(table(results))
+    print()
+    print(scaling(results))
+    print()
+    print(machine_text(m))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": m, "results": [asdict(r) for r in results]}, indent=1))
+    if args.write_docs:
+        write_docs(results, m, args.source.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
