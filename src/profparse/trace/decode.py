@@ -128,6 +128,7 @@ _HEADER = msgspec.json.Decoder(dict[str, Any])
 
 Decoded = tuple[list[Event] | list[FastEvent], bytes | None]
 
+_BLANKS = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.lstrip() removes
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BYTE_POS = re.compile(r"at byte (\d+)")
 
@@ -303,6 +304,9 @@ class TraceDecoder:
             self._parse_header(buf[: match.start()])
             self._consumed = match.end()
             buf = buf[match.end() :]
+            if defer:
+                yield from self._deferred(stream, buf)
+                return
             eof = False
             while not eof:
                 block = self._read(stream)
@@ -310,21 +314,68 @@ class TraceDecoder:
                 buf += block
                 del block
                 if eof:
-                    if defer:
-                        yield None  # the caller takes in every chunk handed out so far before the end is read
                     events, buf = self._final(buf)
-                elif defer:
-                    body, buf = self._cut(buf)
-                    if body is not None:
-                        yield body
-                    del body
-                    continue
                 else:
                     events, buf = self._complete_prefix(buf)
                 if events[0]:
                     self.report.events_read += len(events[0])
                     yield events
                 del events
+
+    def _deferred(self, stream: BinaryIO, rest: bytes) -> Iterator[memoryview | Decoded | None]:
+        """The reading loop of :meth:`bodies`. Blocks are read into one buffer that is used again for every chunk,
+        so reading takes no new memory per chunk (no page faults, no copies but the rest after a cut)."""
+        work = bytearray(max(2 * self.chunk_bytes, len(rest) + self.chunk_bytes))
+        used = len(rest)
+        work[:used] = rest
+        del rest
+        while True:
+            if used + self.chunk_bytes > len(work):  # an event longer than a chunk: make room
+                grown = bytearray(used + 2 * self.chunk_bytes)
+                grown[:used] = work[:used]
+                work = grown
+            got = self._read_into(stream, work, used)
+            if not got:
+                yield None  # the caller takes in every chunk handed out so far before the end is read
+                events, _ = self._final(bytes(work[:used]))
+                if events[0]:
+                    self.report.events_read += len(events[0])
+                    yield events
+                return
+            used += got
+            cut = next(self._boundaries(work, used, used), None)
+            if cut is None:
+                if used > 2 * self.chunk_bytes:
+                    raise ReadSequentially("no event boundary in two chunks")  # the sequential reader knows
+                continue
+            self._consumed += cut + 1
+            body = memoryview(work)[:cut]
+            yield body
+            body.release()
+            start = cut  # the rest starts after blanks and one comma
+            while start < used and work[start] in _BLANKS:
+                start += 1
+            if start < used and work[start] == 44:  # ','
+                start += 1
+            work[: used - start] = work[start:used]
+            used -= start
+
+    def _read_into(self, stream: BinaryIO, work: bytearray, at: int) -> int:
+        """Read up to ``chunk_bytes`` into ``work[at:]``, like :meth:`_read`; the number of bytes read."""
+        view = memoryview(work)[at : at + self.chunk_bytes]
+        got = 0
+        try:
+            while got < len(view):
+                n = stream.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(f"{self.path}: corrupt compressed data ({exc})") from None
+        finally:
+            view.release()
+        self.report.bytes_read += got
+        return got
 
     # -- header and trailer -------------------------------------------------------------------------------
 
@@ -368,15 +419,18 @@ class TraceDecoder:
 
     # -- chunking ----------------------------------------------------------------------------------------
 
-    def _boundaries(self, buf: bytes, limit: int) -> Iterator[int]:
-        """Positions just after a ``}`` that is followed by ``,`` and ``{``: candidate ends of a whole event."""
+    def _boundaries(self, buf: bytes | bytearray, limit: int, size: int | None = None) -> Iterator[int]:
+        """Positions just after a ``}`` that is followed by ``,`` and ``{``: candidate ends of a whole event.
+
+        ``size``: the bytes of ``buf`` in use (default: all).
+        """
         end = limit
+        n = len(buf) if size is None else size
         while True:
             idx = buf.rfind(b"}", 0, end)
             if idx < 0:
                 return
             j = idx + 1
-            n = len(buf)
             while j < n and buf[j] in b" \t\r\n":
                 j += 1
             if j < n and buf[j] == 44:  # ','
@@ -449,16 +503,6 @@ class TraceDecoder:
         if len(buf) > 64 * self.chunk_bytes:
             raise TraceFormatError(f"{self.path}: an event larger than {64 * self.chunk_bytes >> 20} MB")
         return ([], None), buf
-
-    def _cut(self, buf: bytes) -> tuple[memoryview | None, bytes]:
-        """Split ``buf`` after its last candidate event end, without decoding: (body or None, unread rest)."""
-        for cut in self._boundaries(buf, len(buf)):
-            self._consumed += cut + 1
-            rest = buf[cut:].lstrip()
-            return memoryview(buf)[:cut], rest[1:] if rest.startswith(b",") else rest
-        if len(buf) > 2 * self.chunk_bytes:
-            raise ReadSequentially("no event boundary in two chunks")  # the sequential reader knows what to do
-        return None, buf
 
     def _corrupt(self, pos: int) -> None:
         raise TraceFormatError(f"{self.path}: malformed JSON near byte {self._consumed + pos}")
