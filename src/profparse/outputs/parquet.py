@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -138,29 +138,30 @@ def write_tables(
     metadata: dict[str, str] | None = None,
     on_table: Callable[[str], Any] | None = None,
 ) -> None:
-    """One file per table. ``frames`` may hold functions that compute a table: each is called only after the
-    previous table went to the writer thread, so computing the next table overlaps with writing the last one
-    (Parquet encoding runs without the GIL) and tables that are written can be freed. ``on_table(name)`` is
-    called as each table is done."""
+    """One file per table. ``frames`` may hold functions that compute a table, each called only when its turn
+    comes. The first table (the biggest: events) is written in a second thread while the others are computed and
+    written here one by one, so the two overlap (Parquet encoding and most numpy work run without the GIL) and
+    no more than one of the other tables exists at a time. ``on_table(name)`` is called as each table is done."""
+    items = list(frames.items())
+    if not items:
+        return
+    (first_name, first), rest = items[0], items[1:]
     with ThreadPoolExecutor(max_workers=1) as writer:
-        pending: Future | None = None
-        last = ""
+        pending = writer.submit(
+            _write, first() if callable(first) else first, folder / f"{first_name}.parquet", metadata
+        )
+        del first
         try:
-            for name, item in frames.items():
-                frame = item() if callable(item) else item
-                if pending is not None:
-                    pending.result()
-                    release_memory()
-                    if on_table is not None:
-                        on_table(last)
-                pending = writer.submit(_write, frame, folder / f"{name}.parquet", metadata)
-                last = name
-                del frame
+            for name, item in rest:
+                _write(item() if callable(item) else item, folder / f"{name}.parquet", metadata)
+                release_memory()
+                if on_table is not None:
+                    on_table(name)
         finally:
-            if pending is not None:
-                pending.result()
-        if pending is not None and on_table is not None:
-            on_table(last)
+            pending.result()
+    release_memory()
+    if on_table is not None:
+        on_table(first_name)
 
 
 def write_parquet(
