@@ -20,7 +20,7 @@ import msgspec
 
 from profparse.errors import InputNotFoundError, TraceFormatError, TruncatedTraceError
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 1 << 20  # small chunks keep the decoded objects in cache and the allocator reusing memory
 MAX_HEADER_BYTES = 256 << 20
 
 Num = int | float
