@@ -22,6 +22,7 @@ from profparse.errors import InputNotFoundError, TraceFormatError, TruncatedTrac
 
 CHUNK_BYTES = 1 << 20  # small chunks keep the decoded objects in cache and the allocator reusing memory
 MAX_HEADER_BYTES = 256 << 20
+MAX_EVENT_BYTES = 64 << 20  # a single event larger than this is hostile or corrupt: refuse, keep memory bounded
 
 Num = int | float
 
@@ -500,8 +501,11 @@ class TraceDecoder:
             self._consumed += cut + 1
             rest = buf[cut:].lstrip()
             return events, rest[1:] if rest.startswith(b",") else rest
-        if len(buf) > 64 * self.chunk_bytes:
-            raise TraceFormatError(f"{self.path}: an event larger than {64 * self.chunk_bytes >> 20} MB")
+        if len(buf) > max(MAX_EVENT_BYTES, 2 * self.chunk_bytes):
+            raise TraceFormatError(
+                f"{self.path}: an event larger than {MAX_EVENT_BYTES >> 20} MB near byte {self._consumed} "
+                "(corrupt or hostile input)"
+            )
         return ([], None), buf
 
     def _corrupt(self, pos: int) -> None:
