@@ -218,3 +218,15 @@ def test_absurd_times_are_dropped_and_negative_durations_clamped(tmp_path):
     assert p.events.set_index("name").loc["neg", "dur_ns"] == 0
     checks = set(p.warnings["check"])
     assert {"dropped_events", "negative_duration"} <= checks
+
+
+def test_pid_beyond_int64_becomes_a_label(tmp_path):
+    path = tmp_path / "bigpid.json"
+    path.write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1},'
+        '{"ph": "X", "cat": "cpu_op", "name": "b", "pid": 100000000000000000000000, "tid": 1, "ts": 2, "dur": 1}]}'
+    )
+    raw = read_trace(path)
+    assert list(raw.events["name"]) == ["a", "b"]
+    assert raw.events["pid"].iloc[1] < 0
+    assert raw.pid_labels[int(raw.events["pid"].iloc[1])] == "100000000000000000000000"

@@ -266,7 +266,7 @@ def _ids(values: Any, labels: dict[int, str]) -> np.ndarray:
         try:
             out[i] = int(text)
             continue
-        except ValueError:
+        except (ValueError, OverflowError):  # a label, or a number beyond int64: keep it as a label
             pass
         digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=5).digest()
         key = -(1 + int.from_bytes(digest, "little"))
