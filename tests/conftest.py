@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs the property tests with a fixed seed sequence, so a landing never depends on luck; locally they explore.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # tracebuilder, hta_oracle
