@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as
+from profparse.outputs.formats import render_as, text_table
 
 FORMATS = ("text", "json", "markdown")
 TOP_N = 10
@@ -180,13 +180,7 @@ def _pct(p: float | None) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  " + "  ".join(cells).rstrip())
-    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(headers, rows, align_left=left)
 
 
 def _short(name: str, width: int = 70, kernel: bool = False) -> str:

@@ -32,7 +32,7 @@ import pandas as pd
 
 from profparse.errors import ProfparseError
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as
+from profparse.outputs.formats import render_as, text_table
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
@@ -316,13 +316,7 @@ def _us(v: float) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  " + "  ".join(cells).rstrip())
-    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(headers, rows, align_left=left)
 
 
 def _sections(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:

@@ -847,7 +847,7 @@ STRAGGLER_HEADERS = ["stage", "median", "fastest", "slowest", "slowest rank", "l
 
 
 def render_ranks_text(data: dict[str, Any]) -> str:
-    from profparse.outputs.summary import _table
+    from profparse.outputs.formats import text_table as _table
 
     label = METRICS[data["metric"]][1]
     n_ok = sum(r["status"] == "ok" for r in data["ranks"])

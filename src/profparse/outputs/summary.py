@@ -16,6 +16,7 @@ import pandas as pd
 from profparse.analysis import report as analysis_report
 from profparse.marks import STAGES
 from profparse.outputs.formats import render_as
+from profparse.outputs.formats import text_table as _table
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
@@ -133,16 +134,6 @@ def _cell(column: str, value: Any) -> str:
     if column.endswith("_bytes"):
         return _bytes(value)
     return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _table(headers: list[str], rows: list[list[str]], align_left: int = 1) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [c.ljust(w) if i < align_left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  " + "  ".join(cells).rstrip())
-    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _shorten(name: str, width: int = 72) -> str:
