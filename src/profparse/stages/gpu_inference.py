@@ -47,7 +47,8 @@ INFERENCE_RULES = (SEQUENCE_MATCH, NEIGHBOURS, FORWARD_ONLY)
 
 _WINDOWS = (64, 32, 16, 8, 4, 2)
 _BASE = 0x100000001B3  # odd multiplier of the polynomial name-window hash (mod 2**64)
-_TRAINING_KERNEL = re.compile(r"(?i)backward|bwd|dgrad|wgrad|adam|sgd|lamb|multi_tensor_apply|optimi[sz]er")
+# kernel names that only training runs; "lamb" but not the "lambda" of CUDA kernel names
+_TRAINING_KERNEL = re.compile(r"(?i)backward|bwd|dgrad|wgrad|adam|sgd|lamb(?!da)|multi_tensor_apply|optimi[sz]er")
 
 
 def infer_gpu_stages(
