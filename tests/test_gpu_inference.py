@@ -17,26 +17,27 @@ GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "Kernel
 INFERRED = ("gpu.sequence_match", "gpu.neighbours", "gpu.forward_only")
 
 
-def train_step(b: TraceBuilder, step: int, t0: float) -> None:
-    """A 100 us step whose stages share kernel names (gemm, add), so that a name alone does not tell the stage."""
+def train_step(b: TraceBuilder, step: int, t0: float, lag: float = 0) -> None:
+    """A 100 us step whose stages share kernel names (gemm, add), so that a name alone does not tell the stage.
+    Each kernel starts 2 us + ``lag`` after its launch."""
     b.annotation(f"ProfilerStep#{step}", t0, 100)
     b.py("nn.Module: Block_0", t0 + 1, 28)
     for i, name in enumerate(("gemm", "relu", "gemm", "add")):
         b.op(f"aten::op{i}", t0 + 2 + 6 * i, 5)
-        b.launch(t0 + 3 + 6 * i, t0 + 5 + 6 * i, 5, name=name)
+        b.launch(t0 + 3 + 6 * i, t0 + 5 + 6 * i + lag, 5, name=name)
     b.op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 30, 38, tid=AUTOGRAD)
     for i, name in enumerate(("add", "gemm", "relu_bwd", "gemm", "gemm")):
-        b.launch(t0 + 31 + 7 * i, t0 + 33 + 7 * i, 6, tid=AUTOGRAD, name=name)
+        b.launch(t0 + 31 + 7 * i, t0 + 33 + 7 * i + lag, 6, tid=AUTOGRAD, name=name)
     b.annotation("Optimizer.step#AdamW.step", t0 + 72, 26)
     b.op("aten::_foreach_add_", t0 + 73, 24)
     for i, name in enumerate(("add", "adam", "add")):
-        b.launch(t0 + 74 + 7 * i, t0 + 76 + 7 * i, 4, name=name)
+        b.launch(t0 + 74 + 7 * i, t0 + 76 + 7 * i + lag, 4, name=name)
 
 
-def three_steps() -> TraceBuilder:
+def three_steps(lag: float = 0) -> TraceBuilder:
     b = TraceBuilder()
     for step in range(3):
-        train_step(b, step + 1, 100 * step)
+        train_step(b, step + 1, 100 * step, lag)
     return b
 
 
@@ -114,6 +115,29 @@ def test_cut_off_first_step_gets_its_stages_back(tmp_path):
     assert found["gpu_inferred.sequence_match"]["count"] == 12
     assert found["gpu_inferred.sequence_match"]["value"] == lost["dur_ns"].sum()
     assert "gpu_unlinked" not in found
+
+
+def test_step_of_a_late_gpu_is_the_step_of_its_estimated_launch(tmp_path):
+    b = three_steps(lag=30)  # the GPU runs 30 us behind: step 1's optimizer kernels run inside step 2's window
+    full = profparse.parse(b.write(tmp_path / "full.json"))
+    doc, kept = cut_host_before(b.document(), 100)
+    t = compare_cut(full, profparse.parse(write(doc, tmp_path / "cut.json.gz")), kept)
+    lost = t[t["lost"]]
+    assert len(lost) == 12 and list(lost["stage"]) == list(lost["full_stage"])
+    assert (lost["full_step"] == 1).all() and (lost["step"] == 1).all()
+
+
+def test_matching_stays_on_the_stream(tmp_path):
+    b = three_steps()
+    gpu_kernel(b, "adam", 150, 1)  # 'adam' is optimizer work on stream 7, but this one runs on stream 8 alone
+    b.events[-1]["tid"] = b.events[-1]["args"]["stream"] = STREAM + 1
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    k = p.kernels[p.kernels["stream"] == STREAM + 1]
+    assert list(k["stage_rule"]) == ["other.gpu_unlinked"]
+    b.events[-1]["tid"] = b.events[-1]["args"]["stream"] = STREAM  # the same kernel on stream 7: the name decides
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    k = p.kernels[(p.kernels["name"] == "adam") & p.kernels["launch_trace_index"].isna()]
+    assert (k["stage"].iloc[0], k["stage_rule"].iloc[0]) == ("optimizer", "gpu.sequence_match")
 
 
 def test_unlinked_between_same_stage_neighbours(tmp_path):
