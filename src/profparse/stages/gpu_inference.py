@@ -19,11 +19,12 @@ repeats in the next, so such activity gets a stage from the evidence around it, 
 Linked events decided by ``other.unclassified`` are no evidence. Whatever is left stays ``other.gpu_unlinked``.
 
 Step: the step window that holds the event's estimated launch time, i.e. its GPU start minus the queueing delay
-(GPU start - launch call) of the linked event it was matched to (neighbours and forward-only: of the next linked
-event on the stream, else the previous). Outside every window a sequence-matched event belongs to the partial step
-the trace began or ended in: the first window's step - 1 before the first window, the last's + 1 after the last
-(such steps have no row in ``steps``); in a gap, and for the other rules, it stays outside steps. Windows found from
-optimizer boundaries (no ``ProfilerStep``) start at the first host event, so the first one is open to the left.
+(GPU start - launch call) of the linked event it was matched to (neighbours: that of the staged event after it;
+forward-only: of the next linked event on the stream, else the previous). Outside every window a sequence-matched
+event belongs to the partial step the trace began or ended in: the first window's step - 1 before the first
+window, the last's + 1 after the last (such steps have no row in ``steps``); in a gap, and for the other rules, it
+stays outside steps. Windows found from optimizer boundaries (no ``ProfilerStep``) start at the first host event,
+so the first one is open to the left.
 
 Cost: per stream one hash per window length (doubling), two sorts per length; linear in memory, n log n in time.
 """
