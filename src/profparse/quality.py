@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from profparse.marks import STAGES
+from profparse.stages.gpu_inference import INFERENCE_RULES
+from profparse.stages.rules import GPU_UNLINKED
 from profparse.trace.events import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
 
@@ -70,6 +72,39 @@ def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> i
     return int(events.iloc[rows[maybe]][key].duplicated().sum())
 
 
+def _gpu_inference_rows(
+    activity: np.ndarray, launch: np.ndarray, attribution: Any, dur: np.ndarray, gpu_total: int
+) -> list[dict[str, Any]]:
+    """GPU activity without a launching runtime call: how much got a stage by each inference rule (``info``, value
+    in ns), and how much stayed ``other.gpu_unlinked`` (``warning``, value = share of GPU time)."""
+    rows: list[dict[str, Any]] = []
+    no_launch = activity & (launch < 0)
+    if not no_launch.any():
+        return rows
+    names = attribution.rule_names
+    missing_ns = int(dur[no_launch].sum())
+    for rule in INFERENCE_RULES:
+        mask = no_launch & (attribution.rule == names.index(rule))
+        if mask.any():
+            ns = int(dur[mask].sum())
+            share = ns / gpu_total if gpu_total else 0.0
+            rows.append(
+                _row(f"gpu_inferred.{rule.removeprefix('gpu.')}", "info", mask.sum(), ns,
+                     f"{int(mask.sum())} GPU events without a recorded launch ({ns} ns, {share:.1%} of GPU time) "
+                     f"got their stage by inference ({rule})")
+            )  # fmt: skip
+    unlinked = no_launch & (attribution.rule == names.index(GPU_UNLINKED))
+    if unlinked.any():
+        ns = int(dur[unlinked].sum())
+        share = ns / gpu_total if gpu_total else 0.0
+        rows.append(
+            _row("gpu_unlinked", "warning", unlinked.sum(), share,
+                 f"{int(unlinked.sum())} GPU events ({ns} ns, {share:.1%} of GPU time) have no launching runtime "
+                 f"call and no stage could be inferred (other.gpu_unlinked; {missing_ns} ns had no launch)")
+        )  # fmt: skip
+    return rows
+
+
 def quality_checks(parsed: Any) -> pd.DataFrame:
     """Run every check on a parsed trace; one row per finding."""
     events = parsed.raw.events
@@ -96,13 +131,7 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
             _row("negative_duration", "warning", negative, 0, f"{negative} events had a negative dur (set to 0)")
         )
 
-    unlinked = activity & (links.launch < 0)
-    if unlinked.any():
-        share = dur[unlinked].sum() / gpu_total if gpu_total else 0.0
-        rows.append(
-            _row("gpu_unlinked", "warning", unlinked.sum(), share,
-                 f"{int(unlinked.sum())} GPU events ({share:.1%} of GPU time) have no launching runtime call")
-        )  # fmt: skip
+    rows.extend(_gpu_inference_rows(activity, links.launch, attribution, dur, gpu_total))
 
     window = _profiled_window(events, links.host)
     if window is not None and activity.any():

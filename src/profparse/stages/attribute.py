@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.marks import STAGES
+from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
 from profparse.trace.link import Links, depth_order, kind_mask
@@ -185,7 +186,7 @@ def attribute(
     """Give every row a stage, the deciding rule and a step."""
     n = len(events)
     rules = rules_table(include_marks)
-    rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY]
+    rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *INFERENCE_RULES]
     steps, main = find_steps(events, links, thread_names)
     ts = events["ts_ns"].to_numpy()
     first_step = steps["start_ns"].min() if not steps.empty and (steps["source"] == "ProfilerStep").all() else None
@@ -230,6 +231,7 @@ def attribute(
     stage = stage_of_rule[rule]
     step = _step_of(ts, steps)
     step[launched] = step[links.launch[launched]]
+    infer_gpu_stages(events, links, steps, rule_names, rule, stage, step)  # unlinked GPU activity, by inference
     return Attribution(
         stage=stage, rule=rule, rule_names=rule_names, step=step, main_thread=main, steps=steps, rules=rules
     )
