@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ from profparse.capture.patterns import PATTERNS, capture_pattern, rank_path, str
 from profparse.stages.agreement import agreement
 
 TARGET = 0.995
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "patterns.py"
 SLOW = pytest.mark.skipif(not os.environ.get("PROFPARSE_SLOW_TESTS"), reason="slow capture: PROFPARSE_SLOW_TESTS=1")
 
 
@@ -69,6 +73,10 @@ def test_agreement_handbuilt_known_shares(handbuilt: tuple[Path, Path]) -> None:
     assert confusion.loc["backward", "backward"] == 30_000
     assert confusion.loc["optimizer", "optimizer"] == 30_000
     assert confusion.loc["other", "forward"] == 30_000
+    assert int(confusion.to_numpy().sum()) == summary.loc["cpu_op", "total_ns"]  # the cells add up to the whole
+    gpu = result.confusion("gpu")
+    assert gpu.loc["forward", "forward"] == 10_000 and gpu.loc["other", "forward"] == 30_000
+    assert int(gpu.to_numpy().sum()) == summary.loc["gpu", "total_ns"] == 40_000
     wrong = result.disagreements("cpu_op")
     assert wrong[["name", "truth", "stage", "stage_rule", "ns", "events"]].values.tolist() == [
         ["aten::copy_", "other", "forward", "forward.step", 30_000, 1]
@@ -93,6 +101,34 @@ def test_agreement_refuses_unmarked_truth_and_other_traces(handbuilt: tuple[Path
     other = b.write(tmp_path / "other.json.gz")
     with pytest.raises(ValueError, match="different CPU op events"):
         agreement(profparse.parse(marked, include_marks=True), profparse.parse(other))
+
+
+def test_script_measures_existing_traces(handbuilt: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("patterns_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    marked, _ = handbuilt
+    (tmp_path / trace_name("grad_accum", True)).write_bytes(marked.read_bytes())
+    assert script.main(["--out", str(tmp_path), "--pattern", "grad_accum", "--no-capture"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["grad_accum_stack.json.gz", "cpu_op", "75.000%"]
+    assert lines[1].split() == ["25.000%", "aten::copy_", "other", "->", "forward", "forward.step"]
+    assert lines[2].split() == ["grad_accum_nostack.json.gz", "missing"]
+    assert (tmp_path / "stripped" / "grad_accum_stack.json.gz").is_file()
+
+
+def test_import_without_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "import profparse.capture.patterns as p, profparse.stages.agreement\n"
+        "try:\n    p.capture_pattern('nope', 'x.json.gz', True)\nexcept ValueError as e:\n    print(e)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("unknown pattern 'nope'")
 
 
 def _events_as_text(path: Path) -> list[dict]:
