@@ -161,7 +161,7 @@ def test_strip_marks_removes_marks_only(handbuilt: tuple[Path, Path], tmp_path: 
 # 2-core machine move the shares by about a point). The xfails come off as the stage fixes land.
 _LOAD = "from_pretrained's weight init without stacks (aten::uniform_, mul, ...) load->forward (forward.step)"
 XFAIL: dict[tuple[str, bool], str] = {
-    ("grad_accum", False): f"98.7-99.5% (passed 1 run of 4): {_LOAD}",
+    ("grad_accum", False): f"98.7-99.5% (passed 2 runs of 5): {_LOAD}",
     ("checkpointing", False): f"98.2-98.6% (passed 1 run of 4): {_LOAD}",
     ("zero_grad_first", True): "96.0-96.4%: clip_grad_norm_ (aten::mul_ 3.3-3.9%, linalg_vector_norm) "
     "optimizer->forward (forward.step)",
