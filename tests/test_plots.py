@@ -132,7 +132,7 @@ def test_memory_plot_from_memory_events(tmp_path):
     assert why is None and fig is not None
     ax = fig.axes[0]
     assert "GPU 0" in ax.get_ylabel() or "cuda" in ax.get_ylabel()
-    assert "MB" in ax.get_ylabel()
+    assert "MiB" in ax.get_ylabel()
     plots.save_figure(fig, tmp_path / "memory", ("png",))
     assert_png(tmp_path / "memory.png")
 

@@ -17,6 +17,7 @@ from profparse.analysis import report as analysis_report
 from profparse.marks import STAGES
 from profparse.outputs.formats import render_as
 from profparse.outputs.formats import text_table as _table
+from profparse.quality import gpu_devices
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
@@ -27,6 +28,7 @@ TOTAL_COLUMNS = (
     ("host_op_ns", "host ops"),
     ("gpu_time_ns", "GPU time"),
     ("gpu_busy_ns", "GPU busy"),
+    ("gpu_overlap_ns", "GPU overlap"),
     ("gpu_idle_ns", "GPU idle"),
     ("kernel_count", "kernels"),
     ("launch_count", "launches"),
@@ -95,7 +97,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
             "source": str(steps["source"].iloc[0]) if len(steps) else None,
             "numbers": [int(s) for s in steps["step"]] if len(steps) else [],
         },
-        "devices": [str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)],
+        "devices": gpu_devices(parsed),
         "rank": parsed.rank,
         "gpu_activity_ns": gpu_total,
         "totals": records(totals),
@@ -122,7 +124,7 @@ def _ms(ns: Any) -> str:
 def _bytes(n: Any) -> str:
     if not n:
         return "0"
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n} B"
