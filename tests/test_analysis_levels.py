@@ -255,3 +255,26 @@ def test_waiting_only_threads_create_no_stage_time(tmp_path):
     assert not flags[monitor] and flags[main]
     seg = tables.host_segments(p.raw.events, p.links, p.attribution)
     assert seg.end.max() <= 200 * US  # nothing from the monitor's 0-300 us
+
+
+def test_engine_running_inline_is_not_waiting(tmp_path):
+    """On CPU the engine runs backward on the calling thread: ``run_backward`` holds the nodes, so its own time is
+    Python, not waiting; an absolute-path ``threading.py`` wait on the main thread is waiting."""
+    b = TraceBuilder(autograd_thread=False)
+    b.annotation("ProfilerStep#1", 0, 100)
+    b.op("aten::mm", 1, 9)
+    b.py("<built-in method run_backward of torch._C._EngineBase object at 0x7f00>", 20, 40)
+    b.op("autograd::engine::evaluate_function: MmBackward0", 25, 30)
+    b.py("/usr/lib/python3.11/threading.py(331): wait", 70, 10)
+    p = profparse.parse(b.write(tmp_path / "cpu.json"))
+    stage = p.attribution.stage.copy()
+    names = p.raw.events["name"].astype(str).to_numpy()
+    for part, name in (("aten::mm", "forward"), ("run_backward", "backward"), ("MmBackward0", "backward"),
+                       ("threading", "other")):  # fmt: skip
+        stage[np.char.find(names.astype(str), part) >= 0] = STAGES.index(name)
+    p = profparse.ParsedTrace(raw=p.raw, links=p.links, attribution=dataclasses.replace(p.attribution, stage=stage))
+    levels = p._analysis.stage_levels.set_index(["scope", "stage"]).loc["total"]
+    assert levels.loc["backward", "python_ns"] == 10 * US and levels.loc["backward", "wait_ns"] == 0
+    assert levels.loc["backward", "op_ns"] == 30 * US
+    assert levels.loc["other", "wait_ns"] == 10 * US and levels.loc["other", "python_ns"] == 0
+    host_levels_add_up(p)

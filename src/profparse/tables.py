@@ -268,13 +268,13 @@ SYNC_NAME = re.compile(r"(?i)synchroniz")
 #: autograd engine (``run_backward`` while the engine's threads do the work). A frame with a CPU op below it on
 #: its own thread (the CPU engine running backward inline) is not waiting.
 WAIT_FRAME = re.compile(
-    r"^threading\.py\(\d+\): (wait|join|_wait_for_tstate_lock|acquire)$"
+    r"(^|/)threading\.py\(\d+\): (wait|join|_wait_for_tstate_lock|acquire)$"
     r"|^<method 'acquire' of '_thread\.(lock|RLock)' objects>$"
     r"|^<built-in (method|function) (acquire|wait|sleep|poll|select|_cuda_synchronize)\b"
-    r"|^(queue|selectors|multiprocessing/(connection|queues|synchronize)|concurrent/futures/_base)\.py\(\d+\): "
+    r"|(^|/)(queue|selectors|multiprocessing/(connection|queues|synchronize)|concurrent/futures/_base)\.py\(\d+\): "
     r"(get|wait|poll|_poll|select|result|recv|_recv|_recv_bytes|acquire)$"
     r"|^<built-in method run_backward of torch\._C\._EngineBase object"
-    r"|^torch/autograd/graph\.py\(\d+\): _engine_run_backward$"
+    r"|(^|/)torch/autograd/graph\.py\(\d+\): _engine_run_backward$"
 )
 
 
@@ -448,9 +448,10 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     """
     seg = host_segments(events, links, attribution)
     n_stages = len(STAGES)
-    steps = attribution.steps
-    labels = np.concatenate([steps["step"].to_numpy().astype(np.int64), [NULL]])
-    index = np.where(seg.step_index >= 0, seg.step_index, len(steps))
+    numbers = attribution.steps["step"].to_numpy().astype(np.int64)
+    labels = np.concatenate([np.unique(numbers), [NULL]])  # as stage_summary's rows: step numbers in order
+    index = np.where(seg.step_index >= 0, np.searchsorted(labels[:-1], numbers[np.maximum(seg.step_index, 0)]), -1)
+    index[index < 0] = len(labels) - 1
     frames = []
     for scope, key, keys in (
         ("step", index * n_stages + seg.stage, labels),
@@ -609,17 +610,15 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     host = host_time(events, links, attribution)
     gpu = gpu_time(events, attribution)
 
-    step_values = attribution.steps["step"].to_numpy().astype(np.int64)
+    step_values = np.unique(attribution.steps["step"].to_numpy().astype(np.int64))
     labels = np.concatenate([step_values, [NULL]])
-    order = np.argsort(step_values, kind="stable")
-    sorted_steps = step_values[order]
 
     def step_rows(values: np.ndarray) -> np.ndarray:
         """Step numbers -> position in ``labels`` (the last one for NULL)."""
-        pos = np.searchsorted(sorted_steps, values)
-        found = (pos < len(sorted_steps)) & (values != NULL)
-        found[found] = sorted_steps[pos[found]] == values[found]
-        return np.where(found, order[np.minimum(pos, max(len(order) - 1, 0))], len(step_values))
+        pos = np.minimum(np.searchsorted(step_values, values), max(len(step_values) - 1, 0))
+        found = (values != NULL) & (len(step_values) > 0)
+        found[found] = step_values[pos[found]] == values[found]
+        return np.where(found, pos, len(step_values))
 
     key = step_rows(step) * n_stages + attribution.stage
     groups = len(labels) * n_stages

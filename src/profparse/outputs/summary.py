@@ -152,7 +152,9 @@ def render_text(data: dict[str, Any]) -> str:
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
     has_gpu = data["gpu_activity_ns"] > 0
-    columns = [(c, label) for c, label in TOTAL_COLUMNS if has_gpu or c in HOST_COLUMNS]
+    overlap = any(r.get("gpu_overlap_ns") for r in data["totals"])  # shown only where stages ran at once on a GPU
+    columns = [(c, label) for c, label in TOTAL_COLUMNS if (has_gpu or c in HOST_COLUMNS)]
+    columns = [(c, label) for c, label in columns if overlap or c != "gpu_overlap_ns"]
     out.write("\nStage totals (times in ms)\n")
     headers = ["stage"] + [label for _, label in columns]
     rows = [[r["stage"]] + [_cell(c, r[c]) for c, _ in columns] for r in data["totals"]]
