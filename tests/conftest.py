@@ -47,7 +47,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         paths = shared_traces()
         metafunc.parametrize(
             "shared_trace",
-            paths or [pytest.param(None, marks=pytest.mark.skip(reason="no GPU traces: neither ../shared/traces nor sample_traces/gpu"))],
+            paths or [pytest.param(None, marks=pytest.mark.skip(reason="no GPU traces (../shared, sample_traces)"))],
             ids=[p.name for p in paths] or ["absent"],
         )
     if "sample_trace" in metafunc.fixturenames:

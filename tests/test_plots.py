@@ -132,7 +132,7 @@ def test_memory_plot_from_memory_events(tmp_path):
     assert why is None and fig is not None
     ax = fig.axes[0]
     assert "GPU 0" in ax.get_ylabel() or "cuda" in ax.get_ylabel()
-    assert "MB" in ax.get_ylabel()
+    assert "MiB" in ax.get_ylabel()
     plots.save_figure(fig, tmp_path / "memory", ("png",))
     assert_png(tmp_path / "memory.png")
 
@@ -213,3 +213,16 @@ def test_plot_verb(tmp_path, capsys):
     assert main(["plot", str(trace), "-o", str(out), "-q"]) == 6  # exists, no --force
     assert main(["plot", str(trace), "-o", str(out), "-q", "--force", "--kind", "timeline", "--format", "png"]) == 0
     assert [p.name for p in out.iterdir()] == ["timeline.png"]
+
+
+@pytest.mark.parametrize("path", [CPU_MARKS, V100], ids=["cpu_marks", "v100"])
+def test_stages_plot_bars_are_the_summary_numbers(path):
+    parsed = parsed_once(need(path))
+    panels = {title: frame for frame, title in plots._level_panels(parsed)}
+    totals = parsed.stage_summary.query("scope == 'total'").set_index("stage")
+    host = panels["Host threads"].sum(axis=1)
+    assert (host == totals.loc[host.index, "host_wall_ns"].astype(float)).all()  # bar height = host wall
+    if "GPU" in panels:
+        gpu = panels["GPU"].sum(axis=1)
+        parts = totals.loc[gpu.index, ["gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].sum(axis=1)
+        assert (gpu == parts.astype(float)).all()

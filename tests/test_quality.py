@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from tracebuilder import GPU_PID, STREAM, TraceBuilder, training_step
 
 import profparse
@@ -75,3 +76,62 @@ def test_share_left_in_other_is_reported(tmp_path):
     found = checks(b, tmp_path)
     assert found["other_share_host"]["severity"] == "warning"
     assert found["other_share_host"]["value"] > 0.5
+
+
+def test_events_that_differ_only_in_args_are_not_duplicates(tmp_path):
+    b = clean()
+    shapes = b.op("aten::add", 150, 5, **{"Input Dims": [[2, 2]]})
+    twin = copy.deepcopy(shapes)
+    twin["args"]["Input Dims"] = [[4, 4]]  # an arg the tables do not keep
+    b.events.append(twin)
+    other_id = copy.deepcopy(shapes)
+    other_id["args"]["External id"] = 77  # an arg the tables keep
+    b.events.append(other_id)
+    assert "duplicate_events" not in checks(b, tmp_path)
+    b.events.append(copy.deepcopy(twin))  # now one event really is there twice
+    found = checks(b, tmp_path)
+    assert found["duplicate_events"]["count"] == 1
+
+
+def test_gpu_devices_without_device_properties(tmp_path):
+    from profparse.outputs.summary import render_summary
+    from profparse.quality import gpu_devices
+
+    b = clean()
+    del b.header["deviceProperties"]
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    assert gpu_devices(p) == ["GPU 0"]
+    assert "no GPU" not in render_summary(p).splitlines()[1]
+    cpu = TraceBuilder()
+    del cpu.header["deviceProperties"]
+    cpu.annotation("ProfilerStep#1", 0, 10)
+    cpu.op("aten::mm", 1, 5)
+    p = profparse.parse(cpu.write(tmp_path / "cpu.json"))
+    assert gpu_devices(p) == []
+    assert render_summary(p).splitlines()[1].endswith("no GPU")
+    with_names = profparse.parse(clean().write(tmp_path / "named.json"))
+    assert gpu_devices(with_names) == ["Fake GPU"]
+
+
+@pytest.mark.parametrize("backend", ["cuda", "xpu", "mtia", "privateuse1"])
+@pytest.mark.parametrize("layer", ["runtime", "driver"])
+def test_runtime_categories_of_other_backends_link(tmp_path, backend, layer):
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    b.annotation("Optimizer.step#SGD.step", 10, 20)
+    b.op("aten::_foreach_add_", 11, 10)
+    runtime, kernel = b.launch(12, 15, 5, name="sgd_kernel")
+    runtime["cat"] = f"{backend}_{layer}"
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    k = p.kernels.iloc[0]
+    assert k["launch_name"] == "cudaLaunchKernel" and k["launch_op_name"] == "aten::_foreach_add_"
+    assert k["stage"] == "optimizer"
+    assert "gpu_unlinked" not in {r["check"] for r in p.warnings.to_dict("records")}
+
+
+def test_byte_units_are_binary_and_say_so():
+    from profparse.analysis import report
+    from profparse.outputs import summary
+
+    assert summary._bytes(3 << 20) == "3.0 MiB" and summary._bytes(5 << 30) == "5.0 GiB"
+    assert report._bytes(-(2 << 10)) == "-2.0 KiB" and report._bytes(1536 << 20) == "1.5 GiB"

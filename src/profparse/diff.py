@@ -13,6 +13,7 @@ import pandas as pd
 
 from profparse.marks import STAGES
 from profparse.outputs.formats import render_as, text_table
+from profparse.quality import gpu_devices
 
 FORMATS = ("text", "json", "markdown")
 TOP_N = 10
@@ -26,8 +27,10 @@ LEVELS: tuple[tuple[str, str, str], ...] = (
     ("stage_summary", "host_op_ns", "ops"),
     ("stage_levels", "runtime_ns", "runtime"),
     ("stage_levels", "sync_ns", "synchronize"),
+    ("stage_levels", "wait_ns", "waiting"),
     ("stage_summary", "gpu_time_ns", "GPU time"),
     ("stage_summary", "gpu_busy_ns", "GPU busy"),
+    ("stage_summary", "gpu_overlap_ns", "GPU overlap"),
     ("stage_summary", "gpu_idle_ns", "GPU idle"),
     ("stage_summary", "kernel_count", "kernels"),
     ("stage_summary", "launch_count", "launches"),
@@ -120,9 +123,7 @@ def _describe(parsed: Any) -> dict[str, Any]:
         "trace": str(parsed.path),
         "events": int(len(parsed.raw.events)),
         "steps": int(len(steps)),
-        "devices": sorted(
-            {str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)}
-        ),
+        "devices": sorted(set(gpu_devices(parsed))),
     }
 
 
@@ -166,7 +167,7 @@ def _value(column: str, v: float) -> str:
     if column.endswith("_ns"):
         return f"{v / 1e6:,.2f}"
     if column.endswith("_bytes"):
-        return f"{v / (1 << 20):,.1f} MB"
+        return f"{v / (1 << 20):,.1f} MiB"
     return f"{v:,.1f}" if v != int(v) else f"{int(v):,}"
 
 

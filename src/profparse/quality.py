@@ -7,15 +7,19 @@ something produce a row; an empty table means nothing looked wrong.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
+from profparse.errors import ProfparseError
 from profparse.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES
 from profparse.stages.rules import GPU_UNLINKED
-from profparse.trace.events import GPU_ACTIVITY_KINDS
+from profparse.trace.decode import open_trace
+from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
 
 COLUMNS = ("check", "severity", "count", "value", "message")
@@ -57,8 +61,9 @@ def _stream_overlaps(events: pd.DataFrame, activity: np.ndarray) -> tuple[int, i
     return int(overlap.sum()), int(np.minimum(reach - ts[1:], end[1:] - ts[1:])[overlap].sum())
 
 
-def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> int:
-    """``events.loc[mask, key].duplicated().sum()``, comparing only rows whose hash of ``key`` repeats."""
+def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> np.ndarray:
+    """Rows (positions, in order) of ``mask`` that are equal to another row on every column of ``key``; only rows
+    whose hash of ``key`` repeats are compared."""
     rows = np.flatnonzero(mask)
     h = np.zeros(len(rows), dtype=np.uint64)
     for column in key:
@@ -68,8 +73,44 @@ def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> i
     maybe = pd.Series(h).duplicated(keep=False).to_numpy()
     del h
     if not maybe.any():
-        return 0
-    return int(events.iloc[rows[maybe]][key].duplicated().sum())
+        return np.zeros(0, dtype=np.int64)
+    candidates = rows[maybe]
+    return candidates[events.iloc[candidates][key].duplicated(keep=False).to_numpy()]
+
+
+class _AllEvents(msgspec.Struct):
+    traceEvents: list[msgspec.Raw] = []  # noqa: N815 (the file's key)
+
+
+def _same_in_file(path: str, events: pd.DataFrame, rows: np.ndarray) -> int | None:
+    """How many of ``rows`` (equal to another of them on every table column) repeat an earlier one in the file,
+    every field and ``args`` compared; None when the file cannot be read again. Reading the events again costs a
+    pass over the file, paid only when some rows look the same in the tables."""
+    try:
+        with open_trace(path) as stream:
+            raw = msgspec.json.decode(stream.read(), type=_AllEvents).traceEvents
+    except (OSError, ProfparseError, msgspec.DecodeError, ValueError, EOFError):
+        return None
+    index = events["trace_index"].to_numpy()[rows]
+    if len(index) and int(index.max()) >= len(raw):
+        return None
+    full = pd.Series([json.dumps(msgspec.json.decode(raw[i]), sort_keys=True) for i in index.tolist()], dtype=object)
+    return int(full.duplicated().sum())
+
+
+def gpu_devices(parsed: Any) -> list[str]:
+    """The trace's devices for headers: the names in ``deviceProperties``, else ``GPU <id>`` for each device that
+    ran GPU activity (traces without ``deviceProperties``), else none (a CPU trace)."""
+    names = [str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)]
+    if names:
+        return names
+    events = parsed.raw.events
+    activity = kind_mask(events, GPU_ACTIVITY_KINDS)
+    if not activity.any():
+        return []
+    device = events["device"].to_numpy()[activity]
+    device = np.where(device == NULL, events["pid"].to_numpy()[activity], device)
+    return [f"GPU {int(d)}" for d in np.unique(device)]
 
 
 def _gpu_inference_rows(
@@ -159,11 +200,18 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
                      f"{int(early.sum())} GPU events start before the call that launched them (clock skew)")
             )  # fmt: skip
 
-    key = ["ph", "name", "ts_ns", "dur_ns", "pid", "tid"]
+    key = [c for c in events.columns if c != "trace_index"]  # every field the tables keep
     real = (events["kind"] != "metadata").to_numpy()
-    duplicates = _duplicate_rows(events, real, key) if n else 0
-    if duplicates:
-        rows.append(_row("duplicate_events", "warning", duplicates, 0, f"{duplicates} events appear twice"))
+    alike = _duplicate_rows(events, real, key) if n else np.zeros(0, dtype=np.int64)
+    if len(alike):
+        duplicates = _same_in_file(parsed.path, events, alike)  # args too: the tables keep only some of them
+        if duplicates is None:
+            duplicates = int(events.iloc[alike][key].duplicated().sum())
+        if duplicates:
+            rows.append(
+                _row("duplicate_events", "warning", duplicates, 0,
+                     f"{duplicates} events appear twice (every field and args equal)")
+            )  # fmt: skip
 
     stage = attribution.stage
     stage_names = list(STAGES)

@@ -6,12 +6,15 @@ sentinel; :func:`nullable` turns them into pandas' nullable ``Int64`` for users.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from profparse.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
+from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask
 
 HOST_SPAN_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"})
@@ -22,6 +25,7 @@ SUMMARY_COLUMNS = (
     "host_op_ns",
     "gpu_time_ns",
     "gpu_busy_ns",
+    "gpu_overlap_ns",
     "gpu_idle_ns",
     "kernel_count",
     "gpu_activity_count",
@@ -192,10 +196,16 @@ def _union_stats(
     ids = g[heads]
     first[ids] = s[heads]  # sorted by start within a group: its first row starts earliest
     last[ids] = np.maximum.reduceat(e, heads)
+    out[ids] = _sorted_union(g, s, e, heads)
+    return out, first, last
+
+
+def _sorted_union(g: np.ndarray, s: np.ndarray, e: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """Union length per run of equal ``g`` (rows sorted by group, then start; ``heads``: first row of each run).
+    ``s`` and ``e`` may be overwritten."""
     base = s.min()
     span = int(e.max() - base) + 1
     shift = g.astype(np.int64)  # groups far apart on one line: one sweep covers them all
-    del g
     shift *= span
     s -= base
     s += shift
@@ -207,8 +217,7 @@ def _union_stats(
     del reach
     np.subtract(e, s, out=e)
     np.maximum(e, 0, out=e)  # covered
-    out[ids] = np.add.reduceat(e, heads)
-    return out, first, last
+    return np.add.reduceat(e, heads)
 
 
 def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int) -> np.ndarray:
@@ -233,84 +242,418 @@ def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -
     return mixed
 
 
-def _training_threads(links: Links, stage: np.ndarray) -> np.ndarray:
-    """Per host thread id (plus a trailing False for 'no thread'): does it run any load/forward/backward/optimizer
-    work? Background threads that only wait (a progress-bar monitor, say) do not count towards wall time."""
-    n_threads = len(links.threads)
-    working = links.host & (stage != STAGES.index("other"))
-    flags = np.zeros(n_threads + 1, dtype=bool)
-    flags[np.unique(links.thread[working])] = True
+def _step_index(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Row of ``steps`` whose window holds each timestamp, ``-1`` outside every window (as the attribution's
+    step of an event)."""
+    out = np.full(len(ts), -1, dtype=np.int64)
+    if steps.empty or len(ts) == 0:
+        return out
+    starts = steps["start_ns"].to_numpy()
+    ends = steps["end_ns"].to_numpy()
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    ok = idx >= 0
+    ok[ok] &= ts[ok] < ends[idx[ok]]
+    out[ok] = idx[ok]
+    return out
+
+
+# -- host time: wall time per stage, split into levels ---------------------------------------------------------------
+
+#: Host levels, highest priority first. Where several threads run the same stage at one moment, that moment counts
+#: once, for the highest-priority level among them (work before waiting), so the levels add up to the host wall.
+HOST_LEVELS: tuple[str, ...] = ("op", "op_python", "runtime", "python", "sync", "wait")
+_LEVEL = {name: i for i, name in enumerate(HOST_LEVELS)}
+SYNC_NAME = re.compile(r"(?i)synchroniz")
+#: Python frames in which a thread is blocked: on a lock, an event, a condition, a queue, a sleep, or on the
+#: autograd engine (``run_backward`` while the engine's threads do the work). A frame with a CPU op below it on
+#: its own thread (the CPU engine running backward inline) is not waiting.
+WAIT_FRAME = re.compile(
+    r"(^|/)threading\.py\(\d+\): (wait|join|_wait_for_tstate_lock|acquire)$"
+    r"|^<method 'acquire' of '_thread\.(lock|RLock)' objects>$"
+    r"|^<built-in (method|function) (acquire|wait|sleep|poll|select|_cuda_synchronize)\b"
+    r"|(^|/)(queue|selectors|multiprocessing/(connection|queues|synchronize)|concurrent/futures/_base)\.py\(\d+\): "
+    r"(get|wait|poll|_poll|select|result|recv|_recv|_recv_bytes|acquire)$"
+    r"|^<built-in method run_backward of torch\._C\._EngineBase object"
+    r"|(^|/)torch/autograd/graph\.py\(\d+\): _engine_run_backward$"
+)
+
+
+def _names_matching(events: pd.DataFrame, pattern: re.Pattern) -> np.ndarray:
+    """Per row: does its name match ``pattern``?"""
+    names = events["name"].cat.categories
+    hit = np.fromiter((pattern.search(str(x)) is not None for x in names), dtype=bool, count=len(names))
+    return hit[events["name"].cat.codes.to_numpy()]
+
+
+def working_threads(events: pd.DataFrame, links: Links, stage: np.ndarray) -> np.ndarray:
+    """Per host thread id (plus a trailing False for 'no thread'): does it create stage time?
+
+    A thread works when it runs a CPU op or a runtime call. Threads with Python frames only (a progress-bar
+    monitor in ``threading.wait``, a watchdog) never do. In a trace without any op or runtime call, a thread works
+    when it runs any load/forward/backward/optimizer event.
+    """
+    flags = np.zeros(len(links.threads) + 1, dtype=bool)
+    torch_work = links.host & kind_mask(events, {"cpu_op"} | RUNTIME_KINDS)
+    if not torch_work.any():
+        torch_work = links.host & (stage != STAGES.index("other"))
+    flags[np.unique(links.thread[torch_work])] = True
     flags[-1] = False
     return flags
+
+
+def _group_running_max(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Running maximum of ``values`` restarting at each new ``group`` (rows sorted by group)."""
+    if len(values) == 0:
+        return values.copy()
+    rank = np.concatenate([[0], np.cumsum(group[1:] != group[:-1])]).astype(np.int64)
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if (int(rank[-1]) + 1) * span < 2**62:  # groups laid end to end on one line: one accumulate for all
+        shifted = rank * span + (values - low)
+        return np.maximum.accumulate(shifted) - rank * span + low
+    return pd.Series(values).groupby(rank).cummax().to_numpy()
+
+
+@dataclass
+class HostSegments:
+    """Self-time pieces of the host events that count as stage time: ``[start, end)``, stage code, level code
+    (index into :data:`HOST_LEVELS`), and the step index (row of ``attribution.steps``, -1 outside) of the window
+    the piece lies in. Pieces are cut at step boundaries."""
+
+    start: np.ndarray
+    end: np.ndarray
+    stage: np.ndarray
+    level: np.ndarray
+    step_index: np.ndarray
+
+
+def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) -> HostSegments:
+    """The time each host thread spends in each counted event's own code (its duration minus its children's).
+
+    Counted: ops, user ranges, Python frames and runtime calls longer than zero, on working threads
+    (:func:`working_threads`), except ranges that hold several stages (``ProfilerStep#N``, ``<module>``), whose
+    own time belongs to no stage. Nested events partition their parent, so on one thread the pieces do not overlap.
+    """
+    ts = events["ts_ns"].to_numpy()
+    dur = events["dur_ns"].to_numpy()
+    end = ts + dur
+    stage = attribution.stage
+    tree = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
+    rows = np.flatnonzero(tree)
+    parent = links.parent[rows].copy()  # nearest ancestor in the tree (other kinds, zero-length rows: skipped)
+    while True:
+        bad = np.flatnonzero((parent >= 0) & ~tree[np.maximum(parent, 0)])
+        if not bad.size:
+            break
+        parent[bad] = links.parent[parent[bad]]
+    counted = tree & ~mixed_containers(links.parent, links.depth, stage)
+    counted &= working_threads(events, links, stage)[links.thread]
+
+    kind = events["kind"].cat.codes.to_numpy()
+    level = np.full(len(events), _LEVEL["python"], dtype=np.int8)
+    level[kind == KIND_CODE["cpu_op"]] = _LEVEL["op"]
+    in_op = links.enclosing_op >= 0
+    level[in_op & (kind != KIND_CODE["cpu_op"])] = _LEVEL["op_python"]
+    runtime = kind_mask(events, RUNTIME_KINDS)
+    level[runtime] = _LEVEL["runtime"]
+    level[runtime & _names_matching(events, SYNC_NAME)] = _LEVEL["sync"]
+    python = kind == KIND_CODE["python_function"]
+    waiting = python & ~in_op & _names_matching(events, WAIT_FRAME)
+    if waiting.any():  # a waiting frame with an op below it on its thread is running that work itself
+        op_below = np.zeros(len(events), dtype=bool)
+        anc = links.parent[(kind == KIND_CODE["cpu_op"]) & links.host]
+        while anc.size:
+            anc = anc[anc >= 0]
+            anc = anc[~op_below[anc]]
+            op_below[anc] = True
+            anc = links.parent[anc]
+        level[waiting & ~op_below] = _LEVEL["wait"]
+
+    # a parent's own time: the gaps before, between and after its children (sorted by start; the running maximum
+    # of the children's ends covers siblings that overlap)
+    child = np.flatnonzero(parent >= 0)
+    child = child[np.lexsort((ts[rows[child]], parent[child]))]
+    par = parent[child]  # event rows of the parents, one per child
+    c_start, c_end = ts[rows[child]], end[rows[child]]
+    reach = _group_running_max(par, c_end)
+    first = np.concatenate([[True], par[1:] != par[:-1]])[: len(par)]
+    last = np.concatenate([par[1:] != par[:-1], [True]])[: len(par)]
+    before = ts[par].copy()
+    before[~first] = np.maximum(reach[np.flatnonzero(~first) - 1], before[~first])
+    has_child = np.zeros(len(events), dtype=bool)
+    has_child[par] = True
+    leaf = rows[~has_child[rows]]
+    seg_owner = np.concatenate([par, par[last], leaf])
+    seg_start = np.concatenate([before, np.maximum(reach[last], ts[par[last]]), ts[leaf]])
+    seg_end = np.concatenate([np.minimum(c_start, end[par]), end[par[last]], end[leaf]])
+    del child, c_start, c_end, reach, before, first, last, has_child, leaf
+    keep = counted[seg_owner] & (seg_end > seg_start)
+    seg_owner, seg_start, seg_end = seg_owner[keep], seg_start[keep], seg_end[keep]
+    return _cut_at_steps(seg_owner, seg_start, seg_end, stage, level, attribution.steps)
+
+
+def _cut_at_steps(
+    owner: np.ndarray, start: np.ndarray, end: np.ndarray, stage: np.ndarray, level: np.ndarray, steps: pd.DataFrame
+) -> HostSegments:
+    """Pieces cut at every step window boundary, each with the window it lies in."""
+    if not steps.empty and len(start):
+        cuts = np.unique(np.concatenate([steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()]))
+        lo = np.searchsorted(cuts, start, side="right")
+        hi = np.searchsorted(cuts, end, side="left")
+        pieces = np.maximum(hi - lo, 0) + 1
+        if (pieces > 1).any():
+            idx = np.repeat(np.arange(len(start)), pieces)
+            k = np.arange(len(idx)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number within its row
+            cut_lo = lo[idx] + k - 1  # the cut a piece starts at (-1 rows: the row's own start)
+            s = np.where(k == 0, start[idx], cuts[np.maximum(cut_lo, 0)])
+            e = np.where(k == pieces[idx] - 1, end[idx], cuts[np.minimum(lo[idx] + k, len(cuts) - 1)])
+            owner, start, end = owner[idx], s, e
+    return HostSegments(
+        start=start,
+        end=end,
+        stage=stage[owner].astype(np.int64),
+        level=level[owner],
+        step_index=_step_index(start, steps),
+    )
+
+
+def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[str, np.ndarray]:
+    """Per group id: host wall (the union over threads of the pieces) and its split into :data:`HOST_LEVELS`.
+
+    A moment covered by pieces of several levels counts for the highest-priority one: level ``i`` gets the union
+    of levels ``0..i`` minus the union of levels ``0..i-1``. The levels add up to the wall exactly.
+    """
+    out: dict[str, np.ndarray] = {}
+    below = np.zeros(groups, dtype=np.int64)
+    order = _group_start_order(key, segments.start) if len(key) else np.zeros(0, dtype=np.int64)
+    key, start, end, level = key[order], segments.start[order], segments.end[order], segments.level[order]
+    for i, name in enumerate(HOST_LEVELS):
+        upto = level <= i  # a subset of sorted rows stays sorted: one sort serves every level
+        covered = np.zeros(groups, dtype=np.int64)
+        if upto.any():
+            g = key[upto]
+            heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
+            covered[g[heads]] = _sorted_union(g, start[upto], end[upto], heads)
+        out[name] = covered - below
+        below = covered
+    out["wall"] = below
+    return out
+
+
+def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """Per (scope, step, stage): host wall time and its levels (``<level>_ns`` for :data:`HOST_LEVELS`).
+
+    ``scope = step`` rows cover the time inside each step window (capped at the window); ``outside_steps`` the
+    time outside every window; ``total`` rows add those up (a union over the whole trace).
+    """
+    seg = host_segments(events, links, attribution)
+    n_stages = len(STAGES)
+    numbers = attribution.steps["step"].to_numpy().astype(np.int64)
+    labels = np.concatenate([np.unique(numbers), [NULL]])  # as stage_summary's rows: step numbers in order
+    index = np.where(seg.step_index >= 0, np.searchsorted(labels[:-1], numbers[np.maximum(seg.step_index, 0)]), -1)
+    index[index < 0] = len(labels) - 1
+    frames = []
+    for scope, key, keys in (
+        ("step", index * n_stages + seg.stage, labels),
+        ("total", seg.stage, np.array([NULL])),
+    ):
+        groups = len(keys) * n_stages
+        levels = host_levels(seg, key, groups)
+        frame = pd.DataFrame(
+            {
+                "scope": scope,
+                "step": np.repeat(keys, n_stages),
+                "stage_code": np.tile(np.arange(n_stages), len(keys)),
+                "host_wall_ns": levels["wall"],
+                **{f"{name}_ns": levels[name] for name in HOST_LEVELS},
+            }
+        )
+        frames.append(frame)
+    out = pd.concat(frames, ignore_index=True)
+    out.loc[(out["scope"] == "step") & (out["step"] == NULL), "scope"] = "outside_steps"
+    return out
+
+
+# -- GPU time: busy per stage, overlap between stages, idle gaps charged to the work that ends them -------------------
+
+
+@dataclass
+class GpuTime:
+    """Per (step, device) group: ``span`` (first start to last end of the step's GPU activity on the device) and per
+    (group, stage) ``busy``, ``overlap`` and ``idle`` (flat arrays of ``groups * len(STAGES)``); for every group,
+    the stages' busy + overlap + idle add up to its span exactly."""
+
+    step: np.ndarray  # per group: step number (NULL: activity outside every step)
+    device: np.ndarray  # per group: device id (the GPU pid where the event has no device)
+    span: np.ndarray
+    busy: np.ndarray
+    overlap: np.ndarray
+    idle: np.ndarray
+
+
+def gpu_time(events: pd.DataFrame, attribution: Attribution) -> GpuTime:
+    """Split each step's GPU span on each device into busy time per stage, overlap and idle gaps.
+
+    - busy: time when the device runs work of this stage only (any number of streams);
+    - overlap: time when it runs work of two or more stages at once, charged to the stage that was running alone
+      just before (the work the other stage joined); when they start together, to the first of them in the order
+      load, forward, backward, optimizer, other;
+    - idle: gaps inside the span with no activity, each charged to the stage of the work that ends the gap (what
+      the GPU waited for; on a tie, the first stage in that order).
+
+    A step's GPU activity is the activity launched inside it (``attribution.step``); activity outside every step is
+    grouped by the gap between steps it runs in, so no span reaches over a step.
+    """
+    n_stages = len(STAGES)
+    rows = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS))
+    ts = events["ts_ns"].to_numpy()[rows]
+    dur = events["dur_ns"].to_numpy()[rows]
+    stage = attribution.stage[rows].astype(np.int64)
+    device = events["device"].to_numpy()[rows]
+    device = np.where(device == NULL, events["pid"].to_numpy()[rows], device)
+    step = attribution.step[rows]
+    steps = attribution.steps
+    gap = np.searchsorted(steps["start_ns"].to_numpy(), ts, side="right") if not steps.empty else np.zeros_like(ts)
+    group_of = pd.MultiIndex.from_arrays([step, np.where(step == NULL, gap, -1), device])
+    group, uniques = pd.factorize(group_of, sort=True)
+    groups = len(uniques)
+    step_of_group = uniques.get_level_values(0).to_numpy().astype(np.int64) if groups else np.zeros(0, np.int64)
+    device_of_group = uniques.get_level_values(2).to_numpy().astype(np.int64) if groups else np.zeros(0, np.int64)
+    busy = np.zeros(groups * n_stages, dtype=np.int64)
+    overlap = np.zeros_like(busy)
+    idle = np.zeros_like(busy)
+    span = np.zeros(groups, dtype=np.int64)
+    if groups:
+        end = ts + dur
+        first = np.full(groups, np.iinfo(np.int64).max)
+        np.minimum.at(first, group, ts)
+        last = np.full(groups, np.iinfo(np.int64).min)
+        np.maximum.at(last, group, end)
+        span = last - first
+        _split_gpu_span(group.astype(np.int64), ts, end, stage, busy, overlap, idle)
+    return GpuTime(step=step_of_group, device=device_of_group, span=span, busy=busy, overlap=overlap, idle=idle)
+
+
+def _split_gpu_span(
+    group: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    stage: np.ndarray,
+    busy: np.ndarray,
+    overlap: np.ndarray,
+    idle: np.ndarray,
+) -> None:
+    """The sweep behind :func:`gpu_time`: adds each elementary segment between consecutive start/end points of a
+    group to ``busy``/``overlap``/``idle`` at ``group * n_stages + charged stage`` (in place)."""
+    n_stages = len(STAGES)
+    m = len(start)
+    pg = np.concatenate([group, group])
+    pt = np.concatenate([start, end])
+    is_end = np.concatenate([np.zeros(m, dtype=np.int8), np.ones(m, dtype=np.int8)])
+    ps = np.concatenate([stage, stage])
+    order = np.lexsort((ps, is_end, pt, pg))  # at one instant, starts before ends, then pipeline order
+    pg, pt, is_end, ps = pg[order], pt[order], is_end[order], ps[order]
+    del order
+    delta = np.where(is_end == 1, -1, 1).astype(np.int32)
+    mask = np.zeros(len(pt), dtype=np.int16)  # bit s: stage s is running just after this point
+    lowest = np.full(len(pt), -1, dtype=np.int64)
+    for s in range(n_stages - 1, -1, -1):
+        running = np.cumsum(np.where(ps == s, delta, 0)) > 0  # groups sum to zero, so counts restart per group
+        mask |= running.astype(np.int16) << s
+        lowest[running] = s
+    n_running = np.zeros(len(pt), dtype=np.int8)
+    for s in range(n_stages):
+        n_running += (mask >> s) & 1
+    same_group = np.concatenate([pg[1:] == pg[:-1], [False]])
+    length = np.where(same_group, np.concatenate([pt[1:] - pt[:-1], [0]]), 0)
+    alone = n_running == 1
+    gap = n_running == 0
+    # overlap: the stage last running alone in this group, if it is still running; else the lowest running stage
+    group_start = np.concatenate([[True], pg[1:] != pg[:-1]])
+    anchor = np.where(alone | gap | group_start, np.arange(len(pt)), 0)
+    anchor = np.maximum.accumulate(anchor)
+    before = np.where(alone[anchor], lowest[anchor], -1)
+    still = (before >= 0) & (((mask >> np.maximum(before, 0)) & 1) == 1)
+    charged_overlap = np.where(still, before, lowest)
+    # an idle segment is followed by a start point in the same group (ends sort after starts at an instant)
+    next_stage = np.concatenate([ps[1:], [0]])
+    key = pg * n_stages
+    sel = alone & (length > 0)
+    busy += np.bincount(key[sel] + lowest[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
+    sel = (n_running >= 2) & (length > 0)
+    overlap += np.bincount(key[sel] + charged_overlap[sel], weights=length[sel], minlength=len(busy)).astype(
+        np.int64
+    )
+    sel = gap & (length > 0)
+    idle += np.bincount(key[sel] + next_stage[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
 
 
 def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
     """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``).
 
-    GPU idle is measured inside each step: from the stage's first GPU activity to its last, minus busy time;
-    the total row adds up the per-step idle times.
+    Host wall: :func:`host_time` (per step capped at the step window). GPU busy / overlap / idle: :func:`gpu_time`,
+    summed over devices; per step they add up to the step's GPU spans. Total rows add up the rows of the steps and
+    of ``outside_steps``.
     """
     step = attribution.step
     n_stages = len(STAGES)
-    ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)
     kernel = kind_mask(events, {"kernel"})
     memcpy = kind_mask(events, {"gpu_memcpy"})
     op = kind_mask(events, {"cpu_op"}) & links.host
-    spans = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
-    spans &= ~mixed_containers(links.parent, links.depth, attribution.stage)
-    spans &= _training_threads(links, attribution.stage)[links.thread]
     launcher = np.zeros(len(events), dtype=bool)
     launcher[links.launch[links.launch >= 0]] = True
     launcher &= kind_mask(events, RUNTIME_KINDS)
     memcpy_bytes = events["bytes"].to_numpy()[memcpy]
     memcpy_bytes = np.where(memcpy_bytes == NULL, 0, memcpy_bytes)
+    host = host_time(events, links, attribution)
+    gpu = gpu_time(events, attribution)
 
-    step_values = np.sort(pd.unique(step))
-    step_values = step_values[step_values != NULL]
-    frames = []
-    for scope in ("step", "total"):
-        if scope == "step":
-            key = np.searchsorted(step_values, step)  # becomes (step index) * n_stages + stage, in place
-            key[step == NULL] = len(step_values)
-            key *= n_stages
-            key += attribution.stage
-            labels = np.concatenate([step_values, [NULL]])
-        else:
-            labels = np.array([NULL])
-            key = attribution.stage.astype(np.int64)
-        groups = len(labels) * n_stages
+    step_values = np.unique(attribution.steps["step"].to_numpy().astype(np.int64))
+    labels = np.concatenate([step_values, [NULL]])
 
-        def total(mask: np.ndarray, weights: np.ndarray | None = None, key=key, groups=groups) -> np.ndarray:
-            return np.bincount(key[mask], weights=weights, minlength=groups).astype(np.int64)
+    def step_rows(values: np.ndarray) -> np.ndarray:
+        """Step numbers -> position in ``labels`` (the last one for NULL)."""
+        pos = np.minimum(np.searchsorted(step_values, values), max(len(step_values) - 1, 0))
+        found = (values != NULL) & (len(step_values) > 0)
+        found[found] = step_values[pos[found]] == values[found]
+        return np.where(found, pos, len(step_values))
 
-        busy, first, last = _union_stats(key, ts, None, groups, activity, dur)
-        window = np.where(last > first, last - first, 0)
-        frame = pd.DataFrame(
-            {
-                "scope": scope,
-                "step": np.repeat(labels, n_stages),
-                "stage": stage_categorical(np.tile(np.arange(n_stages), len(labels))),
-                "host_wall_ns": _union_stats(key, ts, None, groups, spans, dur)[0],
-                "host_op_ns": total(op, links.self_ns[op]),
-                "gpu_time_ns": total(activity, dur[activity]),
-                "gpu_busy_ns": busy,
-                "gpu_idle_ns": window - busy,
-                "kernel_count": total(kernel),
-                "gpu_activity_count": total(activity),
-                "launch_count": total(launcher),
-                "memcpy_bytes": total(memcpy, memcpy_bytes),
-            }
-        )
-        if scope == "step":
-            present = np.bincount(key, minlength=groups) > 0
-            frame = frame[present | (frame["step"] != NULL).to_numpy()]
-        frames.append(frame)
-        del key
-    step_frame, total_frame = frames
-    idle_by_stage = step_frame.groupby("stage", observed=False)["gpu_idle_ns"].sum()
-    total_frame["gpu_idle_ns"] = idle_by_stage.reindex(total_frame["stage"]).to_numpy()
-    summary = pd.concat(frames, ignore_index=True)
+    key = step_rows(step) * n_stages + attribution.stage
+    groups = len(labels) * n_stages
+
+    def total(mask: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(key[mask], weights=weights, minlength=groups).astype(np.int64)
+
+    gpu_key = (np.repeat(step_rows(gpu.step), n_stages) * n_stages + np.tile(np.arange(n_stages), len(gpu.step)))
+    host_rows = host[host["scope"] != "total"]
+    frame = pd.DataFrame(
+        {
+            "scope": "step",
+            "step": np.repeat(labels, n_stages),
+            "stage": stage_categorical(np.tile(np.arange(n_stages), len(labels))),
+            "host_wall_ns": host_rows["host_wall_ns"].to_numpy(),
+            "host_op_ns": total(op, links.self_ns[op]),
+            "gpu_time_ns": total(activity, dur[activity]),
+            "gpu_busy_ns": np.bincount(gpu_key, weights=gpu.busy, minlength=groups).astype(np.int64),
+            "gpu_overlap_ns": np.bincount(gpu_key, weights=gpu.overlap, minlength=groups).astype(np.int64),
+            "gpu_idle_ns": np.bincount(gpu_key, weights=gpu.idle, minlength=groups).astype(np.int64),
+            "kernel_count": total(kernel),
+            "gpu_activity_count": total(activity),
+            "launch_count": total(launcher),
+            "memcpy_bytes": total(memcpy, memcpy_bytes),
+        }
+    )
+    values = [c for c in frame.columns if c not in ("scope", "step", "stage")]
+    present = (np.bincount(key, minlength=groups) > 0) | (frame[values].to_numpy() != 0).any(axis=1)
+    totals = frame.groupby("stage", observed=False, sort=True)[values].sum().reset_index()
+    totals.insert(0, "step", NULL)
+    totals.insert(0, "scope", "total")
+    totals["host_wall_ns"] = host.loc[host["scope"] == "total", "host_wall_ns"].to_numpy()
+    frame = frame[present | (frame["step"] != NULL).to_numpy()]
+    summary = pd.concat([frame, totals[frame.columns]], ignore_index=True)
+    for column in values:
+        summary[column] = summary[column].astype(np.int64)
     summary.loc[(summary["scope"] == "step") & (summary["step"] == NULL), "scope"] = "outside_steps"
     return summary.reset_index(drop=True)

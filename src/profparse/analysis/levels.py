@@ -1,23 +1,28 @@
 """The stage x level matrix: where each stage's time goes, from Python down to the device.
 
-Levels (host self times do not overlap one another on a thread):
+Host levels split the stage's host wall time (``stage_summary.host_wall_ns``) exactly, with no double counting
+(see :func:`profparse.tables.host_time`): at each moment of the stage's wall time, the innermost event of each
+thread running the stage gives a level, and where several threads run the stage at once the moment counts once,
+for the first of ops, Python inside ops, runtime calls, Python, synchronize, waiting:
 
-- ``python_ns``: self time of Python frames outside any op (interpreter time, including time a frame spends
-  blocked, e.g. ``run_backward`` waiting for the autograd thread);
-- ``op_ns``: self time of CPU ops (the framework op layer), plus the self time of Python frames running inside
-  an op (Python decompositions), reported on its own as ``op_python_ns``;
-- ``runtime_ns``: self time of CUDA/HIP runtime and driver calls (launches, copies, syncs), of which
-  ``sync_ns`` in ``*Synchronize`` calls;
-- ``device_ns``: duration of GPU activity (kernels, memcpy, memset) launched by the stage; ``device_busy_ns`` and
-  ``device_idle_ns`` as in ``stage_summary`` (idle = gaps between the stage's first and last GPU activity in
-  each step);
+- ``python_ns``: Python frames and user ranges outside any op (interpreter time);
+- ``op_ns``: CPU ops (the framework op layer), including Python frames running inside an op (Python
+  decompositions), reported on their own as ``op_python_ns``;
+- ``runtime_ns``: CUDA/HIP runtime and driver calls (launches, copies), including ``sync_ns`` in ``*Synchronize``
+  calls;
+- ``wait_ns``: a thread blocked in a waiting Python frame (``threading`` waits, locks, queues, sleeps, the main
+  thread in ``run_backward`` while the engine's threads work), when no thread runs the stage's work meanwhile;
+
+so ``python_ns + op_ns + runtime_ns + wait_ns == host_wall_ns``. Device levels:
+
+- ``device_ns``: duration of GPU activity (kernels, memcpy, memset) launched by the stage; ``device_busy_ns``,
+  ``device_overlap_ns`` and ``device_idle_ns`` as ``gpu_busy_ns``, ``gpu_overlap_ns`` and ``gpu_idle_ns`` of
+  ``stage_summary`` (:func:`profparse.tables.gpu_time`);
 - launch latency: GPU start minus the start of the runtime call that launched it, per stage (count, mean,
   p50/p90/p99/max).
 """
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pandas as pd
@@ -28,13 +33,8 @@ from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
-SYNC = re.compile(r"(?i)synchroniz")
+HOST_COLUMNS = ("python_ns", "op_ns", "op_python_ns", "runtime_ns", "sync_ns", "wait_ns")
 SUM_COLUMNS = (
-    "python_ns",
-    "op_ns",
-    "op_python_ns",
-    "runtime_ns",
-    "sync_ns",
     "device_ns",
     "python_count",
     "op_count",
@@ -58,24 +58,15 @@ def stage_levels(events: pd.DataFrame, links: Links, attribution: Attribution, s
     stage = attribution.stage.astype(np.int64)
     step = attribution.step
     dur = events["dur_ns"].to_numpy()
-    self_ns = links.self_ns
     python = kind_mask(events, {"python_function"}) & links.host
     in_op = links.enclosing_op >= 0
     op = kind_mask(events, {"cpu_op"}) & links.host
     runtime = kind_mask(events, RUNTIME_KINDS) & links.host
-    names = events["name"].cat.categories
-    sync_codes = np.fromiter((SYNC.search(str(x)) is not None for x in names), dtype=bool, count=len(names))
-    sync = runtime & sync_codes[events["name"].cat.codes.to_numpy()]
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)
     launched = np.flatnonzero(activity & (links.launch >= 0))
     latency = events["ts_ns"].to_numpy()[launched] - events["ts_ns"].to_numpy()[links.launch[launched]]
 
     measures = {
-        "python_ns": (python & ~in_op, self_ns),
-        "op_ns": (op | (python & in_op), self_ns),
-        "op_python_ns": (python & in_op, self_ns),
-        "runtime_ns": (runtime, self_ns),
-        "sync_ns": (sync, self_ns),
         "device_ns": (activity, dur),
         "python_count": (python & ~in_op, None),
         "op_count": (op, None),
@@ -93,7 +84,7 @@ def stage_levels(events: pd.DataFrame, links: Links, attribution: Attribution, s
         cols: dict[str, np.ndarray] = {
             "scope": np.full(groups, scope, dtype=object),
             "step": np.repeat(keys, n_stages),
-            "stage": np.tile(np.arange(n_stages), len(keys)),
+            "stage_code": np.tile(np.arange(n_stages), len(keys)),
         }
         for column, (mask, weights) in measures.items():
             w = None if weights is None else weights[mask]
@@ -103,11 +94,15 @@ def stage_levels(events: pd.DataFrame, links: Links, attribution: Attribution, s
     levels = pd.concat(frames, ignore_index=True)
     levels.loc[(levels["scope"] == "step") & (levels["step"] == NULL), "scope"] = "outside_steps"
 
-    rows = summary[["scope", "step", "stage", "gpu_busy_ns", "gpu_idle_ns"]].copy()
+    host = tables.host_time(events, links, attribution)
+    host["op_ns"] = host["op_ns"] + host["op_python_ns"]
+    host["runtime_ns"] = host["runtime_ns"] + host["sync_ns"]
+    host = host[["scope", "step", "stage_code", *HOST_COLUMNS]]
+
+    rows = summary[["scope", "step", "stage", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].copy()
     rows["stage_code"] = rows["stage"].cat.codes.astype(np.int64)
-    merged = rows.merge(
-        levels.rename(columns={"stage": "stage_code"}), on=["scope", "step", "stage_code"], how="left", sort=False
-    )
+    keys = ["scope", "step", "stage_code"]
+    merged = rows.merge(levels, on=keys, how="left", sort=False).merge(host, on=keys, how="left", sort=False)
     out = pd.DataFrame(
         {
             "scope": merged["scope"].to_numpy(),
@@ -115,11 +110,12 @@ def stage_levels(events: pd.DataFrame, links: Links, attribution: Attribution, s
             "stage": tables.stage_categorical(merged["stage_code"].to_numpy()),
         }
     )
-    for column in SUM_COLUMNS[:6]:
+    for column in (*HOST_COLUMNS, SUM_COLUMNS[0]):
         out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
     out["device_busy_ns"] = merged["gpu_busy_ns"].to_numpy().astype(np.int64)
+    out["device_overlap_ns"] = merged["gpu_overlap_ns"].to_numpy().astype(np.int64)
     out["device_idle_ns"] = merged["gpu_idle_ns"].to_numpy().astype(np.int64)
-    for column in SUM_COLUMNS[6:]:
+    for column in SUM_COLUMNS[1:]:
         out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
     for column in LATENCY_COLUMNS:
         values = merged[column].to_numpy()

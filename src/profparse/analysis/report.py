@@ -21,6 +21,7 @@ LEVELS = (
     ("op_python_ns", "py in ops"),
     ("runtime_ns", "runtime"),
     ("sync_ns", "sync"),
+    ("wait_ns", "waiting"),
     ("device_ns", "device"),
     ("device_idle_ns", "dev idle"),
 )
@@ -126,7 +127,7 @@ def _bytes(n: Any) -> str:
         return "-"
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{sign}{n / scale:,.1f} {unit}"
     return f"{sign}{n} B"
@@ -182,7 +183,7 @@ def render_text(data: dict[str, Any] | None) -> str:
         columns = _level_columns(levels)
         rows = [[r["stage"]] + [_nz(r[c]) for c, _ in columns] for r in levels]
         parts.append(
-            "Levels per stage (ms: Python outside ops, op self time incl. Python inside ops, runtime calls, GPU)\n"
+            "Levels per stage (ms; the host levels add up to host wall: Python, ops, runtime, waiting; GPU)\n"
             + _table(["stage"] + [label for _, label in columns], rows)
         )
         launched = [r for r in levels if r.get("launch_latency_count")]

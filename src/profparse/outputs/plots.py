@@ -3,7 +3,8 @@
 Kinds (:data:`PLOT_KINDS`):
 
 ``stages``       time per stage, stacked by level (the analyses' ``stage_levels`` when present, else host ops /
-                 rest of host wall and GPU busy / GPU idle from ``stage_summary``)
+                 rest of host wall and GPU busy / overlap / idle from ``stage_summary``); the host bars are the
+                 stages' host wall, the GPU bars their share of the steps' GPU spans
 ``timeline``     stage bands over host threads and GPU streams, step boundaries marked
 ``top_kernels``  the kernels with the most GPU time, per stage
 ``top_ops``      the CPU ops with the most host self time, per stage
@@ -79,7 +80,7 @@ def _fmt_time(ns: float) -> str:
 
 
 def _fmt_bytes(n: float) -> tuple[float, str]:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return float(scale), unit
     return 1.0, "B"
@@ -261,7 +262,9 @@ def _level_panels(parsed: Any) -> list[tuple[pd.DataFrame, str]] | None:
     """(stage rows x level columns in ns, title) panels from the analyses' ``stage_levels``, when it exists.
 
     Host levels, from the device up: runtime calls (launches, copies), synchronisation, ops (the framework op
-    layer), Python inside ops, Python. Device levels: GPU busy and idle inside the stage.
+    layer), Python inside ops, Python, waiting; they stack to the stage's host wall. Device levels: GPU busy (this
+    stage only), overlap with other stages and the idle time charged to the stage; they stack to its share of the
+    GPU spans of the steps.
     """
     table = optional_table(parsed, "stage_levels")
     if table is None or "stage" not in table.columns or "python_ns" not in table.columns:
@@ -281,15 +284,23 @@ def _level_panels(parsed: Any) -> list[tuple[pd.DataFrame, str]] | None:
             "ops (self time)": (col("op_ns") - col("op_python_ns")).clip(lower=0),
             "Python inside ops": col("op_python_ns"),
             "Python": col("python_ns"),
+            "waiting": col("wait_ns"),
         }
     )
-    device = pd.DataFrame({"GPU busy": col("device_busy_ns"), "GPU idle (inside stage)": col("device_idle_ns")})
+    device = _gpu_levels(col("device_busy_ns"), col("device_overlap_ns"), col("device_idle_ns"))
     panels = []
     for frame, title in ((host, "Host threads"), (device, "GPU")):
         frame = frame.loc[frame.sum(axis=1) > 0, frame.sum(axis=0) > 0]
         if not frame.empty:
             panels.append((frame, title))
     return panels
+
+
+def _gpu_levels(busy: pd.Series, overlap: pd.Series, idle: pd.Series) -> pd.DataFrame:
+    """The GPU panel's levels (``stage_summary``'s additive split of the steps' GPU spans)."""
+    return pd.DataFrame(
+        {"GPU busy (this stage only)": busy, "overlap with other stages": overlap, "idle (waiting for it)": idle}
+    )
 
 
 def _stacked_panel(ax: Any, wide: pd.DataFrame, title: str, scale: float, unit: str) -> None:
@@ -343,13 +354,9 @@ def plot_stages(parsed: Any) -> tuple[Figure | None, str | None]:
         summary = parsed.stage_summary
         totals = summary[summary["scope"] == "total"].set_index("stage")
         totals = totals.reindex([s for s in STAGES if s in totals.index]).astype(float)
-        host = pd.DataFrame(
-            {
-                "rest of host wall": (totals["host_wall_ns"] - totals["host_op_ns"]).clip(lower=0),
-                "ops (self time)": totals["host_op_ns"],
-            }
-        )
-        gpu = pd.DataFrame({"GPU busy": totals["gpu_busy_ns"], "GPU idle (inside stage)": totals["gpu_idle_ns"]})
+        ops = totals[["host_op_ns", "host_wall_ns"]].min(axis=1)  # op time on several threads: at most the wall
+        host = pd.DataFrame({"rest of host wall": totals["host_wall_ns"] - ops, "ops (self time)": ops})
+        gpu = _gpu_levels(totals["gpu_busy_ns"], totals["gpu_overlap_ns"], totals["gpu_idle_ns"])
         panels = []
         for frame, title in ((host, "Host threads"), (gpu, "GPU")):
             frame = frame.loc[frame.sum(axis=1) > 0, frame.sum(axis=0) > 0]
@@ -614,7 +621,7 @@ def plot_memory(parsed: Any) -> tuple[Figure | None, str | None]:
     if not series:
         return (
             None,
-            f"[memory] events never reach {MIN_MEMORY_BYTES >> 10} kB allocated (peak {max(peaks.values()):,.0f} B)",
+            f"[memory] events never reach {MIN_MEMORY_BYTES >> 10} KiB allocated (peak {max(peaks.values()):,.0f} B)",
         )
     events = parsed.raw.events
     timed = events["ts_ns"].to_numpy()[(events["kind"] != "metadata").to_numpy()]

@@ -17,6 +17,7 @@ from profparse.analysis import report as analysis_report
 from profparse.marks import STAGES
 from profparse.outputs.formats import render_as
 from profparse.outputs.formats import text_table as _table
+from profparse.quality import gpu_devices
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
@@ -27,6 +28,7 @@ TOTAL_COLUMNS = (
     ("host_op_ns", "host ops"),
     ("gpu_time_ns", "GPU time"),
     ("gpu_busy_ns", "GPU busy"),
+    ("gpu_overlap_ns", "GPU overlap"),
     ("gpu_idle_ns", "GPU idle"),
     ("kernel_count", "kernels"),
     ("launch_count", "launches"),
@@ -95,7 +97,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
             "source": str(steps["source"].iloc[0]) if len(steps) else None,
             "numbers": [int(s) for s in steps["step"]] if len(steps) else [],
         },
-        "devices": [str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)],
+        "devices": gpu_devices(parsed),
         "rank": parsed.rank,
         "gpu_activity_ns": gpu_total,
         "totals": records(totals),
@@ -122,7 +124,7 @@ def _ms(ns: Any) -> str:
 def _bytes(n: Any) -> str:
     if not n:
         return "0"
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n} B"
@@ -150,7 +152,9 @@ def render_text(data: dict[str, Any]) -> str:
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
     has_gpu = data["gpu_activity_ns"] > 0
-    columns = [(c, label) for c, label in TOTAL_COLUMNS if has_gpu or c in HOST_COLUMNS]
+    overlap = any(r.get("gpu_overlap_ns") for r in data["totals"])  # shown only where stages ran at once on a GPU
+    columns = [(c, label) for c, label in TOTAL_COLUMNS if (has_gpu or c in HOST_COLUMNS)]
+    columns = [(c, label) for c, label in columns if overlap or c != "gpu_overlap_ns"]
     out.write("\nStage totals (times in ms)\n")
     headers = ["stage"] + [label for _, label in columns]
     rows = [[r["stage"]] + [_cell(c, r[c]) for c, _ in columns] for r in data["totals"]]

@@ -67,6 +67,13 @@ CATEGORY_KIND: dict[str, str] = {
     "cuda_runtime": "cuda_runtime",
     "Runtime": "cuda_runtime",
     "cuda_driver": "cuda_driver",
+    # Kineto's other backends record their runtime and driver calls like CUDA's: their kernels link the same way
+    "xpu_runtime": "cuda_runtime",
+    "xpu_driver": "cuda_driver",
+    "mtia_runtime": "cuda_runtime",
+    "mtia_driver": "cuda_driver",
+    "privateuse1_runtime": "cuda_runtime",
+    "privateuse1_driver": "cuda_driver",
     "kernel": "kernel",
     "Kernel": "kernel",
     "gpu_memcpy": "gpu_memcpy",
