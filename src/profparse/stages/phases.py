@@ -34,6 +34,9 @@ PHASE_CONDITIONS = (
     "before_forward",
     "between_forward_and_backward",
     "between_backward_and_optimizer",
+    "after_forward",
+    "after_backward",
+    "after_optimizer",
     "before_first_forward",
     "in_step",
     "no_training",
@@ -158,6 +161,8 @@ def phase_conditions(
     out["before_forward"] = gap & (next_stage == code["forward"])
     # the seed comes right before the engine starts, after the last forward op; a zero_grad may sit in between
     out["between_forward_and_backward"] = gap & (next_stage == code["backward"]) & (prev_stage != code["backward"])
+    for name in ("forward", "backward", "optimizer"):
+        out[f"after_{name}"] = gap & (prev_stage == code[name])
     out["between_backward_and_optimizer"] = gap & (prev_stage == code["backward"]) & (next_stage == code["optimizer"])
 
     forward = np.flatnonzero(r_stage == code["forward"])

@@ -19,8 +19,10 @@ Conditions (``when``, several joined by commas must all hold):
                         without those flows) carry the ``Sequence number`` of a backward node;
   phase conditions (main thread only): ``forward_phase``, ``backward_phase``, ``optimizer_phase``,
   ``load_phase`` (inside a run of that stage's evidence), ``before_forward`` (in the gap just before a forward
-  run), ``between_forward_and_backward``, ``between_backward_and_optimizer``, ``before_first_forward`` (before
-  the trace's first forward, outside the first training step, when that time holds loading ops), ``in_step``
+  run), ``between_forward_and_backward`` (just before a backward run, after the last forward op),
+  ``between_backward_and_optimizer``, ``after_forward``, ``after_backward``, ``after_optimizer`` (in the gap
+  right after a run of that stage), ``before_first_forward`` (before the trace's first forward, outside the
+  first training step, when that time holds loading ops), ``in_step``
   (inside a step window; anywhere when the trace has none), ``no_training`` (forward evidence but no backward or
   optimizer evidence in the whole trace).
 """
@@ -50,6 +52,8 @@ PY = ("python_function",)
 
 # fmt: off
 COLLECTIVE = r"^(nccl:|c10d::|gloo:|record_param_comms$)"
+SYNC = r"(?i)synchronize$"
+RUNTIME = ("cuda_runtime", "cuda_driver")
 RULES: tuple[StageRule, ...] = (
     # -- profparse's own marks (capture.py, or any user emitting the same record_function names) -----------
     StageRule("mark.load", "load", 100, r"^profparse\.stage:load$", HOST_SPANS, source="mark",
@@ -119,6 +123,12 @@ RULES: tuple[StageRule, ...] = (
               r"^aten::(ones_like|empty_like|fill_|empty_strided|ones|new_ones|full_like)$", ("cpu_op",),
               when="between_forward_and_backward",
               doc="the loss-gradient seed loss.backward() makes before the engine starts"),
+    StageRule("forward.sync", "forward", 19, SYNC, RUNTIME, when="after_forward",
+              doc="a device synchronize right after a forward phase waits for its work"),
+    StageRule("backward.sync", "backward", 19, SYNC, RUNTIME, when="after_backward",
+              doc="a device synchronize right after a backward phase waits for its work"),
+    StageRule("optimizer.sync", "optimizer", 19, SYNC, RUNTIME, when="after_optimizer",
+              doc="a device synchronize right after an optimizer phase waits for its work"),
     StageRule("optimizer.before_step", "optimizer", 17, None, None, when="between_backward_and_optimizer",
               doc="between backward and the optimizer step: gradient clipping, unscaling"),
     StageRule("load.before_first_forward", "load", 16, None, None, when="before_first_forward",
