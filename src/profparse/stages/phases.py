@@ -154,7 +154,9 @@ def phase_conditions(
     for name in RUN_STAGES:
         out[f"{name}_phase"] = inside & (r_stage[kc] == code[name])
 
-    gap = on_main & ~inside
+    # a gap event lies wholly in its gap: a long frame around the phases (``<module>``, ``train()``) is not in one
+    end = ts + events["dur_ns"].to_numpy()
+    gap = on_main & ~inside & ((k + 1 >= len(runs)) | (end <= r_start[(k + 1).clip(0, len(runs) - 1)]))
     prev_stage = np.where(prev_ok & (r_window[kc] == window), r_stage[kc], -1)
     k_next = (k + 1).clip(0, len(runs) - 1)
     next_stage = np.where((k + 1 < len(runs)) & (r_window[k_next] == window), r_stage[k_next], -1)

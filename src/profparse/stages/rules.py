@@ -91,6 +91,8 @@ RULES: tuple[StageRule, ...] = (
               PY, doc="Tensor.backward / torch.autograd.backward Python frames"),
     StageRule("backward.node", "backward", 75, r"(Backward\d*|^torch::autograd::AccumulateGrad)$", ("cpu_op",),
               doc="autograd node ops (legacy traces without evaluate_function wrappers)"),
+    StageRule("backward.ddp_reducer", "backward", 78, r"^torch\.distributed\.ddp\.reducer::", ("cpu_op",),
+              doc="DDP's reducer finishing the backward pass (bucket copies to .grad) on the main thread"),
     StageRule("backward.thread", "backward", 70, None, None, when="autograd_thread",
               doc="anything on the autograd engine's thread (named pt_autograd*, or a side thread running "
                   "autograd nodes)"),
@@ -116,6 +118,9 @@ RULES: tuple[StageRule, ...] = (
     StageRule("forward.module", "forward", 30,
               r"^nn\.Module: |^(DistributedDataParallel|FullyShardedDataParallel)\.forward$", HOST_SPANS + PY,
               doc="nn.Module calls and DDP/FSDP forward ranges"),
+    StageRule("forward.compiled", "forward", 30, r"^TorchDynamo Cache Lookup$|^Torch-Compiled Region",
+              HOST_SPANS, when="not_autograd_thread",
+              doc="entering torch.compile'd code off the autograd threads (inside the engine, backward wins)"),
     StageRule("forward.autograd_op", "forward", 25, None, ("cpu_op",), when="forward_linked,not_autograd_thread",
               doc="an op that recorded autograd history (linked to its backward node)"),
     # -- the step phase model (second pass: the rules above are its evidence) -------------------------------
