@@ -169,10 +169,14 @@ def _rule_mask(
 ) -> np.ndarray:
     mask = links.host.copy()
     if rule.kinds is not None:
-        mask &= kind_mask(events, set(rule.kinds))
+        wanted = np.zeros(len(KIND_CODE), dtype=bool)
+        wanted[[KIND_CODE[k] for k in rule.kinds]] = True
+        mask &= wanted[context["kind_codes"]]
     if rule.pattern is not None:
-        name_ok = _name_matches(events["name"].cat.categories, rule.pattern)
-        mask &= name_ok[events["name"].cat.codes.to_numpy()]
+        search = re.compile(rule.pattern).search
+        names = context["names"]
+        name_ok = np.fromiter((search(name) is not None for name in names), dtype=bool, count=len(names))
+        mask &= name_ok[context["name_codes"]]
     if rule.thread is not None:
         threads = links.threads
         labels = [thread_names.get((p, t), "") for p, t in zip(threads["pid"], threads["tid"], strict=True)]
@@ -242,6 +246,10 @@ def attribute(
     first_step = steps["start_ns"].min() if real_steps else None
     autograd = _autograd_threads(events, links, thread_names, main)
     context = {
+        # decoded once for the ~40 rules: the category names as str, the per-row name and kind codes
+        "names": [str(name) for name in events["name"].cat.categories],
+        "name_codes": events["name"].cat.codes.to_numpy(),
+        "kind_codes": events["kind"].cat.codes.to_numpy(),
         "autograd_thread": autograd,
         "forward_linked": _forward_linked(events, links, autograd),
         "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
