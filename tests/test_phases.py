@@ -386,3 +386,40 @@ def test_loading_without_stacks_is_found(sample_trace):
     weights = marked.ops["self_ns"].to_numpy()[truth]
     assert weights[found].sum() >= 0.99 * weights.sum()
     assert set(inferred["stage_rule"].astype(str)[truth]) <= {"load.before_first_forward", "load.h2d_copy"}
+
+
+def test_collective_put_inside_forward_of_a_real_trace(tmp_path):
+    """v100_ns_resolution_5steps with an all-to-all (op, launch, kernel) between DDP's forward and the loss."""
+    import gzip
+    import json
+
+    from conftest import SHARED_TRACES
+
+    source = SHARED_TRACES / "v100_ns_resolution_5steps.json.gz"
+    if not source.exists():
+        pytest.skip("../shared/traces not present")
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    events = doc["traceEvents"]
+    step = next(e for e in events if e.get("name") == "ProfilerStep#101")
+    ddp = next(
+        e
+        for e in events
+        if e.get("name") == "DistributedDataParallel.forward" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]
+    )
+    kernel0 = next(e for e in events if e.get("cat") == "kernel")
+    ts = ddp["ts"] + ddp["dur"] + 20  # after the model's forward, before the loss
+    thread = {"pid": step["pid"], "tid": step["tid"]}
+    corr = 10**9
+    events += [
+        {"ph": "X", "cat": "cpu_op", "name": "nccl:all_to_all", "ts": ts, "dur": 30, **thread, "args": {}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts + 5, "dur": 5, **thread,
+         "args": {"correlation": corr}},
+        {**kernel0, "name": "ncclKernel_AllToAll_inserted", "ts": ts + 40, "dur": 100,
+         "args": {**kernel0["args"], "correlation": corr, "External id": corr}},
+    ]  # fmt: skip
+    path = tmp_path / "with_all_to_all.json"
+    path.write_text(json.dumps(doc))
+    for include_marks in (True, False):  # with the user's '## forward ##' range and with --no-marks
+        p = profparse.parse(path, include_marks=include_marks)
+        assert kernel(p, "ncclKernel_AllToAll_inserted")[0] == "forward", include_marks
+    assert decided(p, "nccl:all_to_all") == ["forward", "forward.phase"]
