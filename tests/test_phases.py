@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import parsed as cached_parse
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tracebuilder import TraceBuilder, backward_node
 
 import profparse
@@ -423,3 +425,50 @@ def test_collective_put_inside_forward_of_a_real_trace(tmp_path):
         p = profparse.parse(path, include_marks=include_marks)
         assert kernel(p, "ncclKernel_AllToAll_inserted")[0] == "forward", include_marks
     assert decided(p, "nccl:all_to_all") == ["forward", "forward.phase"]
+
+
+SEGMENTS = ("forward", "backward", "optimizer", "copy", "plain", "seed", "comm")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=8), min_size=1, max_size=3))
+def test_phase_invariants_on_random_steps(tmp_path, steps):
+    """Random steps of evidence and plain ops: every op gets one stage, stage times add up, and forward without
+    evidence only ever lies between two forward evidence ops of the same step."""
+    b = TraceBuilder()
+    t = 0.0
+    for number, segments in enumerate(steps):
+        b.annotation(f"ProfilerStep#{number}", t, 10 * len(segments) + 1)
+        for i, kind in enumerate(segments):
+            at = t + 10 * i + 1
+            if kind == "forward":
+                recorded(b, "aten::mm", at, 5)
+            elif kind == "backward":
+                engine(b, at, 5)
+            elif kind == "optimizer":
+                b.annotation("Optimizer.step#SGD.step", at, 5)
+            elif kind == "copy":
+                b.op("aten::copy_", at, 5)
+            elif kind == "seed":
+                b.op("aten::ones_like", at, 5)
+            elif kind == "comm":
+                b.op("record_param_comms", at, 5)
+            else:
+                b.op("aten::zeros", at, 5)
+        t += 10 * len(segments) + 2
+    p = parse(b, tmp_path)
+    ops = p.ops.sort_values("ts_ns")
+    assert ops["stage"].notna().all() and (ops["stage"].astype(str) != "").all()
+    assert ops.groupby("stage", observed=True)["self_ns"].sum().sum() == ops["self_ns"].sum()
+    forward_evidence = ops["stage_rule"].astype(str) == "forward.autograd_op"
+    for step, group in ops.groupby("step"):
+        ts = group["ts_ns"].to_numpy()
+        evidence = ts[forward_evidence[group.index].to_numpy()]
+        by_phase = group["stage_rule"].astype(str).to_numpy() == "forward.phase"
+        for when in ts[by_phase]:
+            assert (evidence < when).any() and (evidence > when).any(), (step, when)
+        seeds = group[group["stage_rule"].astype(str) == "backward.loss_seed"]
+        assert set(seeds["name"].astype(str)) <= {"aten::ones_like"}
+    inference = (ops["stage"] == "backward").sum() == 0 and (ops["stage"] == "optimizer").sum() == 0
+    if not inference:
+        assert not (ops["stage_rule"].astype(str) == "forward.inference").any()
