@@ -203,6 +203,18 @@ def test_no_profiler_step_loading_then_training(tmp_path):
     assert list(zeros["stage_rule"]) == ["forward.phase"] * 2
 
 
+def test_no_profiler_step_trace_starting_mid_training_has_no_loading(tmp_path):
+    b = TraceBuilder()
+    b.op("aten::to", 0, 5)  # the profiler started just before a batch copy: copies alone are no loading
+    b.launch(1, 2, 3, name="Memcpy HtoD (Pageable -> Device)", cat="gpu_memcpy")
+    recorded(b, "aten::mm", 10, 5)
+    engine(b, 20)
+    b.annotation("Optimizer.step#SGD.step", 40, 10)
+    p = parse(b, tmp_path)
+    assert decided(p, "aten::to") == ["other", "other.data.batch_copy"]
+    assert kernel(p, "Memcpy HtoD (Pageable -> Device)") == ["other", "other.data.batch_copy"]
+
+
 def test_gradient_accumulation_has_a_phase_per_micro_batch(tmp_path):
     b = TraceBuilder()
     b.annotation("ProfilerStep#1", 0, 300)

@@ -41,12 +41,11 @@ PHASE_CONDITIONS = (
     "in_step",
     "no_training",
 )
-# Ops that only model loading does before a first forward: weight initialisation, storages filled from a
-# checkpoint (torch.load / safetensors set_), parameter copies. Their presence makes the pre-forward time load.
-LOAD_EVIDENCE = re.compile(
-    r"^aten::(normal_|uniform_|kaiming_\w+|xavier_\w+|trunc_normal_|orthogonal_|set_|copy_|_to_copy|to|"
-    r"lift_fresh|detach_)$"
-)
+# Ops that model loading does before a first forward: weight initialisation and storages filled from a
+# checkpoint (torch.load / safetensors set_) are proof; parameter copies are proof only before the first
+# ProfilerStep window that trains (without ProfilerStep, a trace that starts mid-training starts with a batch copy).
+LOAD_INIT = re.compile(r"^aten::(normal_|uniform_|kaiming_\w+|xavier_\w+|trunc_normal_|orthogonal_|set_)$")
+LOAD_COPY = re.compile(r"^aten::(copy_|_to_copy|to|lift_fresh|detach_)$")
 
 
 def windows(ts: np.ndarray, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +173,8 @@ def phase_conditions(
         if real_steps and r_window[first] % 2 == 1:
             early &= window != r_window[first]  # the first training step's own batch preparation is not loading
         names = events["name"].cat.categories
-        evidence = np.fromiter((LOAD_EVIDENCE.search(str(x)) is not None for x in names), bool, len(names))
+        proof = (LOAD_INIT, LOAD_COPY) if real_steps else (LOAD_INIT,)
+        evidence = np.fromiter((any(p.search(str(x)) for p in proof) for x in names), bool, len(names))
         ops = kind_mask(events, {"cpu_op"})
         if (early & ops & evidence[events["name"].cat.codes.to_numpy()]).any():
             out["before_first_forward"] = early
