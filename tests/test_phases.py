@@ -253,6 +253,23 @@ def test_recompute_inside_backward_does_not_split_the_phase(tmp_path):
     assert [RUN_STAGES[s] for s in phase_runs(p)["stage"]] == ["forward", "backward", "optimizer"]
 
 
+def test_a_legacy_user_range_around_the_step_is_not_forward(tmp_path):
+    b = TraceBuilder()
+    b.span("ProfilerStep#1", 0, 200)  # 2021-style: ProfilerStep and record_function ranges are cpu_op
+    b.span("train_step", 1, 150)
+    b.op("aten::linear", 2, 10)
+    b.op("aten::addmm", 3, 5, **{"Sequence number": 1})
+    b.op("aten::zeros", 20, 2)
+    b.op("AddmmBackward", 30, 10, tid=999, **{"Sequence number": 1})
+    b.span("Optimizer.step#SGD.step", 60, 10)
+    b.op("aten::item", 100, 2)
+    p = parse(b, tmp_path)
+    assert decided(p, "aten::linear") == ["forward", "forward.phase"]  # the operator around evidence is forward
+    assert decided(p, "aten::zeros") == ["other", "other.step"]  # not a seed op, between forward and backward
+    assert decided(p, "aten::item") == ["other", "other.step"]
+    assert decided(p, "train_step") == ["other", "other.step"]
+
+
 def test_sync_after_a_phase_waits_for_it(tmp_path):
     b = TraceBuilder()
     b.annotation("ProfilerStep#1", 0, 200)

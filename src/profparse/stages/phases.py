@@ -44,6 +44,7 @@ PHASE_CONDITIONS = (
 # Ops that model loading does before a first forward: weight initialisation and storages filled from a
 # checkpoint (torch.load / safetensors set_) are proof; parameter copies are proof only before the first
 # ProfilerStep window that trains (without ProfilerStep, a trace that starts mid-training starts with a batch copy).
+OPERATOR = re.compile(r"^\w+::\w")
 LOAD_INIT = re.compile(r"^aten::(normal_|uniform_|kaiming_\w+|xavier_\w+|trunc_normal_|orthogonal_|set_)$")
 LOAD_COPY = re.compile(r"^aten::(copy_|_to_copy|to|lift_fresh|detach_)$")
 
@@ -75,11 +76,12 @@ def find_runs(
     spans = links.host & kind_mask(events, set(SPANS))
     on_main = links.thread == main
     evidence = spans & (label >= 0) & (on_main | (label == RUN_STAGES.index("backward")))
-    # an op the rules left undecided around main-thread evidence (aten::linear around the autograd-recording
-    # aten::addmm) starts the phase: climb to the outermost such op, never to the step range itself
+    # an operator the rules left undecided around main-thread evidence (aten::linear around the autograd-recording
+    # aten::addmm) starts the phase: climb to the outermost such operator (namespaced: aten::, prims::, ...), never
+    # to a range (ProfilerStep#N, or a user's record_function, both cpu_op in 2021-style traces)
     names = events["name"].cat.categories
-    step_name = np.fromiter((str(x).startswith("ProfilerStep#") for x in names), bool, len(names))
-    climbable = (label < 0) & ~step_name[events["name"].cat.codes.to_numpy()]
+    operator = np.fromiter((OPERATOR.match(str(x)) is not None for x in names), bool, len(names))
+    climbable = (label < 0) & operator[events["name"].cat.codes.to_numpy()]
     cur = np.flatnonzero(evidence & on_main)
     for _ in range(int(links.depth.max()) if len(cur) else 0):
         anc = links.enclosing_op[cur]
