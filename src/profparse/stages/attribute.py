@@ -153,7 +153,7 @@ def _forward_linked(events: pd.DataFrame, links: Links, autograd: np.ndarray) ->
     nodes = ops & is_node
     if not nodes.any():
         return out
-    pid = events["pid"].to_numpy().astype(np.int64)
+    pid = pd.factorize(events["pid"].to_numpy())[0].astype(np.int64)
     key = pid * (1 << 40) + seq  # sequence numbers count per process (its forward threads)
     candidates = ops & ~is_node & ~autograd[links.thread]
     out[candidates] = np.isin(key[candidates], np.unique(key[nodes]))
