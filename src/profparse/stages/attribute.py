@@ -10,6 +10,7 @@ import pandas as pd
 
 from profparse.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
+from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
 from profparse.trace.link import Links, depth_order, kind_mask
@@ -140,6 +141,26 @@ def _starts_fwdbwd_flow(events: pd.DataFrame, links: Links) -> np.ndarray:
     return out
 
 
+def _forward_linked(events: pd.DataFrame, links: Links, autograd: np.ndarray) -> np.ndarray:
+    """Ops that recorded autograd history: they start a ``fwdbwd`` flow; in traces without such flows (2021 and
+    older), ops off the autograd threads whose ``Sequence number`` a backward node of the same process carries."""
+    out = _starts_fwdbwd_flow(events, links)
+    if out.any() or (events["category"] == "fwdbwd").any():
+        return out
+    seq = events["sequence_number"].to_numpy()
+    ops = links.host & kind_mask(events, {"cpu_op"}) & (seq != NULL)
+    node_codes = np.flatnonzero(_name_matches(events["name"].cat.categories, _AUTOGRAD_NODE.pattern))
+    is_node = np.isin(events["name"].cat.codes.to_numpy(), node_codes)
+    nodes = ops & is_node
+    if not nodes.any():
+        return out
+    pid = pd.factorize(events["pid"].to_numpy())[0].astype(np.int64)
+    key = pid * (1 << 40) + seq  # sequence numbers count per process (its forward threads)
+    candidates = ops & ~is_node & ~autograd[links.thread]
+    out[candidates] = np.isin(key[candidates], np.unique(key[nodes]))
+    return out
+
+
 def _rule_mask(
     rule: StageRule,
     events: pd.DataFrame,
@@ -149,10 +170,14 @@ def _rule_mask(
 ) -> np.ndarray:
     mask = links.host.copy()
     if rule.kinds is not None:
-        mask &= kind_mask(events, set(rule.kinds))
+        wanted = np.zeros(len(KIND_CODE), dtype=bool)
+        wanted[[KIND_CODE[k] for k in rule.kinds]] = True
+        mask &= wanted[context["kind_codes"]]
     if rule.pattern is not None:
-        name_ok = _name_matches(events["name"].cat.categories, rule.pattern)
-        mask &= name_ok[events["name"].cat.codes.to_numpy()]
+        search = re.compile(rule.pattern).search
+        names = context["names"]
+        name_ok = np.fromiter((search(name) is not None for name in names), dtype=bool, count=len(names))
+        mask &= name_ok[context["name_codes"]]
     if rule.thread is not None:
         threads = links.threads
         labels = [thread_names.get((p, t), "") for p, t in zip(threads["pid"], threads["tid"], strict=True)]
@@ -161,8 +186,6 @@ def _rule_mask(
     for condition in rule.when.split(","):
         if condition == "before_first_step":
             mask &= context["before_first_step"]
-        elif condition == "no_steps":
-            mask &= context["no_steps"]
         elif condition == "main_thread":
             mask &= links.thread == context["main_thread"]
         elif condition == "autograd_thread":
@@ -171,40 +194,26 @@ def _rule_mask(
             mask &= ~context["autograd_thread"][links.thread]
         elif condition == "forward_linked":
             mask &= context["forward_linked"]
+        elif condition in PHASE_CONDITIONS:
+            mask &= context[condition]
         elif condition != "always":
             raise ValueError(f"rule {rule.name}: unknown condition {condition!r}")
     return mask
 
 
-def attribute(
-    events: pd.DataFrame,
-    links: Links,
-    thread_names: dict[tuple[int, int], str],
-    *,
-    include_marks: bool = True,
-) -> Attribution:
-    """Give every row a stage, the deciding rule and a step."""
-    n = len(events)
-    rules = rules_table(include_marks)
-    rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *INFERENCE_RULES]
-    steps, main = find_steps(events, links, thread_names)
-    ts = events["ts_ns"].to_numpy()
-    first_step = steps["start_ns"].min() if not steps.empty and (steps["source"] == "ProfilerStep").all() else None
-    context = {
-        "autograd_thread": _autograd_threads(events, links, thread_names, main),
-        "forward_linked": _starts_fwdbwd_flow(events, links),
-        "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
-        "no_steps": bool(steps.empty or (steps["source"] != "ProfilerStep").all()),
-        "main_thread": main,
-    }
+def _needs_phases(rule: StageRule) -> bool:
+    return any(c in PHASE_CONDITIONS for c in rule.when.split(","))
 
+
+def _decide(masks: dict[int, np.ndarray], rules: list[StageRule], links: Links, n: int) -> np.ndarray:
+    """Per row the index of the deciding rule (highest priority over the row and its ancestors, on equal
+    priority the innermost), -1 where none matched."""
     depth = links.depth.astype(np.int64).clip(0, (1 << _DEPTH_BITS) - 1)
     own = np.zeros(n, dtype=np.int64)
-    for index in range(len(rules) - 1, -1, -1):  # lowest priority first, so higher ones overwrite
-        mask = _rule_mask(rules[index], events, links, thread_names, context)
+    for index in sorted(masks, reverse=True):  # lowest priority first, so higher ones overwrite
+        mask = masks[index]
         key = (rules[index].priority + 1) << (_DEPTH_BITS + _RULE_BITS)
         own[mask] = key + (depth[mask] << _RULE_BITS) + index
-
     best = own.copy()
     parent = links.parent
     if n:
@@ -215,11 +224,54 @@ def attribute(
             ok = p >= 0
             rows, p = rows[ok], p[ok]
             best[rows] = np.maximum(best[rows], best[p])
+    return np.where(best > 0, best & ((1 << _RULE_BITS) - 1), -1)
 
+
+def attribute(
+    events: pd.DataFrame,
+    links: Links,
+    thread_names: dict[tuple[int, int], str],
+    *,
+    include_marks: bool = True,
+) -> Attribution:
+    """Give every row a stage, the deciding rule and a step.
+
+    Two passes: the rules that need no phases decide first; their stages place the step phases
+    (:mod:`profparse.stages.phases`); then all rules decide, the phase rules included."""
+    n = len(events)
+    rules = rules_table(include_marks)
+    rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *INFERENCE_RULES]
+    steps, main = find_steps(events, links, thread_names)
+    ts = events["ts_ns"].to_numpy()
+    real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
+    first_step = steps["start_ns"].min() if real_steps else None
+    autograd = _autograd_threads(events, links, thread_names, main)
+    context = {
+        # decoded once for the ~40 rules: the category names as str, the per-row name and kind codes
+        "names": [str(name) for name in events["name"].cat.categories],
+        "name_codes": events["name"].cat.codes.to_numpy(),
+        "kind_codes": events["kind"].cat.codes.to_numpy(),
+        "autograd_thread": autograd,
+        "forward_linked": _forward_linked(events, links, autograd),
+        "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
+        "main_thread": main,
+    }
     stage_of_rule = np.array([STAGE_CODE[r.stage] for r in rules] + [STAGE_CODE["other"]] * 3, dtype=np.int8)
+
+    masks = {
+        i: _rule_mask(r, events, links, thread_names, context) for i, r in enumerate(rules) if not _needs_phases(r)
+    }
+    first = _decide(masks, rules, links, n)
+    evidence_stage = np.where(first >= 0, stage_of_rule[first.clip(0)], -1)
+    context.update(phase_conditions(events, links, evidence_stage, STAGES, main, steps, real_steps))
+    for i, r in enumerate(rules):
+        if _needs_phases(r):
+            masks[i] = _rule_mask(r, events, links, thread_names, context)
+    decided = _decide(masks, rules, links, n)
+
     rule = np.full(n, rule_names.index(NOT_ACTIVITY), dtype=np.int16)
-    matched = best > 0
-    rule[matched] = (best[matched] & ((1 << _RULE_BITS) - 1)).astype(np.int16)
+    matched = decided >= 0
+    rule[matched] = decided[matched].astype(np.int16)
     rule[links.host & ~matched] = rule_names.index(UNCLASSIFIED)
 
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)

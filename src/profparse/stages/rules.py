@@ -5,16 +5,26 @@ nested inside it on its thread get the rule's stage, unless a rule of higher pri
 its ancestors; on equal priority the innermost match wins. GPU activity takes the stage (and rule) of the CPU op
 that launched it. Every attributed row stores the rule's ``name`` in ``stage_rule``.
 
-Conditions (``when``):
+Rules whose condition names a phase (:mod:`profparse.stages.phases`) are applied in a second pass: the other
+rules decide first, their decisions are the evidence that places the phases.
+
+Conditions (``when``, several joined by commas must all hold):
   ``always``            the rule applies anywhere;
   ``before_first_step`` only to events that start before the first step window;
-  ``no_steps``          only when the trace has no step windows at all;
   ``main_thread``       only on the trace's main thread (the one that holds ``ProfilerStep#N``);
   ``autograd_thread``   only on the autograd engine's threads: named ``pt_autograd*``, or (older traces) any
                         thread other than the main one that runs autograd nodes (``*Backward*`` ops);
   ``not_autograd_thread`` the opposite;
-  ``forward_linked``    only events that start a ``fwdbwd`` flow (a forward op whose backward node is linked to it
-                        by sequence number).
+  ``forward_linked``    only ops that recorded autograd history: they start a ``fwdbwd`` flow, or (older traces
+                        without those flows) carry the ``Sequence number`` of a backward node;
+  phase conditions (main thread only): ``forward_phase``, ``backward_phase``, ``optimizer_phase``,
+  ``load_phase`` (inside a run of that stage's evidence), ``before_forward`` (in the gap just before a forward
+  run), ``between_forward_and_backward`` (just before a backward run, after the last forward op),
+  ``between_backward_and_optimizer``, ``after_forward``, ``after_backward``, ``after_optimizer`` (in the gap
+  right after a run of that stage), ``before_first_forward`` (before the trace's first forward, outside the
+  first training step, when that time holds loading ops), ``in_step``
+  (inside a step window; anywhere when the trace has none), ``no_training`` (forward evidence but no backward or
+  optimizer evidence in the whole trace).
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ HOST_SPANS = ("cpu_op", "user_annotation")
 PY = ("python_function",)
 
 # fmt: off
+COLLECTIVE = r"^(nccl:|c10d::|gloo:|record_param_comms$)"
+SYNC = r"(?i)synchronize$"
+RUNTIME = ("cuda_runtime", "cuda_driver")
 RULES: tuple[StageRule, ...] = (
     # -- profparse's own marks (capture.py, or any user emitting the same record_function names) -----------
     StageRule("mark.load", "load", 100, r"^profparse\.stage:load$", HOST_SPANS, source="mark",
@@ -58,12 +71,19 @@ RULES: tuple[StageRule, ...] = (
               source="user_mark", doc="user range named backward"),
     StageRule("user_mark.optimizer", "optimizer", 95, r"(?i)^[#\s]*optimi[sz]er([ _.]step)?[#\s]*$",
               ("user_annotation",), source="user_mark", doc="user range named optimizer"),
+    # -- well-known words in a user's range names (evidence, kept with --no-marks) ---------------------------
+    StageRule("user_range.zero_grad", "optimizer", 92, r"(?i)^(?!Optimizer\.).*zero_grad", ("user_annotation",),
+              doc="user range whose name holds zero_grad"),
     # -- what PyTorch records by itself ---------------------------------------------------------------------
     StageRule("optimizer.range", "optimizer", 90, r"^Optimizer\.(step|zero_grad)#", HOST_SPANS,
               doc="Optimizer.step#<Class>.step / Optimizer.zero_grad#<Class>.zero_grad"),
     StageRule("optimizer.python", "optimizer", 90,
-              r"torch/optim/[\w/]+\.py\(\d+\): (step|zero_grad)$|torch/optim/optimizer\.py\(\d+\): wrapper$",
-              PY, doc="optimizer step / zero_grad Python frames"),
+              r"torch/optim/[\w/]+\.py\(\d+\): (step|zero_grad)$|torch/optim/optimizer\.py\(\d+\): wrapper$"
+              r"|torch/nn/modules/module\.py\(\d+\): zero_grad$|torch/nn/utils/clip_grad\.py\(\d+\): "
+              r"clip_grad_(norm|value)_$",
+              PY, doc="optimizer and LR scheduler step / zero_grad, Module.zero_grad, gradient clipping frames"),
+    StageRule("optimizer.fused_op", "optimizer", 88, r"^aten::_fused_(adamw?|sgd|adagrad)_$", ("cpu_op",),
+              doc="fused optimizer kernels' ops (outside an Optimizer.step range)"),
     StageRule("backward.engine", "backward", 80, r"^autograd::engine::evaluate_function: ", HOST_SPANS,
               doc="autograd engine node wrapper"),
     StageRule("backward.python", "backward", 80,
@@ -71,31 +91,71 @@ RULES: tuple[StageRule, ...] = (
               PY, doc="Tensor.backward / torch.autograd.backward Python frames"),
     StageRule("backward.node", "backward", 75, r"(Backward\d*|^torch::autograd::AccumulateGrad)$", ("cpu_op",),
               doc="autograd node ops (legacy traces without evaluate_function wrappers)"),
+    StageRule("backward.ddp_reducer", "backward", 78, r"^torch\.distributed\.ddp\.reducer::", ("cpu_op",),
+              doc="DDP's reducer finishing the backward pass (bucket copies to .grad) on the main thread"),
     StageRule("backward.thread", "backward", 70, None, None, when="autograd_thread",
               doc="anything on the autograd engine's thread (named pt_autograd*, or a side thread running "
                   "autograd nodes)"),
     StageRule("load.from_pretrained", "load", 60,
               r": (from_pretrained|_from_config|from_config)$|\(\d+\): (load_state_dict|_load_pretrained_model"
-              r"|load_checkpoint|load_model|load_file|safe_open|_load_state_dict_into_meta_model)$",
+              r"|load_checkpoint|load_model|load_file|safe_open|_load_state_dict_into_meta_model)$|"
+              r"torch/serialization\.py\(\d+\): load$",
               PY, doc="model loading Python frames (transformers, safetensors, torch.load)"),
     StageRule("load.module_to", "load", 60, r"torch/nn/modules/module\.py\(\d+\): (to|cuda|to_empty)$", PY,
               doc="nn.Module.to / .cuda Python frames"),
-    StageRule("load.h2d_copy", "load", 40, r"^aten::(to|_to_copy|copy_)$", ("cpu_op",),
-              when="before_first_step", doc="host-to-device copies before the first step"),
-    StageRule("other.data_loading", "other", 50,
+    StageRule("other.optimizer_init", "other", 55, r"torch/optim/[\w/]+\.py\(\d+\): __init__$", PY,
+              doc="creating an optimizer or LR scheduler"),
+    StageRule("other.data", "other", 50,
               r"^enumerate\(DataLoader\)#|dataloader\.py\(\d+\): __next__$", HOST_SPANS + PY,
               doc="DataLoader iteration"),
+    StageRule("other.data.user_range", "other", 50,
+              r"(?i)^(?!.*dataparallel).*(data|batch)", ("user_annotation",),
+              doc="user range whose name holds data or batch (dataloader, load_batch, copy_batch_to_gpu, ...)"),
+    StageRule("other.metrics.user_range", "other", 50, r"(?i)metric|(^|[^a-z])log(s|ging)?([^a-z]|$)",
+              ("user_annotation",), doc="user range whose name holds metric(s) or log"),
+    StageRule("load.h2d_copy", "load", 40, r"^aten::(to|_to_copy|copy_)$", ("cpu_op",),
+              when="before_first_step", doc="host-to-device copies before the first step"),
     StageRule("forward.module", "forward", 30,
               r"^nn\.Module: |^(DistributedDataParallel|FullyShardedDataParallel)\.forward$", HOST_SPANS + PY,
               doc="nn.Module calls and DDP/FSDP forward ranges"),
+    StageRule("forward.compiled", "forward", 30, r"^TorchDynamo Cache Lookup$|^Torch-Compiled Region",
+              HOST_SPANS, when="not_autograd_thread",
+              doc="entering torch.compile'd code off the autograd threads (inside the engine, backward wins)"),
     StageRule("forward.autograd_op", "forward", 25, None, ("cpu_op",), when="forward_linked,not_autograd_thread",
-              doc="an op that recorded autograd history (starts a fwdbwd flow to its backward node)"),
-    StageRule("other.communication", "other", 20, r"^(nccl:|c10d::|gloo:|record_param_comms$)", HOST_SPANS,
-              doc="collectives outside any stage"),
-    StageRule("forward.step", "forward", 10, r"^ProfilerStep#\d+$", ("user_annotation", "cpu_op"),
-              doc="the rest of a step on the main thread"),
-    StageRule("forward.main_thread", "forward", 5, None, None, when="no_steps,main_thread",
-              doc="no steps recorded: the rest of the main thread"),
+              doc="an op that recorded autograd history (linked to its backward node)"),
+    # -- the step phase model (second pass: the rules above are its evidence) -------------------------------
+    StageRule("backward.loss_seed", "backward", 18,
+              r"^aten::(ones_like|empty_like|fill_|empty_strided|ones|new_ones|full_like)$", ("cpu_op",),
+              when="between_forward_and_backward",
+              doc="the loss-gradient seed loss.backward() makes before the engine starts"),
+    StageRule("forward.sync", "forward", 19, SYNC, RUNTIME, when="after_forward",
+              doc="a device synchronize right after a forward phase waits for its work"),
+    StageRule("backward.sync", "backward", 19, SYNC, RUNTIME, when="after_backward",
+              doc="a device synchronize right after a backward phase waits for its work"),
+    StageRule("optimizer.sync", "optimizer", 19, SYNC, RUNTIME, when="after_optimizer",
+              doc="a device synchronize right after an optimizer phase waits for its work"),
+    StageRule("optimizer.before_step", "optimizer", 17, None, None, when="between_backward_and_optimizer",
+              doc="between backward and the optimizer step: gradient clipping, unscaling"),
+    StageRule("load.before_first_forward", "load", 16, None, None, when="before_first_forward",
+              doc="before the first forward, outside the first training step, when that time holds weight "
+                  "initialisation, checkpoint or copy ops"),
+    StageRule("other.data.batch_copy", "other", 15, r"^aten::(to|_to_copy|copy_)$", ("cpu_op",),
+              when="before_forward", doc="copies just before a forward: the batch to the device"),
+    StageRule("other.data.distribution", "other", 15, COLLECTIVE, HOST_SPANS, when="before_forward",
+              doc="collectives just before a forward: input redistribution"),
+    StageRule("load.phase", "load", 12, None, None, when="load_phase", doc="inside the loading phase"),
+    StageRule("forward.phase", "forward", 12, None, None, when="forward_phase",
+              doc="inside a forward phase (collectives included)"),
+    StageRule("backward.phase", "backward", 12, None, None, when="backward_phase",
+              doc="inside a backward phase (collectives included)"),
+    StageRule("optimizer.phase", "optimizer", 12, None, None, when="optimizer_phase",
+              doc="inside an optimizer phase (collectives included)"),
+    StageRule("other.communication", "other", 10, COLLECTIVE, HOST_SPANS, doc="collectives outside every phase"),
+    StageRule("forward.inference", "forward", 7, None, None, when="no_training",
+              doc="forward evidence but no backward and no optimizer in the whole trace: the main thread runs "
+                  "inference"),
+    StageRule("other.step", "other", 6, None, None, when="in_step",
+              doc="the rest of a step on the main thread (outside every phase); with no steps, of the main thread"),
 )
 # fmt: on
 
