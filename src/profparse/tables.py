@@ -440,6 +440,14 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
     return out
 
 
+def step_labels(attribution: Attribution) -> np.ndarray:
+    """The step numbers summaries have rows for, in order: every step window, plus steps that only GPU work
+    inferred for a window the trace does not hold (a step cut off before the first window)."""
+    numbers = attribution.steps["step"].to_numpy().astype(np.int64)
+    step = attribution.step
+    return np.unique(np.concatenate([numbers, step[step != NULL]]))
+
+
 def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
     """Per (scope, step, stage): host wall time and its levels (``<level>_ns`` for :data:`HOST_LEVELS`).
 
@@ -449,7 +457,7 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     seg = host_segments(events, links, attribution)
     n_stages = len(STAGES)
     numbers = attribution.steps["step"].to_numpy().astype(np.int64)
-    labels = np.concatenate([np.unique(numbers), [NULL]])  # as stage_summary's rows: step numbers in order
+    labels = np.concatenate([step_labels(attribution), [NULL]])  # as stage_summary's rows: step numbers in order
     index = np.where(seg.step_index >= 0, np.searchsorted(labels[:-1], numbers[np.maximum(seg.step_index, 0)]), -1)
     index[index < 0] = len(labels) - 1
     frames = []
@@ -610,7 +618,7 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     host = host_time(events, links, attribution)
     gpu = gpu_time(events, attribution)
 
-    step_values = np.unique(attribution.steps["step"].to_numpy().astype(np.int64))
+    step_values = step_labels(attribution)
     labels = np.concatenate([step_values, [NULL]])
 
     def step_rows(values: np.ndarray) -> np.ndarray:
