@@ -2,7 +2,7 @@
 
 The rules (docs/exit-codes.md): profparse only ever replaces what it can prove it wrote itself. Every output
 folder holds a marker file, :data:`MARKER` (a small JSON: tool, version, verb); ``--force`` replaces a folder only
-when that marker is there (or the folder is empty), never a folder that is, holds or is an ancestor of an input or
+when that marker is there (an empty folder needs no ``--force``), never a folder that is, holds or is an ancestor of an input or
 of the current folder, and never a device, FIFO, socket or symbolic link. A file output (``annotate``) replaces
 only a regular file that is not an input. Writers of one output take a lock beside it (:func:`output_lock`), so
 concurrent runs to the same ``-o`` run one after the other instead of replacing each other's output.
@@ -122,6 +122,8 @@ def check_target(
 ) -> bool:
     """Refuse an output that must not be replaced; returns whether it exists (and may be replaced).
 
+    An empty folder is taken as free: replacing it loses nothing, so it needs no ``force``.
+
     ``kind`` is ``"dir"`` (a folder output of ``verb``) or ``"file"``. Raises :class:`OutputRefusedError` (9)
     for what profparse did not write, :class:`OutputExistsError` (6) for its own output without ``force``.
     """
@@ -162,6 +164,7 @@ def check_target(
                 raise from_oserror(exc) from None
             if not empty:
                 raise _refuse(p, f"is a folder profparse did not write (no {MARKER} inside)")
+            return True  # an empty folder: nothing to lose, used as if it did not exist (no --force needed)
         elif verb is not None and marker.get("verb") != verb:
             raise _refuse(p, f"holds the output of 'profparse {marker.get('verb')}', not of '{verb}'")
     if not force:
