@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -481,3 +482,29 @@ def test_output_under_a_file_or_unwritable(work):
         locked.mkdir(mode=0o500)
         run = run_cli(*verb_args("parse", work), "-o", str(locked / "out"), "-q")
         assert_clean_failure(run, CANNOT_WRITE, contains="permission denied")
+
+
+def test_ctrl_c_while_waiting_for_the_lock(work):
+    """A run waiting for another's lock stops on Ctrl-C: exit 130, one line, nothing written, the lock intact."""
+    if not Path("/proc/locks").exists():
+        pytest.skip("no /proc/locks")
+    out = work / "tables"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    with files.output_lock(out) as lock:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "profparse.cli.main", *verb_args("parse", work), "-o", str(out)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        deadline = time.monotonic() + 120
+        while not _someone_waits_on(lock) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _someone_waits_on(lock), "the run did not wait for the lock"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        run = CliRun([], proc.returncode, "", err.decode(errors="replace"), 0.0)
+        assert_clean_failure(run, 130, contains="interrupted")
+        assert lock.exists() and not out.exists()  # the holder's lock is not touched by the waiter
+    no_leftovers(work)
