@@ -508,3 +508,15 @@ def test_ctrl_c_while_waiting_for_the_lock(work):
         assert_clean_failure(run, 130, contains="interrupted")
         assert lock.exists() and not out.exists()  # the holder's lock is not touched by the waiter
     no_leftovers(work)
+
+
+def test_output_inside_the_input_folder_is_allowed(work):
+    """Only folders that hold an input are refused: one inside the rank folder is fine, and replaced with --force."""
+    ranks = work / "data" / "ranks"
+    out = ranks / "parsed"
+    before = snapshot(*sorted(ranks.glob("*.json.gz")))
+    for force in ([], ["--force"]):
+        assert_success(run_cli(*verb_args("parse-ranks", work), "-o", str(out), "-q", *force), folders=(ranks,))
+        assert read_marker(out)["verb"] == "parse" and (out / "ranks").is_dir()
+    assert snapshot(*sorted(ranks.glob("*.json.gz"))) == before
+    no_leftovers(ranks)

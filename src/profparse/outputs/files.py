@@ -2,8 +2,8 @@
 
 The rules (docs/exit-codes.md): profparse only ever replaces what it can prove it wrote itself. Every output
 folder holds a marker file, :data:`MARKER` (a small JSON: tool, version, verb); ``--force`` replaces a folder only
-when that marker is there (an empty folder needs no ``--force``), never a folder that is, holds or is an ancestor of an input or
-of the current folder, and never a device, FIFO, socket or symbolic link. A file output (``annotate``) replaces
+when that marker is there (an empty folder needs no ``--force``), never a folder that is or holds an input or the
+current folder, and never a device, FIFO, socket or symbolic link. A file output (``annotate``) replaces
 only a regular file that is not an input. Writers of one output take a lock beside it (:func:`output_lock`), so
 concurrent runs to the same ``-o`` run one after the other instead of replacing each other's output.
 """
@@ -191,6 +191,8 @@ def output_lock(target: PathLike) -> Iterator[Path]:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
+                if exc.errno in UNLOCKABLE:  # a file system without record locks: write unlocked, as before
+                    break
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
@@ -219,6 +221,9 @@ def output_lock(target: PathLike) -> Iterator[Path]:
             pass
         os.close(fd)
 
+
+#: errno values of a file system that has no record locks (some network mounts).
+UNLOCKABLE = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 
 _TMP_NAME = re.compile(r"\.(\d+)\.[A-Za-z0-9_]{6,}\.partial")
 
