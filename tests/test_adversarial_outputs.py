@@ -343,20 +343,39 @@ def test_a_run_waits_for_the_lock_and_says_so(work):
 # -- 8. disk full, numeric options, long names, stdout -----------------------------------------------------------
 
 
-@pytest.fixture
-def full_disk(tmp_path: Path):
-    """A 64 KiB tmpfs (needs root and mount; skipped elsewhere)."""
-    mnt = tmp_path / "full"
+def _tmpfs(mnt: Path, options: str):
+    """Mount a tmpfs with ``options`` at ``mnt`` (needs root and mount; the test is skipped elsewhere)."""
     mnt.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode(errors='replace').strip()}")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 64 KiB tmpfs."""
+    yield from _tmpfs(tmp_path / "full", "size=64k")
+
+
+@pytest.fixture
+def read_only(tmp_path: Path):
+    yield from _tmpfs(tmp_path / "ro", "ro,size=64k")
+
+
+@pytest.mark.parametrize("verb", ["parse", "annotate"])
+def test_read_only_file_system_is_exit_11(work, read_only, verb):
+    target = read_only / ("out.json.gz" if verb == "annotate" else "out")
+    before = snapshot(work / "data")
+    run = run_cli(*verb_args(verb, work), "-o", str(target), "-q")
+    assert_clean_failure(
+        run, CANNOT_WRITE, contains="read-only file system", before=before, after=snapshot(work / "data")
+    )
 
 
 SAMPLE = REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"  # 73k events: its outputs are over 64 KiB
