@@ -70,6 +70,7 @@ def verb_args(verb: str, work: Path) -> list[str]:
         "plot": ["plot", str(trace), "--kind", "stages", "--format", "svg"],
         "annotate": ["annotate", str(trace)],
         "parse-ranks": ["parse", str(work / "data" / "ranks"), "-j", "1"],
+        "parse-ranks-pool": ["parse", str(work / "data" / "ranks"), "-j", "2"],  # ranks in worker processes
     }[verb]
 
 
@@ -381,7 +382,7 @@ def test_read_only_file_system_is_exit_11(work, read_only, verb):
 SAMPLE = REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"  # 73k events: its outputs are over 64 KiB
 
 
-@pytest.mark.parametrize("verb", ["parse", "plot", "annotate", "parse-ranks"])
+@pytest.mark.parametrize("verb", ["parse", "plot", "annotate", "parse-ranks", "parse-ranks-pool"])
 def test_disk_full_is_exit_10_and_leaves_nothing(work, full_disk, verb):
     if not SAMPLE.is_file():
         pytest.skip("sample_traces/ not present")
