@@ -27,25 +27,35 @@ from profparse.capture import (  # noqa: E402
     run_capture,
     summary_text,
 )
+from profparse.cli.common import int_option  # noqa: E402
+from profparse.cli.main import OneLineParser  # noqa: E402
+from profparse.errors import ProfparseError, from_oserror  # noqa: E402
 
 NEEDS_EXTRA = f"capture: needs the 'capture' extra: {EXTRA_HINT}"
+EXIT_INTERRUPTED = 130
+EXIT_OUT_OF_MEMORY = 8
+
+
+class CaptureParser(OneLineParser):
+    tool = "capture"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CaptureParser(
         prog="capture.py",
         description="Profile loading + a few training steps of a Hugging Face causal LM with torch.profiler.",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="PATH", help="local Hugging Face causal-LM folder (default: tiny Qwen2)")
     src.add_argument("--preset", choices=sorted(PRESETS), help="real layer shapes of a released model, random weights")
-    p.add_argument("--layers", type=int, help="decoder layers of the --preset model (default: all)")
+    p.add_argument("--layers", type=int_option(1), help="decoder layers of the --preset model (default: all)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", choices=("bf16", "fp32"), help="default: fp32 on cpu, bf16 on cuda")
-    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
-    p.add_argument("--seq-len", type=int, default=64, help="sequence length (default 64)")
-    p.add_argument("--out", metavar="DIR", help="run folder (default runs/<timestamp>)")
+    p.add_argument("--steps", type=int_option(1), default=3, help="training steps (default 3)")
+    p.add_argument("--batch", type=int_option(1), default=2, help="batch size (default 2)")
+    p.add_argument("--seq-len", type=int_option(1), default=64, help="sequence length (default 64)")
+    p.add_argument("--out", metavar="DIR", help="run folder (default runs/<timestamp>); must not exist unless --force")
+    p.add_argument("--force", action="store_true", help="replace an existing run folder (only one a capture wrote)")
     p.add_argument("--no-stack", dest="with_stack", action="store_false", help="profiler: with_stack off")
     p.add_argument("--no-shapes", dest="record_shapes", action="store_false", help="profiler: record_shapes off")
     p.add_argument("--no-memory", dest="profile_memory", action="store_false", help="profiler: profile_memory off")
@@ -67,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load weights on the main thread (HF_DEACTIVATE_ASYNC_LOAD=1), so the trace shows them",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the input token ids and of torch (default 0)")
+    p.add_argument(
+        "--seed", type=int_option(0, 2**63 - 1), default=0, help="seed of the input token ids and of torch (default 0)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
@@ -86,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             batch=args.batch,
             seq_len=args.seq_len,
             out=args.out,
+            force=args.force,
             with_stack=args.with_stack,
             record_shapes=args.record_shapes,
             profile_memory=args.profile_memory,
@@ -102,6 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureDependencyError:
         print(NEEDS_EXTRA, file=sys.stderr)
         return 2
+    except ProfparseError as exc:
+        return fail(exc)
+    except KeyboardInterrupt:
+        print("capture: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except MemoryError:
+        print("capture: error: out of memory", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
+    except OSError as exc:  # disk full, an output that cannot be written: the same codes as profparse's verbs
+        mapped = from_oserror(exc, inputs=[args.model] if args.model else [])
+        if not isinstance(mapped, ProfparseError):
+            raise
+        return fail(mapped)
     try:
         summary = summary_text(result.trace_path)
     except Exception as exc:  # noqa: BLE001 - the capture itself succeeded; say why there is no summary
@@ -112,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(summary)
     return 0
+
+
+def fail(exc: ProfparseError) -> int:
+    print(f"capture: error: {exc}", file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from profparse import marks
+from profparse.outputs.files import MARKER, read_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "capture.py"
@@ -105,7 +106,11 @@ def test_marked_capture_manifest(marked_run) -> None:
     assert len(wall["steps"]) == 1 and set(wall["steps"][0]) >= {"forward", "backward", "optimizer"}
     assert len(manifest["losses"]) == 1
     assert manifest["trace"]["bytes"] == marked_run.trace_path.stat().st_size
-    assert not [p.name for p in marked_run.run_dir.iterdir() if p.name.startswith(".")], "temp files left"
+    hidden = [p.name for p in marked_run.run_dir.iterdir() if p.name.startswith(".")]
+    assert hidden == [MARKER], "temp files left"
+    assert read_marker(marked_run.run_dir)["verb"] == "capture"
+    siblings = [p.name for p in marked_run.run_dir.parent.iterdir() if p.name.startswith(f".{marked_run.run_dir.name}")]
+    assert not siblings  # no lock file, no temporary folder
 
 
 def test_script_without_marks_or_stack(marked_run, cache_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -175,3 +180,80 @@ def test_missing_extra_message(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == "capture: needs the 'capture' extra: pip install 'profparse[capture]'"
     assert not (tmp_path / "run").exists()
+
+
+def _script(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, code: int, contains: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("capture: error: ") and contains in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_model_folder_is_exit_3_and_creates_nothing(tmp_path: Path) -> None:
+    proc = _script("--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "run"), "--quiet")
+    _one_line_error(proc, 3, "no such model folder")
+    (tmp_path / "not-a-model").mkdir()
+    proc = _script("--model", str(tmp_path / "not-a-model"), "--out", str(tmp_path / "run"), "--quiet")
+    _one_line_error(proc, 3, "no config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-model"]  # no run folder, no lock, no tmp
+
+
+def test_cuda_without_cuda_is_a_usage_error(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for device in ("cuda", "cuda:0"):
+        proc = _script("--device", device, "--out", str(tmp_path / "run"), "--quiet")
+        _one_line_error(proc, 2, "CUDA is not available")
+    _one_line_error(_script("--device", "tpu9", "--out", str(tmp_path / "run"), "--quiet"), 2, "not a device name")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--steps", "0"), ("--batch", "-1"), ("--seq-len", "x"), ("--seed", "-2")]
+)
+def test_numeric_options_checked_by_the_parser(tmp_path: Path, option: str, value: str) -> None:
+    proc = _script(option, value, "--out", str(tmp_path / "run"))
+    _one_line_error(proc, 2, option)
+    assert not list(tmp_path.iterdir())
+
+
+def test_out_on_existing_run_needs_force(marked_run, cache_dir: Path, tmp_path: Path) -> None:
+    """--out on a finished run: exit 6 without --force (the run untouched); with --force it is replaced."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(marked_run.run_dir, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    small = ["--steps", "1", "--batch", "1", "--seq-len", "16", "--quiet"]
+    env_cache = {"PROFPARSE_CACHE": str(cache_dir)}
+    os.environ.update(env_cache)
+    try:
+        proc = _script("--out", str(run), *small)
+        _one_line_error(proc, 6, "--force")
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+        proc = _script("--out", str(run), "--force", *small)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        for key in env_cache:
+            os.environ.pop(key, None)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["created"] and (run / "trace.json.gz").read_bytes() != before["trace.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no lock, no temporary folder
+
+
+def test_out_on_a_folder_capture_did_not_write_is_refused(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for extra in ([], ["--force"]):
+        proc = _script("--out", str(mine), "--quiet", *extra)
+        _one_line_error(proc, 9, "did not write")
+        assert (mine / "notes.txt").read_text() == "keep me" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]

@@ -68,10 +68,30 @@ def test_bad_inputs_give_one_line_and_exit_code(capsys, tmp_path, content, code)
     assert "Traceback" not in err and out == ""
 
 
-def test_directory_as_trace(capsys, tmp_path):
+def test_missing_file_in_existing_folder(capsys, tmp_path):
     (tmp_path / "sub").mkdir()
-    code, _, err = run(capsys, "summarize", str(tmp_path / "sub" / "missing.json"))
-    assert code == 3
+    code, out, err = run(capsys, "summarize", str(tmp_path / "sub" / "missing.json"))
+    assert (code, out) == (3, "")
+    assert err.startswith("profparse: error: ") and err.count("\n") == 1 and "no such file" in err
+
+
+@pytest.mark.parametrize("verb", ["plot", "annotate"])
+def test_directory_as_trace(capsys, tmp_path, verb):
+    """A folder where a trace file is expected (these verbs take one trace, not a folder of ranks)."""
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a trace")
+    code, out, err = run(capsys, verb, str(folder), "-o", str(tmp_path / "out"))
+    assert (code, out) == (3, "")
+    assert err.startswith("profparse: error: ") and err.count("\n") == 1 and "is a directory" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]  # no output, no lock, no temporary
+
+
+def test_folder_without_traces(capsys, tmp_path):
+    (tmp_path / "sub").mkdir()
+    code, out, err = run(capsys, "summarize", str(tmp_path / "sub"))
+    assert (code, out) == (3, "")
+    assert err.count("\n") == 1 and "no trace files" in err
 
 
 def test_truncated_trace_warns_or_fails_with_strict(capsys, tmp_path, trace):
@@ -86,8 +106,17 @@ def test_truncated_trace_warns_or_fails_with_strict(capsys, tmp_path, trace):
 
 def test_input_is_never_modified(capsys, trace, tmp_path):
     digest = hashlib.sha256(trace.read_bytes()).hexdigest()
-    run(capsys, "parse", str(trace), "-o", str(tmp_path / "o"), "--quiet")
-    run(capsys, "summarize", str(trace), "--format", "json")
+    code, _, err = run(capsys, "parse", str(trace), "-o", str(tmp_path / "o"), "--quiet")
+    assert (code, err) == (0, "")
+    code, out, _ = run(capsys, "summarize", str(trace), "--format", "json")
+    assert code == 0 and json.loads(out)["steps"]["count"] == 3
+    code, _, _ = run(capsys, "annotate", str(trace), "-o", str(tmp_path / "a.json.gz"), "--quiet")
+    assert code == 0
+    for force in ([], ["--force"]):  # the input as the output, or its folder: refused, exit 9
+        code, _, err = run(capsys, "annotate", str(trace), "-o", str(trace), "--quiet", *force)
+        assert code == 9 and "is the input" in err
+        code, _, err = run(capsys, "parse", str(trace), "-o", str(trace.parent), "--quiet", *force)
+        assert code == 9 and "holds the input" in err
     assert hashlib.sha256(trace.read_bytes()).hexdigest() == digest
 
 

@@ -16,6 +16,7 @@ import profparse
 from profparse.cli.main import main
 from profparse.marks import STAGES
 from profparse.outputs import plots
+from profparse.outputs.files import MARKER
 from profparse.outputs.plots import PLOT_KINDS, STAGE_COLORS, optional_table, shorten_name, write_plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -69,7 +70,7 @@ def test_cpu_sample_trace_plots(tmp_path):
         assert_svg(out / f"{kind}.svg")
     assert by_kind["top_kernels"].skipped and "GPU" in by_kind["top_kernels"].skipped
     assert not by_kind["top_kernels"].files
-    written = sorted(p.name for p in out.iterdir())
+    written = sorted(p.name for p in out.iterdir() if p.name != MARKER)
     assert written == sorted(f"{k}.{fmt}" for k in drawn for fmt in ("png", "svg"))
 
 
@@ -96,7 +97,7 @@ def test_kinds_and_formats_can_be_chosen(tmp_path):
     out = tmp_path / "one"
     results = write_plots(parsed, out, kinds=["timeline"], formats=("svg",))
     assert [r.kind for r in results] == ["timeline"]
-    assert [p.name for p in out.iterdir()] == ["timeline.svg"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARKER, "timeline.svg"])
     assert_svg(out / "timeline.svg")
     with pytest.raises(ValueError, match="unknown plot kind"):
         write_plots(parsed, tmp_path / "bad", kinds=["pie"])
@@ -209,10 +210,13 @@ def test_plot_verb(tmp_path, capsys):
     stdout = capsys.readouterr().out
     assert f"stages: {out}/stages.png {out}/stages.svg" in stdout
     assert "top_kernels: skipped" in stdout
-    assert sorted(p.name for p in out.iterdir()) == ["stages.png", "stages.svg"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "stages.png", "stages.svg"]
+    stages = (out / "stages.png").read_bytes()
     assert main(["plot", str(trace), "-o", str(out), "-q"]) == 6  # exists, no --force
     assert main(["plot", str(trace), "-o", str(out), "-q", "--force", "--kind", "timeline", "--format", "png"]) == 0
-    assert [p.name for p in out.iterdir()] == ["timeline.png"]
+    # --force --kind timeline replaces only the timeline's files: the other plots stay as they were
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "stages.png", "stages.svg", "timeline.png"]
+    assert (out / "stages.png").read_bytes() == stages
 
 
 @pytest.mark.parametrize("path", [CPU_MARKS, V100], ids=["cpu_marks", "v100"])

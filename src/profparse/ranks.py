@@ -38,7 +38,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.errors import InputNotFoundError, ProfparseError, TraceFormatError, UsageError
+from profparse.errors import (
+    OUTPUT_EXIT_CODES,
+    InputNotFoundError,
+    ProfparseError,
+    TraceFormatError,
+    UsageError,
+    error_for_code,
+    from_oserror,
+)
 from profparse.marks import STAGES
 from profparse.outputs.formats import render_as
 
@@ -332,7 +340,11 @@ def run_rank(task: RankTask) -> RankResult:
                 "profparse.rank": str(task.rank),
                 "profparse.rank_source": task.source,
             }
-            result.rows = write_rank_tables(parsed, task.out_root, task.rank, metadata)
+            try:
+                result.rows = write_rank_tables(parsed, task.out_root, task.rank, metadata)
+            except OSError as exc:  # the output's fault (disk full, permissions), not the rank's: see parse_ranks
+                mapped = from_oserror(exc)
+                raise mapped if isinstance(mapped, ProfparseError) else exc from None
         result.ok = True
     except ProfparseError as exc:
         result.error, result.exit_code = str(exc), exc.exit_code
@@ -615,10 +627,11 @@ def parse_ranks(
         _raise_if_none_read(folder, results)
         return RanksRun(str(folder), files, results, None, time.perf_counter() - start)
     out = Path(out_dir)
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, force=force, verb="parse", inputs=[folder]) as tmp:
         tasks = _tasks(files, tmp, include_marks, strict)
         results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
+        _raise_if_output_failed(results)
         _raise_if_none_read(folder, results)
         for r in results:  # a failed task removes what it wrote; make sure no half partition stays
             if not r.ok:
@@ -629,6 +642,13 @@ def parse_ranks(
         _write_plain(table, tmp / "ranks")
         _write_plain(table[table["status"] != "ok"], tmp / "failed_ranks")
     return RanksRun(str(folder), files, results, out, time.perf_counter() - start)
+
+
+def _raise_if_output_failed(results: list[RankResult]) -> None:
+    """A rank that could not write its partitions (disk full, ...) fails the whole run: nothing is kept."""
+    for r in results:
+        if r.exit_code in OUTPUT_EXIT_CODES:
+            raise error_for_code(r.exit_code, r.error or "cannot write the output")
 
 
 def _raise_if_none_read(folder: str | Path, results: list[RankResult]) -> None:

@@ -79,6 +79,8 @@ class CaptureOptions:
     seq_len: int = 64
     out: str | None = None
     """Run folder; ``None``: ``runs/<timestamp>`` under the current directory."""
+    force: bool = False
+    """Replace an existing run folder (only one a capture wrote: it holds profparse's output marker)."""
     with_stack: bool = True
     record_shapes: bool = True
     profile_memory: bool = True

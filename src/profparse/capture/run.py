@@ -25,6 +25,8 @@ from typing import Any
 from profparse import marks
 from profparse.capture.model import ensure_model
 from profparse.capture.options import CaptureOptions, CaptureResult
+from profparse.errors import InputNotFoundError, UsageError, from_oserror
+from profparse.outputs.files import atomic_dir, check_target
 
 MANIFEST_FORMAT = 1
 EXTRA_HINT = "pip install 'profparse[capture]'"
@@ -75,10 +77,20 @@ def _gzip_atomic(src: Path, dest: Path) -> None:
 
 
 def resolve_device(torch: Any, device: str) -> str:
+    """``auto`` -> cuda or cpu; a device this machine does not have is a usage error (exit 2)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for, but torch.cuda.is_available() is False")
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {device!r}: not a device name (expected auto, cpu, cuda or cuda:N)") from None
+    if kind.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: capture runs on cpu or cuda only")
+    if kind.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device!r}: CUDA is not available here (torch.cuda.is_available() is False)")
+        if kind.index is not None and kind.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
@@ -181,27 +193,56 @@ def _quiet_transformers(transformers: Any, quiet: bool) -> Iterator[None]:
             tl.enable_progress_bar()
 
 
+def _model_folder(options: CaptureOptions) -> Path | None:
+    """``--model``'s folder, checked before anything is imported or created (exit 3 when it is not one)."""
+    if options.model is None:
+        return None
+    path = Path(options.model).expanduser()
+    try:
+        if not path.is_dir():
+            raise InputNotFoundError(f"{path}: no such model folder")
+        if not (path / "config.json").is_file():
+            raise InputNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
+    except OSError as exc:
+        raise from_oserror(exc, inputs=[path]) from None
+    return path
+
+
 def run_capture(options: CaptureOptions) -> CaptureResult:
-    """Profile loading + ``options.steps`` training steps; write ``trace.json.gz`` and ``manifest.json``."""
+    """Profile loading + ``options.steps`` training steps; write ``trace.json.gz`` and ``manifest.json``.
+
+    The run folder follows the verbs' output rules (profparse.outputs.files): it is written under a temporary
+    name and renamed into place when complete, an existing one is replaced only with ``force`` and only when a
+    capture wrote it. Bad requests raise :mod:`profparse.errors` errors before anything is created.
+    """
+    run_dir = Path(options.out) if options.out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    model_path = _model_folder(options)
+    inputs = [model_path] if model_path is not None else []
+    check_target(run_dir, kind="dir", verb="capture", force=options.force, inputs=inputs)
     torch, transformers = _import_deps()
+    device = resolve_device(torch, options.device)
+    with atomic_dir(run_dir, force=options.force, verb="capture", inputs=inputs) as work:
+        manifest = _capture(options, torch, transformers, device, model_path, work)
+    log = _logger(options.quiet)
+    trace_path, manifest_path = run_dir / "trace.json.gz", run_dir / "manifest.json"
+    log(f"wrote {trace_path} ({manifest['trace']['bytes'] / 1e6:.2f} MB) and {manifest_path.name}")
+    return CaptureResult(run_dir=run_dir, trace_path=trace_path, manifest_path=manifest_path, manifest=manifest)
+
+
+def _capture(
+    options: CaptureOptions, torch: Any, transformers: Any, device: str, model_path: Path | None, run_dir: Path
+) -> dict[str, Any]:
+    """The session itself, writing into ``run_dir`` (the temporary run folder); returns the manifest."""
     log = _logger(options.quiet)
     t_start = time.perf_counter()
     wall: dict[str, Any] = {}
-
-    device = resolve_device(torch, options.device)
     on_cuda = device.startswith("cuda")
     dtype_name = options.dtype or ("bf16" if on_cuda else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
 
-    run_dir = Path(options.out) if options.out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-
     # The model folder.
     t0 = time.perf_counter()
-    if options.model is not None:
-        model_path = Path(options.model).expanduser()
-        if not (model_path / "config.json").is_file():
-            raise FileNotFoundError(f"{model_path} is not a Hugging Face model folder (no config.json)")
+    if model_path is not None:
         source, built = "path", False
     else:
         model_path, built = ensure_model(options.preset, options.layers, options.cache_dir, log=log)
@@ -377,8 +418,7 @@ def run_capture(options: CaptureOptions) -> CaptureResult:
     }
     manifest_path = run_dir / "manifest.json"
     _atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
-    log(f"wrote {trace_path} ({trace_path.stat().st_size / 1e6:.2f} MB) and {manifest_path.name}")
-    return CaptureResult(run_dir=run_dir, trace_path=trace_path, manifest_path=manifest_path, manifest=manifest)
+    return manifest
 
 
 def summary_text(trace_path: str | os.PathLike[str]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from profparse.cli.common import add_input_options, note, parse_input
+from profparse.cli.common import add_input_options, check_output, note, output_option, parse_input
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,14 +16,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(args: stage, rule, step). OUT is gzip-compressed when it ends with .gz.",
     )
     add_input_options(p)
-    p.add_argument("-o", "--out", required=True, help="output trace (.json or .json.gz); must not exist unless --force")
-    p.add_argument("--force", action="store_true", help="replace an existing output file (never the input)")
+    p.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        type=output_option,
+        help="output trace (.json or .json.gz); must not exist unless --force",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing regular file (never the input, a link or a device)"
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from profparse.outputs.perfetto import write_annotated
 
+    check_output(args, "file", "annotate", [args.trace])
     parsed = parse_input(args)
     result = write_annotated(parsed, args.out, force=args.force)
     cut = " (input was cut short: its complete events were copied)" if result.truncated_input else ""

@@ -3,9 +3,84 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from profparse.errors import NoSpaceError, OutputWriteError, from_oserror, is_no_space
+
+#: True when the process started with its standard output closed (``>&-``); see main.guard_std_streams.
+STDOUT_CLOSED = False
+
+
+def int_option(low: int, high: int | None = None) -> Any:
+    """An argparse ``type`` for an integer option in ``[low, high]``: a bad value is a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound} (got {value})")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def output_option(text: str) -> str:
+    """An argparse ``type`` for ``-o``: not empty."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the output path is empty")
+    return text
+
+
+def input_is_dir(path: str) -> bool:
+    """Whether the input is a folder; a path that cannot be looked at (name too long, permission) is exit 3."""
+    try:
+        return Path(path).is_dir()
+    except OSError as exc:
+        raise from_oserror(exc, inputs=[path]) from None
+
+
+def check_output(args: argparse.Namespace, kind: str, verb: str, inputs: list[str]) -> None:
+    """Refuse a bad ``-o`` before any work is done (writing checks again, under the output's lock)."""
+    from profparse.outputs import files
+
+    files.check_target(args.out, kind=kind, verb=verb, force=args.force, inputs=inputs)
+
+
+def emit(text: str, *, required: bool = True) -> None:
+    """Write a result to standard output; a full disk or a closed stdout is a one-line error, not a traceback.
+
+    ``required=False``: the text is only a listing of what was written elsewhere; a closed stdout drops it."""
+    if STDOUT_CLOSED:
+        if not required:
+            return
+        raise OutputWriteError("standard output is closed (redirect it to a file or to /dev/null instead)")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _discard_stdout()
+        if is_no_space(exc):
+            raise NoSpaceError("standard output: no space left on device") from None
+        raise OutputWriteError(f"standard output: cannot write ({exc.strerror or exc})") from None
+
+
+def _discard_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's own flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:

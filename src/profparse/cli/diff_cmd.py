@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 
-from profparse.cli.common import parse_input
+from profparse.cli.common import emit, int_option, parse_input
 from profparse.diff import FORMATS, TOP_N, render_diff
 
 
@@ -25,13 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="treat a truncated trace as an error")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
-    p.add_argument("--top", type=int, default=TOP_N, help=f"kernels and ops listed (default: {TOP_N})")
+    p.add_argument("--top", type=int_option(0), default=TOP_N, help=f"kernels and ops listed (default: {TOP_N})")
     p.add_argument(
         "--per-step",
         action="store_true",
         help="compare means per step (for captures with different step counts) instead of whole-trace totals",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, prints_result=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
         one = copy.copy(args)
         one.trace = path
         parsed.append(parse_input(one))
-    sys.stdout.write(render_diff(parsed[0], parsed[1], args.format, top=args.top, per_step=args.per_step))
+    emit(render_diff(parsed[0], parsed[1], args.format, top=args.top, per_step=args.per_step))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from profparse.cli.common import add_input_options, parse_input
+from profparse.cli.common import add_input_options, emit, int_option, parse_input
 
 FORMATS = ("text", "json", "markdown")
 
@@ -24,12 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--kernel-delay",
-        type=int,
+        type=int_option(0),
         default=30,
         metavar="US",
         help="HTA's consecutive_kernel_delay: shorter gaps count as kernel wait (default: 30, HTA's unit)",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, prints_result=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
 
     parsed = parse_input(args)
     result = hta_by_stage(parsed, exact=args.exact, consecutive_kernel_delay=args.kernel_delay)
-    sys.stdout.write(render(hta_data(result), args.format))
+    emit(render(hta_data(result), args.format))
     return 0

@@ -1,4 +1,9 @@
-"""``profparse`` command line: one small module per verb, all thin over the library API."""
+"""``profparse`` command line: one small module per verb, all thin over the library API.
+
+Every user-caused error ends here as one line and its documented exit code (docs/exit-codes.md): profparse's own
+errors carry their code (profparse.errors), argparse errors are exit 2, and an ``OSError`` that got this far is
+mapped by its kind (disk full 10, an input's path 3, an output's path 11).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from profparse import __version__
-from profparse.cli import annotate_cmd, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd
-from profparse.errors import ProfparseError
+from profparse.cli import annotate_cmd, common, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd
+from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror
 
 VERBS = (parse_cmd, summarize_cmd, plot_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
@@ -18,8 +24,18 @@ EXIT_INTERRUPTED = 130
 EXIT_OUT_OF_MEMORY = 8
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line on stderr (``profparse: error: ...``), exit 2."""
+
+    tool = "profparse"
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.tool}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(UsageError.exit_code)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="profparse",
         description="Attribute a PyTorch (Kineto) trace to load / forward / backward / optimizer.",
         epilog="Exit codes: see docs/exit-codes.md. Set PROFPARSE_DEBUG=1 for tracebacks.",
@@ -32,14 +48,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def guard_std_streams() -> None:
+    """Give closed standard streams (``>&-``) /dev/null, so no file profparse opens lands on fd 0-2 (a later
+    write "to stdout" would then go into that file); remember a closed stdout (verbs printing results refuse)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            if fd == 1:
+                common.STDOUT_CLOSED = True
+    if sys.stdout is None:
+        common.STDOUT_CLOSED = True
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    return [str(getattr(args, k)) for k in ("trace", "a", "b") if getattr(args, k, None)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    guard_std_streams()
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
+        return exc.code if isinstance(exc.code, int) else UsageError.exit_code
+    from profparse.outputs import files
+
+    quiet = getattr(args, "quiet", False)
+    files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
+    try:
+        if common.STDOUT_CLOSED and getattr(args, "prints_result", False):
+            raise OutputWriteError("standard output is closed (redirect it to a file or to /dev/null instead)")
         return int(args.run(args) or 0)
     except ProfparseError as exc:
-        print(f"profparse: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(exc)
     except KeyboardInterrupt:
         print("profparse: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -49,11 +98,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        mapped = from_oserror(exc, inputs=_inputs(args))
+        if isinstance(mapped, ProfparseError):
+            return _fail(mapped)
+        if isinstance(mapped, MemoryError):
+            print("profparse: error: out of memory", file=sys.stderr)
+            return EXIT_OUT_OF_MEMORY
+        return _internal(exc)
     except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback unless asked
-        if os.environ.get("PROFPARSE_DEBUG"):
-            raise
-        print(f"profparse: internal error: {type(exc).__name__}: {exc} (PROFPARSE_DEBUG=1 shows more)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+    finally:
+        files.wait_notice = None
+
+
+def _fail(exc: ProfparseError) -> int:
+    print(f"profparse: error: {exc}", file=sys.stderr)
+    return exc.exit_code
+
+
+def _internal(exc: Exception) -> int:
+    if os.environ.get("PROFPARSE_DEBUG"):
+        raise exc
+    print(f"profparse: internal error: {type(exc).__name__}: {exc} (PROFPARSE_DEBUG=1 shows more)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from profparse.cli.common import add_input_options, note, parse_input, steps_bar
+from profparse.cli.common import (
+    add_input_options,
+    check_output,
+    input_is_dir,
+    int_option,
+    note,
+    output_option,
+    parse_input,
+    steps_bar,
+)
 from profparse.errors import PartialFailureError, UsageError
 
 TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces"
@@ -24,7 +32,12 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
             action.help = TRACE_HELP
     group = parser.add_argument_group("many ranks (when TRACE is a folder of per-rank traces)")
     group.add_argument(
-        "-j", "--jobs", type=int, default=None, metavar="N", help="ranks parsed in parallel processes (default: CPUs)"
+        "-j",
+        "--jobs",
+        type=int_option(1),
+        default=None,
+        metavar="N",
+        help="ranks parsed in parallel processes (default: CPUs)",
     )
     group.add_argument(
         "--scheduler",
@@ -46,14 +59,19 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("parse", help="write Parquet tables (events, kernels, ops, stage_summary, steps)")
     add_input_options(p)
-    p.add_argument("-o", "--out", required=True, help="output folder (created; must not exist unless --force)")
-    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument(
+        "-o", "--out", required=True, type=output_option, help="output folder (created; must not exist unless --force)"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing output folder (only one profparse parse wrote)"
+    )
     add_rank_options(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if Path(args.trace).is_dir():
+    check_output(args, "dir", "parse", [args.trace])
+    if input_is_dir(args.trace):
         return run_ranks(args)
     from profparse.outputs.parquet import TABLES, write_parquet
 
@@ -78,8 +96,6 @@ def rank_files(args: argparse.Namespace) -> list[Any]:
 
     if args.jobs is not None and args.scheduler:
         raise UsageError("--jobs and --scheduler do not go together (the Dask cluster decides the parallelism)")
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1 (got {args.jobs})")
     files = ranks.prepare(args.trace, args.rank_from)
     if args.scheduler:
         where = f"on the Dask cluster at {args.scheduler}"

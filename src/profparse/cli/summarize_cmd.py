@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from profparse.cli.common import add_input_options, parse_input
+from profparse.cli.common import add_input_options, emit, input_is_dir, int_option, parse_input
 from profparse.cli.parse_cmd import add_rank_options, partial_failure, run_rank_tasks
 from profparse.outputs.summary import FORMATS, TOP_N, render_summary
 
@@ -21,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summarize", help="print time per stage, per step, and the top kernels and ops per stage")
     add_input_options(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
-    p.add_argument("--top", type=int, default=TOP_N, help=f"kernels and ops listed per stage (default: {TOP_N})")
+    p.add_argument(
+        "--top", type=int_option(0), default=TOP_N, help=f"kernels and ops listed per stage (default: {TOP_N})"
+    )
     add_rank_options(p)
     p.add_argument(
         "--metric",
@@ -29,14 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_METRIC,
         help=f"for a folder of ranks: the time compared across ranks (default: {DEFAULT_METRIC})",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, prints_result=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    if Path(args.trace).is_dir():
+    if input_is_dir(args.trace):
         return run_ranks(args)
     parsed = parse_input(args)
-    sys.stdout.write(render_summary(parsed, fmt=args.format, top=args.top))
+    emit(render_summary(parsed, fmt=args.format, top=args.top))
     return 0
 
 
@@ -52,8 +53,7 @@ def run_ranks(args: argparse.Namespace) -> int:
     else:
         run = run_rank_tasks(args, None)
     data = ranks.ranks_summary_data(run.results, metric=args.metric, folder=args.trace)
-    sys.stdout.write(ranks.render_ranks(data, args.format))
-    sys.stdout.flush()
+    emit(ranks.render_ranks(data, args.format))
     if run.failed and not args.keep_going:
         raise partial_failure(run, None)
     return 0

@@ -171,7 +171,7 @@ def write_parquet(
     is called as each table is written (e.g. to advance a progress bar)."""
     out_dir = Path(out_dir)
     metadata = {"profparse.source": str(parsed.path)}
-    with atomic_dir(out_dir, force=force) as tmp:
+    with atomic_dir(out_dir, force=force, verb="parse", inputs=[parsed.path]) as tmp:
         write_tables(table_makers(parsed), tmp, metadata, on_table)
     return out_dir
 

@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from profparse.errors import TraceFormatError, UsageError
+from profparse.errors import OutputRefusedError, TraceFormatError
 from profparse.marks import STAGES
 from profparse.outputs.files import atomic_file
 from profparse.tables import HOST_SPAN_KINDS, mixed_containers, union_length
@@ -514,28 +514,29 @@ def write_annotated(
     source = Path(parsed.path)
     target = Path(out)
     if _same_file(source, target):
-        raise UsageError(f"{target}: is the input trace; annotate never modifies its input")
+        raise OutputRefusedError(f"{target}: is the input trace; annotate never modifies its input")
     gz = target.name.endswith(".gz") if gzip_output is None else gzip_output
     tracks = stage_intervals(parsed, disjoint=True)
     new_events = list(annotation_events(parsed, tracks))
     substeps = sum(1 for e in new_events if LOAD_CATEGORY in e[:60])
     new_text = ",\n".join(new_events).encode("utf-8")
     truncated = False
-    with atomic_file(target, force=force) as tmp, _open_out(tmp, gz) as dst, open_trace(source) as src:
+    with atomic_file(target, force=force, inputs=[source]) as tmp, _open_out(tmp, gz) as dst, open_trace(source) as src:
         tail = b""
-        try:
-            while True:
+        while True:
+            try:  # only reading errors are the input's fault (a full disk while writing is not)
                 block = src.read(COPY_BYTES)
-                if not block:
-                    break
-                tail += block
-                if len(tail) > HOLD_BYTES + COPY_BYTES:
-                    dst.write(tail[:-HOLD_BYTES])
-                    tail = tail[-HOLD_BYTES:]
-        except EOFError:
-            truncated = True  # a gzip stream cut short: copy what was read
-        except (OSError, zlib.error) as exc:
-            raise TraceFormatError(f"{source}: cannot read ({exc})") from None
+            except EOFError:
+                truncated = True  # a gzip stream cut short: copy what was read
+                break
+            except (OSError, zlib.error) as exc:
+                raise TraceFormatError(f"{source}: cannot read ({exc})") from None
+            if not block:
+                break
+            tail += block
+            if len(tail) > HOLD_BYTES + COPY_BYTES:
+                dst.write(tail[:-HOLD_BYTES])
+                tail = tail[-HOLD_BYTES:]
         close = None if truncated else _array_close(tail)
         if close is not None:
             before = tail[:close].rstrip()

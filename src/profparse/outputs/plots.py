@@ -845,7 +845,8 @@ def write_plots(
             raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     results = []
     target = Path(out_dir)
-    with atomic_dir(target, force=force) as tmp:
+    owns = [f"{kind}.{fmt}" for kind in kinds for fmt in formats]  # --kind X --force replaces only X's files
+    with atomic_dir(target, force=force, verb="plot", inputs=[parsed.path], owns=owns) as tmp:
         for kind in kinds:
             fig, why = make_figure(parsed, kind)
             if fig is None:
