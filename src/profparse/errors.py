@@ -43,3 +43,9 @@ class PartialFailureError(ProfparseError):
     """Some ranks of a multi-rank run failed; the others were written."""
 
     exit_code = 7
+
+
+class OutOfMemoryError(ProfparseError):
+    """The input needs more memory than this machine (or process limit) has; the message says how much."""
+
+    exit_code = 8
