@@ -391,9 +391,11 @@ def open_trace(path: str | Path) -> BinaryIO:
 def expected_json_bytes(path: str | Path) -> int:
     """A first guess of the JSON bytes in ``path`` (traces compress about 8-15x), 0 if it cannot be read."""
     try:
-        size = Path(path).stat().st_size
+        info = Path(path).stat()
+        if not stat.S_ISREG(info.st_mode):  # opening a FIFO would block: open_trace refuses it
+            return 0
         with open(path, "rb") as handle:
-            return size * 8 if handle.read(2) == b"\x1f\x8b" else size
+            return info.st_size * 8 if handle.read(2) == b"\x1f\x8b" else info.st_size
     except OSError:
         return 0
 
@@ -939,10 +941,14 @@ class TraceDecoder:
             self._mark_truncated(buf, sum(len(e[0]) for e in items), in_events=False)
             return items
         saved = dict(self.header)
-        if not self._parse_trailer(buf[close + 1 : end + 1]):
-            self.header = saved  # trailing keys are informative only
-        junk = buf[end + 1 :].strip()
-        self.report.trailing_bytes = len(junk)
+        if not self._parse_trailer(buf[close + 1 : end + 1]):  # that ']' was not the end of the events: damage
+            self.header = saved
+            self.report.drop("malformed JSON (skipped to the next event)")
+            self.report.skipped_bytes += len(buf) - close
+            if self.report.malformed_at_byte is None:
+                self.report.malformed_at_byte = self._consumed + close
+            return items
+        self.report.trailing_bytes = len(buf[end + 1 :].strip())
         return items
 
     def _mark_truncated(self, buf: bytes, recovered: int, in_events: bool) -> None:

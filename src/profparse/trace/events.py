@@ -646,13 +646,7 @@ def worker_count(path: str | Path, workers: int | None = None) -> int:
         return max(int(workers), 1)
     if multiprocessing.parent_process() is not None or threading.active_count() > 1:
         return 1  # inside a worker (e.g. one per rank) or a threaded program: forking more is no help or unsafe
-    try:
-        size = Path(path).stat().st_size
-        with open(path, "rb") as handle:
-            if handle.read(2) == b"\x1f\x8b":
-                size *= 8  # traces compress about 8-15x
-    except OSError:
-        return 1
+    size = expected_json_bytes(path)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(cpus, 4) if size >= PARALLEL_MIN_BYTES else 1
 
