@@ -911,16 +911,10 @@ class TraceDecoder:
         """Decode what is left at end of file: the last events, ``]`` and the trailer, or a truncated tail."""
         close = buf.rfind(b"]")
         if close >= 0:
-            saved = dict(self.header)
             if self._parse_trailer(buf[close + 1 :]):
-                body = buf[:close].strip()
-                try:
-                    items = [self._decode(body)] if body else []
-                except msgspec.DecodeError:
-                    self.header = saved
-                else:
-                    self._check_damage(final=True)
-                    return items, b""
+                items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
+                self._check_damage(final=True)  # the document ends as it should: damage before is skipped
+                return items, b""
         items = self._final_careful(buf)
         self._check_damage(final=True)
         return items, b""
