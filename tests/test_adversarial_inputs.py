@@ -227,6 +227,18 @@ def test_deep_nesting_is_exit_4(tmp_path, depth):
         read_trace(bad)
 
 
+def test_deep_nesting_in_one_rank_of_parse_dir(tmp_path):
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    write(ranks, "rank0.json", valid_text(0.2))
+    depth = 100_000
+    write(ranks, "rank1.json", '{"traceEvents": [{"ph": "X", "args": ' + "[" * depth + "]" * depth + "}]}")
+    before = snapshot(ranks)
+    run = run_cli("parse", str(ranks), "-o", str(tmp_path / "out"))
+    assert_clean_failure(run, 7, contains="rank 1", before=before, after=snapshot(ranks), folders=(tmp_path,))
+    assert "nested too deeply" in run.stderr and "internal error" not in run.stderr
+
+
 # -- memory: gzip bomb stopped early; small inputs under a low address-space limit -----------------------------
 
 

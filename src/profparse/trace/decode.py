@@ -797,12 +797,14 @@ class TraceDecoder:
         events before it; then reading goes on from the next ``},{`` after the error.
         """
         items: list[Decoded] = []
+        if not isinstance(buf, bytearray):
+            buf = bytearray(buf) + b" "  # writable, with a spare byte after the end: see _decode_span
         while True:
             pos = _after_separator(buf, pos, stop)
             if pos >= stop:
                 return items, stop
             try:
-                items.append(self._decode(buf[pos:stop]))
+                items.append(self._decode_span(buf, pos, stop))
                 return items, stop
             except msgspec.DecodeError as exc:
                 err = self._error_offset(buf, pos, stop, exc)
@@ -819,7 +821,7 @@ class TraceDecoder:
                 good = int(ends[-1]) if ends.size else pos
                 if good > pos:  # the events before the error parsed: decode them
                     try:
-                        items.append(self._decode(buf[pos:good]))
+                        items.append(self._decode_span(buf, pos, good))
                     except msgspec.DecodeError:
                         good = pos
                 if repair and (_NONFINITE_AT.match(buf, err) or _NONFINITE_AT.match(buf, max(err - 1, 0))):
@@ -836,6 +838,22 @@ class TraceDecoder:
             if self.report.malformed_at_byte is None:
                 self.report.malformed_at_byte = where
             pos = resume
+
+    def _decode_span(self, buf: bytearray, pos: int, stop: int) -> Decoded:
+        """:meth:`_decode` of ``buf[pos:stop]`` without copying it: the bytes just before and after are set to
+        ``[`` and ``]`` for the call, then restored. A decode that fails after a few bytes then costs a few bytes,
+        not a copy of the rest of the chunk (garbage with an error every few bytes stays linear)."""
+        if pos < 1 or stop >= len(buf):
+            return self._decode(bytes(buf[pos:stop]))
+        before, after = buf[pos - 1], buf[stop]
+        buf[pos - 1], buf[stop] = 91, 93
+        view = memoryview(buf)[pos - 1 : stop + 1]
+        try:
+            events, text = self._decode_data(view)
+        finally:
+            view.release()
+            buf[pos - 1], buf[stop] = before, after
+        return events, (None if text is None else bytes(buf[pos:stop]).join((b"[", b"]")))
 
     def _repair_nonfinite(self, buf: bytes | bytearray, start: int, stop: int) -> bytes | None:
         """``buf[start:stop]`` with every NaN / Infinity / -Infinity value (outside strings) quoted: then repaired
@@ -867,11 +885,18 @@ class TraceDecoder:
         if found is not None:
             err = pos + int(found.group(1)) - 1  # minus the '[' added in front
             return None if err >= stop - 1 else err  # at the ']' added behind: an event is not closed
-        if "UTF-8" in message:  # msgspec gives no position for invalid UTF-8; Python's codec does
-            try:
-                bytes(buf[pos:stop]).decode("utf-8")
-            except UnicodeDecodeError as bad:
-                return pos + bad.start
+        if "UTF-8" in message:  # msgspec gives no position for invalid UTF-8; Python's codec does, in windows
+            width = 4096  # that double, so finding an error d bytes in costs O(d)
+            while True:
+                end = min(pos + width, stop)
+                try:
+                    bytes(buf[pos:end]).decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    if bad.end < end - pos or end == stop or bad.reason != "unexpected end of data":
+                        return pos + bad.start
+                if end == stop:
+                    break
+                width *= 2
         return self._search_error(buf, pos, stop)
 
     def _search_error(self, buf: bytes | bytearray, pos: int, stop: int) -> int:
