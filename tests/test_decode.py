@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -163,12 +164,63 @@ def test_truncated_trace_recovers_complete_events(tmp_path, fraction):
         read_trace(cut, strict=True)
 
 
-def test_truncated_gzip_stream(tmp_path):
-    data = gzip.compress(json.dumps(small_trace().document()).encode())
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.9, 0.98])
+def test_truncated_gzip_stream_recovers_what_the_plain_cut_recovers(tmp_path, fraction):
+    b = TraceBuilder()
+    for step in range(40):
+        training_step(b, step, step * 100)
+    text = json.dumps(b.document(), indent=1).encode()
+    data = gzip.compress(text)
     cut = tmp_path / "cut.json.gz"
-    cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(TraceFormatError, match="compressed"):
-        read_trace(cut)
+    cut.write_bytes(data[: int(len(data) * fraction)])
+    inflated = zlib.decompressobj(31).decompress(cut.read_bytes())  # every byte a cut .json.gz still holds
+    assert 0 < len(inflated) < len(text)
+    plain = tmp_path / "cut.json"
+    plain.write_bytes(inflated)
+    from_gz, from_plain = read_trace(cut), read_trace(plain)
+    assert from_gz.report.truncated and from_plain.report.truncated
+    assert from_gz.events.equals(from_plain.events)
+    full = read_trace(b.write(tmp_path / "full.json")).events
+    n = len(from_gz.events)
+    for column in ("name", "ts_ns", "dur_ns", "correlation"):  # exactly the first n events of the full file
+        assert from_gz.events[column].astype(object).tolist() == full[column].astype(object).tolist()[:n]
+    assert n == sum(1 for _ in _complete_events(inflated))
+    with pytest.raises(TruncatedTraceError):
+        read_trace(cut, strict=True)
+
+
+def test_gzip_cut_inside_its_checksum_loses_no_event(tmp_path):
+    b = small_trace()
+    data = gzip.compress(json.dumps(b.document()).encode())
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(data[:-5])  # the JSON is complete, the 8-byte trailer (CRC, size) is not
+    raw = read_trace(path)
+    assert not raw.report.truncated
+    assert len(raw.events) == len(b.events)
+
+
+def _complete_events(text: bytes):
+    """The events of a cut document that are complete in ``text`` (by the standard json module)."""
+    decoder = json.JSONDecoder()
+    body = text[text.index(b'"traceEvents": [') + 16 :].decode()
+    pos = 0
+    while True:
+        while pos < len(body) and body[pos] in " \n,":
+            pos += 1
+        try:
+            event, pos = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return
+        yield event
+
+
+def test_corrupt_gzip_is_an_error(tmp_path):
+    data = bytearray(gzip.compress(json.dumps(small_trace().document()).encode()))
+    data[-6] ^= 0xFF  # the CRC at the end
+    path = tmp_path / "crc.json.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError, match="corrupt compressed data"):
+        read_trace(path)
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,12 @@ class PartialFailureError(ProfparseError):
     exit_code = 7
 
 
+class OutOfMemoryError(ProfparseError):
+    """The input needs more memory than this machine (or process limit) has; the message says how much."""
+
+    exit_code = 8
+
+
 class OutputRefusedError(ProfparseError):
     """The output path names something profparse will not replace, even with ``--force``: a folder it did not
     write (no marker), one that holds an input or the current folder, a device, FIFO, socket or symbolic link."""

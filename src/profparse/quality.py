@@ -166,6 +166,10 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
         )  # fmt: skip
     for reason, count in report.dropped.items():
         rows.append(_row("dropped_events", "warning", count, 0, f"{count} events dropped as invalid: {reason}"))
+    trailing = getattr(report, "trailing_bytes", 0)
+    if trailing:
+        message = f"{trailing} bytes after the end of the JSON document were ignored (no event lost)"
+        rows.append(_row("trailing_data", "warning", trailing, 0, message))
     negative = int(events.attrs.get("negative_dur", 0))
     if negative:
         rows.append(

@@ -2,13 +2,17 @@
 
 The ``traceEvents`` array is cut into chunks of whole events and each chunk is decoded with msgspec into typed
 structs that keep only the fields profparse uses, so memory stays bounded by the chunk size, not the file size.
-A file cut short yields every complete event before the cut and is reported as truncated.
+A file cut short (``.json`` or ``.json.gz``) yields every complete event before the cut and is reported as
+truncated. A malformed event in the middle is skipped and counted: after a decode error the reader finds the
+error's position (from msgspec's message, or by search), keeps the events before it and resynchronises at the next
+event boundary once, so every byte is decoded a bounded number of times whatever the damage (linear time).
 """
 
 from __future__ import annotations
 
-import gzip
+import os
 import re
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,12 +21,26 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
+import numpy as np
 
-from profparse.errors import InputNotFoundError, TraceFormatError, TruncatedTraceError
+from profparse.errors import (
+    InputNotFoundError,
+    OutOfMemoryError,
+    TraceFormatError,
+    TruncatedTraceError,
+    UsageError,
+)
 
 CHUNK_BYTES = 1 << 20  # small chunks keep the decoded objects in cache and the allocator reusing memory
 MAX_HEADER_BYTES = 256 << 20
 MAX_EVENT_BYTES = 64 << 20  # a single event larger than this is hostile or corrupt: refuse, keep memory bounded
+MAX_SKIPPED_FRACTION = 0.01  # more of the events' bytes malformed than this: too damaged for totals to mean much
+MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
+# peak memory ~ NEED_PER_JSON_BYTE x the JSON + NEED_FIXED (docs/performance.md: 1.15-1.5x the JSON from 100 MB
+# to 2 GB, on top of ~110 MiB for Python, pandas and pyarrow)
+NEED_PER_JSON_BYTE = 1.5
+NEED_FIXED = 128 << 20
+BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
 
 Num = int | float
 
@@ -131,7 +149,11 @@ Decoded = tuple[list[Event] | list[FastEvent], bytes | None]
 
 _BLANKS = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.lstrip() removes
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BYTE_POS = re.compile(r"at byte (\d+)")
+_BYTE_POS = re.compile(r"\(byte (\d+)\)")
+_NEXT_EVENT = re.compile(rb"}\s*,\s*{")  # a plausible start of the next event, to resynchronise after an error
+_NONFINITE = re.compile(rb"(?<=[:,\[])(\s*)-?(?:NaN|Infinity)(?=\s*[,}\]])")  # written by Python's json module
+_NONFINITE_AT = re.compile(rb"-?(?:NaN|Infinity)")
+_SCAN_BLOCK = 1 << 22
 
 
 class ReadSequentially(Exception):
@@ -148,6 +170,10 @@ class DecodeReport:
     truncated: bool = False
     truncated_at_byte: int | None = None
     dropped: dict[str, int] = field(default_factory=dict)
+    malformed_at_byte: int | None = None  # the first malformed event skipped
+    skipped_bytes: int = 0  # bytes of malformed events skipped
+    nonfinite_values: int = 0  # NaN / Infinity tokens, read as non-finite floats
+    trailing_bytes: int = 0  # bytes after the end of the JSON document, ignored
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + count
@@ -217,13 +243,140 @@ def coerce_event(loose: LooseEvent, report: DecodeReport) -> Event | None:
     )
 
 
+def _size(text: str) -> int:
+    """``"1.5G"``, ``"800M"``, ``"123456"`` -> bytes (binary units)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if found is None:
+        raise UsageError(f"{MEMORY_ENV}={text!r}: expected a size such as 4G, 800M or a number of bytes")
+    return int(float(found.group(1)) * units[found.group(2).upper()])
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def memory_budget() -> tuple[int | None, str]:
+    """Bytes this process may still take, and what says so: ``$PROFPARSE_MEMORY_LIMIT``, else the smaller of
+    ``MemAvailable`` (/proc/meminfo) and the address-space limit (``ulimit -v``) minus what is mapped already."""
+    env = os.environ.get(MEMORY_ENV, "").strip()
+    if env:
+        return _size(env), f"allowed by {MEMORY_ENV}"
+    found: list[tuple[int, str]] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append((int(line.split()[1]) * 1024, "available"))
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            mapped = 0
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmSize:"):
+                    mapped = int(line.split()[1]) * 1024
+            found.append((max(soft - mapped, 0), "left under the address-space limit (ulimit -v)"))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return min(found) if found else (None, "")
+
+
+class _Gunzip:
+    """A gzip stream reader that tells a cut file (``truncated``: every byte before the cut is returned, then EOF)
+    from corrupt data (:class:`TraceFormatError`), reads concatenated members and ignores zero padding.
+
+    ``gzip.GzipFile`` raises ``EOFError`` on a cut stream and loses what it inflated in that read.
+    """
+
+    def __init__(self, raw: BinaryIO, path: str) -> None:
+        self.raw, self.path = raw, path
+        self._z = zlib.decompressobj(31)
+        self._input = b""  # compressed bytes not yet given to the decompressor
+        self._in_member = False
+        self.eof = False
+        self.truncated = False
+
+    def __enter__(self) -> _Gunzip:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.raw.close()
+
+    def compressed_offset(self) -> int:
+        """Bytes of the file consumed so far (for projecting the inflated size)."""
+        return self.raw.tell() - len(self._input) - len(self._z.unconsumed_tail)
+
+    def _feed(self) -> bytes | None:
+        """The next compressed bytes for the decompressor; None at the end of the input."""
+        if self._z.unconsumed_tail:
+            return self._z.unconsumed_tail
+        data, self._input = self._input or self.raw.read(1 << 16), b""
+        if not self._in_member:  # between members: another gzip member, zero padding, or the end
+            while 0 < len(data) < 2:
+                more = self.raw.read(1 << 16)
+                if not more:
+                    break
+                data += more
+            if not data or not data.startswith(b"\x1f\x8b"):
+                self.eof = True  # trailing zero padding or bytes after the last member are ignored, like gzip
+                return None
+            self._in_member = True
+        if not data:
+            self.truncated = self.eof = True
+            return None
+        return data
+
+    def read(self, n: int) -> bytes:
+        out: list[bytes] = []
+        got = 0
+        while got < n and not self.eof:
+            data = self._feed()
+            if data is None:
+                break
+            try:
+                piece = self._z.decompress(data, n - got)
+            except zlib.error as exc:
+                raise TraceFormatError(f"{self.path}: corrupt compressed data ({exc})") from None
+            if piece:
+                out.append(piece)
+                got += len(piece)
+            if self._z.eof:
+                self._input = self._z.unused_data
+                self._z = zlib.decompressobj(31)
+                self._in_member = False
+        return b"".join(out)
+
+    def readinto(self, view: memoryview) -> int:
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
 def open_trace(path: str | Path) -> BinaryIO:
-    """Open a trace for binary reading, gunzipping when the file starts with the gzip magic bytes."""
+    """Open a trace for binary reading, gunzipping when the file starts with the gzip magic bytes.
+
+    Only regular files are read: a FIFO, a device or a socket is refused (a FIFO without a writer would block
+    forever; a pipe cannot be read twice, which the parallel reader and its sequential fallback need).
+    """
     p = Path(path)
-    if not p.exists():
-        raise InputNotFoundError(f"{p}: no such file")
-    if p.is_dir():
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise InputNotFoundError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise InputNotFoundError(f"{p}: cannot open ({exc.strerror})") from None
+    if stat.S_ISDIR(mode):
         raise InputNotFoundError(f"{p}: is a directory, expected a trace file")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a regular file (a device or a socket)"
+        raise InputNotFoundError(f"{p}: is {kind}; save the trace to a file and pass that")
     try:
         handle = p.open("rb")
     except OSError as exc:
@@ -231,8 +384,77 @@ def open_trace(path: str | Path) -> BinaryIO:
     magic = handle.read(2)
     handle.seek(0)
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
+        return _Gunzip(handle, str(p))  # type: ignore[return-value]
     return handle
+
+
+def expected_json_bytes(path: str | Path) -> int:
+    """A first guess of the JSON bytes in ``path`` (traces compress about 8-15x), 0 if it cannot be read."""
+    try:
+        info = Path(path).stat()
+        if not stat.S_ISREG(info.st_mode):  # opening a FIFO would block: open_trace refuses it
+            return 0
+        with open(path, "rb") as handle:
+            return info.st_size * 8 if handle.read(2) == b"\x1f\x8b" else info.st_size
+    except OSError:
+        return 0
+
+
+def _event_ends(buf: bytes | bytearray, start: int, stop: int) -> tuple[np.ndarray, int | None]:
+    """Structure of ``buf[start:stop]``, which starts outside any string at nesting depth 0: the positions just
+    after each ``}`` that closes a top-level value (ends of whole events), and the position of the first closing
+    bracket without its opening one (the ``]`` that closes the event array), or None.
+
+    Vectorised (numpy, in 4 MiB blocks): used only after a decode error, where the candidate boundaries of
+    :meth:`TraceDecoder._boundaries` (any ``},{``) may lie inside a string or a nested value.
+    """
+    ends: list[np.ndarray] = []
+    depth, in_string, backslashes = 0, 0, 0
+    pos = start
+    while pos < stop:
+        end = min(pos + _SCAN_BLOCK, stop)
+        a = np.frombuffer(buf, dtype=np.uint8, count=end - pos, offset=pos)
+        inside, in_string, backslashes = _inside_strings(a, in_string, backslashes)
+        closing = ((a == 125) | (a == 93)) & ~inside
+        delta = (((a == 123) | (a == 91)) & ~inside).astype(np.int32) - closing
+        levels = np.cumsum(delta, dtype=np.int64) + depth
+        below = np.flatnonzero(levels < 0)
+        limit = int(below[0]) if below.size else len(a)
+        ends.append(np.flatnonzero((a[:limit] == 125) & closing[:limit] & (levels[:limit] == 0)) + pos + 1)
+        if below.size:
+            return np.concatenate(ends), pos + limit
+        depth = int(levels[-1])
+        pos = end
+    return (np.concatenate(ends) if ends else np.empty(0, np.int64)), None
+
+
+def _inside_strings(a: np.ndarray, in_string: int, backslashes: int) -> tuple[np.ndarray, int, int]:
+    """Which bytes of ``a`` lie inside a JSON string (opening quote included), given whether ``a`` starts inside
+    one and after how many backslashes; also those two facts for the bytes that follow ``a``."""
+    quotes = np.flatnonzero(a == 34)
+    is_bs = a == 92
+    if quotes.size and (backslashes or is_bs.any()):  # drop quotes escaped by an odd run of backslashes
+        last_other = np.maximum.accumulate(np.where(is_bs, -1 - backslashes, np.arange(len(a))))
+        before = quotes - 1
+        run = np.where(before >= 0, before - last_other[np.maximum(before, 0)], backslashes)
+        quotes = quotes[run % 2 == 0]
+    toggles = np.zeros(len(a), dtype=np.int8)
+    toggles[quotes] = 1
+    inside = ((np.cumsum(toggles, dtype=np.int32) + in_string) & 1).astype(bool)
+    others = np.flatnonzero(~is_bs)
+    trailing = len(a) - 1 - int(others[-1]) if others.size else len(a) + backslashes
+    return inside, (in_string + len(quotes)) & 1, trailing
+
+
+def _after_separator(buf: bytes | bytearray, pos: int, stop: int) -> int:
+    """``pos`` moved past blanks and at most one comma (and the blanks after it)."""
+    while pos < stop and buf[pos] in _BLANKS:
+        pos += 1
+    if pos < stop and buf[pos] == 44:  # ','
+        pos += 1
+        while pos < stop and buf[pos] in _BLANKS:
+            pos += 1
+    return pos
 
 
 class TraceDecoder:
@@ -253,6 +475,10 @@ class TraceDecoder:
         self.header: dict[str, Any] = {}
         self.report = DecodeReport(path=self.path)
         self._consumed = 0  # bytes of the decompressed stream before the current buffer
+        self._retry_at = 0  # a long event is pending: decode again once the buffer holds this many bytes
+        self._stream_handle: BinaryIO | None = None
+        self._disk_bytes = 0
+        self._memory_checked_at = 0  # bytes read when the memory need was last projected
 
     def _read(self, stream: BinaryIO) -> bytes:
         try:
@@ -260,7 +486,42 @@ class TraceDecoder:
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"{self.path}: corrupt compressed data ({exc})") from None
         self.report.bytes_read += len(block)
+        self._check_memory(stream)
         return block
+
+    # -- memory ------------------------------------------------------------------------------------------
+
+    def _check_memory(self, stream: BinaryIO) -> None:
+        """Project the memory the whole trace needs from what was read so far; stop early when it is more than
+        the machine has (:func:`memory_budget`). Checked at 16 MiB of JSON and every doubling after, so a gzip
+        bomb is stopped after reading a few MiB per GiB it would inflate to, long before it fills the memory."""
+        read = self.report.bytes_read
+        if read < max(16 << 20, 2 * self._memory_checked_at):
+            return
+        self._memory_checked_at = read
+        if isinstance(stream, _Gunzip):
+            consumed = stream.compressed_offset()
+            projected = read * self._disk_bytes / consumed if consumed > 0 else read
+        else:
+            projected = max(self._disk_bytes, read)
+        self.check_memory_for(projected)
+
+    def check_memory_for(self, json_bytes: float) -> None:
+        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON need more memory than there is."""
+        need = NEED_PER_JSON_BYTE * json_bytes + NEED_FIXED
+        budget, source = memory_budget()
+        if budget is None or need <= budget:
+            return
+        inflated = f", inflated from {_human(self._disk_bytes)} on disk" if self._gzip else ""
+        raise OutOfMemoryError(
+            f"{self.path}: needs about {_human(need)} of memory for about {_human(json_bytes)} of JSON{inflated}; "
+            f"{_human(budget)} {source}. Run it where more memory is free (or set {MEMORY_ENV} to a larger "
+            "size to try anyway)"
+        )
+
+    @property
+    def _gzip(self) -> bool:
+        return isinstance(self._stream_handle, _Gunzip)
 
     def chunks(self) -> Iterator[list[Event] | list[FastEvent]]:
         """Yield lists of decoded events, in file order."""
@@ -282,16 +543,32 @@ class TraceDecoder:
 
         A chunk is cut where :meth:`chunks_with_text` would cut it when its text decodes, so decoding every body
         with :meth:`_decode` gives the same events. If one fails with ``msgspec.DecodeError``, the caller must
-        read the file again with :meth:`chunks_with_text` (which then tries shorter cuts or reports corruption).
+        read the file again with :meth:`chunks_with_text` (which then skips malformed events or reports them).
         ``None`` is yielded once before the end of the file is decoded: the caller must then count the events of
         every body so far into ``report.events_read`` (messages about the end quote that count).
         """
         return self._stream(defer=True)
 
     def _stream(self, defer: bool) -> Iterator[memoryview | Decoded | None]:
+        try:
+            yield from self._stream_inner(defer)
+        except RecursionError:  # msgspec follows nesting on the C stack, guarded by Python's recursion limit
+            raise TraceFormatError(f"{self.path}: JSON nested too deeply (corrupt or hostile input)") from None
+
+    def _stream_inner(self, defer: bool) -> Iterator[memoryview | Decoded | None]:
         with open_trace(self.path) as stream:
+            self._stream_handle = stream
+            self._disk_bytes = os.fstat(stream.raw.fileno() if isinstance(stream, _Gunzip) else stream.fileno()).st_size
+            if not isinstance(stream, _Gunzip):
+                self.check_memory_for(self._disk_bytes)  # the JSON's size is known: decide before reading
             buf = self._read(stream)
-            if not buf.strip():
+            blank = 0
+            while buf and not buf.lstrip():  # a run of whitespace: count it, keep nothing
+                blank += len(buf)
+                buf = self._read(stream)
+            if not buf:
+                if blank:
+                    raise TraceFormatError(f"{self.path}: only whitespace ({blank} bytes), no JSON")
                 raise TraceFormatError(f"{self.path}: file is empty")
             match = _EVENTS_KEY.search(buf)
             while match is None:
@@ -300,10 +577,11 @@ class TraceDecoder:
                 block = self._read(stream)
                 if not block:
                     self._no_events_array(buf)
+                searched = max(len(buf) - 4096, 0)  # search only the new bytes (and a key cut across blocks)
                 buf += block
-                match = _EVENTS_KEY.search(buf)
+                match = _EVENTS_KEY.search(buf, searched)
             self._parse_header(buf[: match.start()])
-            self._consumed = match.end()
+            self._consumed = blank + match.end()
             buf = buf[match.end() :]
             if defer:
                 yield from self._deferred(stream, buf)
@@ -315,13 +593,14 @@ class TraceDecoder:
                 buf += block
                 del block
                 if eof:
-                    events, buf = self._final(buf)
+                    items, buf = self._final(buf)
                 else:
-                    events, buf = self._complete_prefix(buf)
-                if events[0]:
-                    self.report.events_read += len(events[0])
-                    yield events
-                del events
+                    items, buf = self._complete_prefix(buf)
+                for events in items:
+                    if events[0]:
+                        self.report.events_read += len(events[0])
+                        yield events
+                del items
 
     def _deferred(self, stream: BinaryIO, rest: bytes) -> Iterator[memoryview | Decoded | None]:
         """The reading loop of :meth:`bodies`. Blocks are read into one buffer that is used again for every chunk,
@@ -338,10 +617,10 @@ class TraceDecoder:
             got = self._read_into(stream, work, used)
             if not got:
                 yield None  # the caller takes in every chunk handed out so far before the end is read
-                events, _ = self._final(bytes(work[:used]))
-                if events[0]:
-                    self.report.events_read += len(events[0])
-                    yield events
+                for events in self._final(bytes(work[:used]))[0]:
+                    if events[0]:
+                        self.report.events_read += len(events[0])
+                        yield events
                 return
             used += got
             cut = next(self._boundaries(work, used, used), None)
@@ -349,15 +628,11 @@ class TraceDecoder:
                 if used > 2 * self.chunk_bytes:
                     raise ReadSequentially("no event boundary in two chunks")  # the sequential reader knows
                 continue
-            self._consumed += cut + 1
             body = memoryview(work)[:cut]
             yield body
             body.release()
-            start = cut  # the rest starts after blanks and one comma
-            while start < used and work[start] in _BLANKS:
-                start += 1
-            if start < used and work[start] == 44:  # ','
-                start += 1
+            start = _after_separator(work, cut, used)
+            self._consumed += start
             work[: used - start] = work[start:used]
             used -= start
 
@@ -376,6 +651,7 @@ class TraceDecoder:
         finally:
             view.release()
         self.report.bytes_read += got
+        self._check_memory(stream)
         return got
 
     # -- header and trailer -------------------------------------------------------------------------------
@@ -442,7 +718,7 @@ class TraceDecoder:
                     yield idx + 1
             end = idx
 
-    def _decode(self, body: bytes) -> Decoded:
+    def _decode(self, body: bytes | bytearray) -> Decoded:
         """Decode ``body`` (events separated by commas, no brackets); fall back per event on type errors.
 
         The usual result is a list of :class:`FastEvent` and the JSON text; after a fallback, a list of
@@ -482,92 +758,228 @@ class TraceDecoder:
                 events.append(event)
         return events, None
 
-    def _error_position(self, exc: Exception) -> int | None:
-        found = _BYTE_POS.search(str(exc))
-        return int(found.group(1)) - 1 if found else None  # minus the '[' we added
+    def _complete_prefix(self, buf: bytes) -> tuple[list[Decoded], bytes]:
+        """Decode the longest prefix of whole events (skipping malformed ones); return them and the unread rest.
 
-    def _complete_prefix(self, buf: bytes) -> tuple[Decoded, bytes]:
-        """Decode the longest prefix of whole events; return them and the unread rest."""
-        tried = 0
-        for cut in self._boundaries(buf, len(buf)):
-            try:
-                events = self._decode(buf[:cut])
-            except msgspec.DecodeError as exc:
-                pos = self._error_position(exc)
-                tried += 1
-                if pos is not None and pos < cut - 1 and tried > 2:
-                    self._corrupt(pos)
-                continue
-            self._consumed += cut + 1
-            rest = buf[cut:].lstrip()
-            return events, rest[1:] if rest.startswith(b",") else rest
-        if len(buf) > max(MAX_EVENT_BYTES, 2 * self.chunk_bytes):
-            raise TraceFormatError(
-                f"{self.path}: an event larger than {MAX_EVENT_BYTES >> 20} MB near byte {self._consumed} "
-                "(corrupt or hostile input)"
-            )
-        return ([], None), buf
+        The usual case is one decode up to the last ``},{``. After an error, :meth:`_decode_region` finds out
+        what went wrong once; a long event still being read is tried again only when the buffer has doubled, so
+        the bytes of even a 64 MB event are decoded a few times at most.
+        """
+        if len(buf) < self._retry_at:
+            return [], buf
+        cut = next(self._boundaries(buf, len(buf)), None)
+        if cut is None:
+            start = len(buf) - len(buf.lstrip())  # blanks before the next event go (a whitespace bomb stays small)
+            self._consumed += start
+            buf = buf[start:]
+            if len(buf) > max(MAX_EVENT_BYTES, 2 * self.chunk_bytes):
+                raise TraceFormatError(
+                    f"{self.path}: no end of an event in {len(buf) >> 20} MB near byte {self._consumed}: an "
+                    f"event larger than {MAX_EVENT_BYTES >> 20} MB or garbage (corrupt or hostile input)"
+                )
+            return [], buf
+        items, stop = self._decode_region(buf, 0, cut, final=False)
+        stop = _after_separator(buf, stop, len(buf))
+        self._consumed += stop
+        rest = buf[stop:]
+        self._retry_at = 2 * len(rest) if stop < cut else 0
+        self._check_damage(final=False)
+        return items, rest
 
-    def _corrupt(self, pos: int) -> None:
-        raise TraceFormatError(f"{self.path}: malformed JSON near byte {self._consumed + pos}")
+    def _decode_region(
+        self, buf: bytes | bytearray, pos: int, stop: int, *, final: bool = True, repair: bool = True
+    ) -> tuple[list[Decoded], int]:
+        """Decode the events of ``buf[pos:stop]``, skipping malformed ones; return them and where decoding ended.
 
-    def _final(self, buf: bytes) -> tuple[Decoded, bytes]:
-        """Decode what is left at end of file: the last events, ``]`` and the trailer, or a truncated tail."""
-        close = len(buf)
-        last_close = buf.rfind(b"]")
-        first_error: Exception | None = None
+        ``stop`` is a candidate end of an event. Not ``final`` (more of the file follows): when ``stop`` turns out
+        to lie inside an event (a ``},{`` in a string or a nested value), decoding ends after the last whole event
+        before it and the rest is left for later. Each error costs one decode up to the error and one of the
+        events before it; then reading goes on from the next ``},{`` after the error.
+        """
+        items: list[Decoded] = []
+        if not isinstance(buf, bytearray):
+            buf = bytearray(buf) + b" "  # writable, with a spare byte after the end: see _decode_span
         while True:
-            close = buf.rfind(b"]", 0, close)
-            if close < 0:
-                break
-            saved = dict(self.header)
-            if self._parse_trailer(buf[close + 1 :]):
-                body = buf[:close].strip()
-                try:
-                    return (self._decode(body) if body else ([], None)), b""
-                except msgspec.DecodeError as exc:  # that ']' was inside the trailer: look further back
-                    self.header = saved
-                    first_error = first_error or exc
-        if first_error is not None and not self._looks_truncated(buf):
-            pos = self._error_position(first_error)
-            self._corrupt(pos if pos is not None else 0)
-        if last_close >= 0:  # cut inside the trailer: every event is there, only trailing keys are lost
+            pos = _after_separator(buf, pos, stop)
+            if pos >= stop:
+                return items, stop
             try:
-                events = self._decode(buf[:last_close].strip())
-            except msgspec.DecodeError:
-                pass
+                items.append(self._decode_span(buf, pos, stop))
+                return items, stop
+            except msgspec.DecodeError as exc:
+                err = self._error_offset(buf, pos, stop, exc)
+            if err is None:  # ``stop`` is inside a value: keep the whole events before it
+                ends, _ = _event_ends(buf, pos, stop)
+                good = int(ends[-1]) if ends.size else pos
+                if good > pos:
+                    items += self._decode_region(buf, pos, good, repair=repair)[0]
+                if not final:
+                    return items, good
+                err = good
             else:
-                self.report.truncated = True
-                self.report.truncated_at_byte = self._consumed + len(buf)
-                if self.strict:
-                    raise TruncatedTraceError(f"{self.path}: truncated after the event array")
-                return events, b""
-        return self._truncated(buf), b""
+                ends, _ = _event_ends(buf, pos, err)
+                good = int(ends[-1]) if ends.size else pos
+                if good > pos:  # the events before the error parsed: decode them
+                    try:
+                        items.append(self._decode_span(buf, pos, good))
+                    except msgspec.DecodeError:
+                        good = pos
+                if repair and (_NONFINITE_AT.match(buf, err) or _NONFINITE_AT.match(buf, max(err - 1, 0))):
+                    fixed = self._repair_nonfinite(buf, good, stop)
+                    if fixed is not None:  # NaN / Infinity (Python's json writes them): read as non-finite
+                        return items + self._decode_region(fixed, 0, len(fixed), repair=False)[0], stop
+            where = self._consumed + err
+            if self.strict:
+                raise TraceFormatError(f"{self.path}: malformed JSON near byte {where}")
+            found = _NEXT_EVENT.search(buf, max(err, good), stop)
+            resume = found.end() - 1 if found is not None else stop
+            self.report.drop("malformed JSON (skipped to the next event)")
+            self.report.skipped_bytes += resume - good
+            if self.report.malformed_at_byte is None:
+                self.report.malformed_at_byte = where
+            pos = resume
 
-    @staticmethod
-    def _looks_truncated(buf: bytes) -> bool:
-        """A document that ends with '}' was written to the end; anything else was cut short."""
-        return not buf.rstrip().endswith(b"}")
+    def _decode_span(self, buf: bytearray, pos: int, stop: int) -> Decoded:
+        """:meth:`_decode` of ``buf[pos:stop]`` without copying it: the bytes just before and after are set to
+        ``[`` and ``]`` for the call, then restored. A decode that fails after a few bytes then costs a few bytes,
+        not a copy of the rest of the chunk (garbage with an error every few bytes stays linear)."""
+        if pos < 1 or stop >= len(buf):
+            return self._decode(bytes(buf[pos:stop]))
+        before, after = buf[pos - 1], buf[stop]
+        buf[pos - 1], buf[stop] = 91, 93
+        view = memoryview(buf)[pos - 1 : stop + 1]
+        try:
+            events, text = self._decode_data(view)
+        finally:
+            view.release()
+            buf[pos - 1], buf[stop] = before, after
+        return events, (None if text is None else bytes(buf[pos:stop]).join((b"[", b"]")))
 
-    def _truncated(self, buf: bytes) -> Decoded:
-        self.report.truncated = True
-        events: Decoded = ([], None)
-        stripped = buf.rstrip()
-        candidates = [len(stripped)] if stripped.endswith(b"}") else []
-        candidates += list(self._boundaries(buf, len(buf)))
-        for cut in candidates:
+    def _repair_nonfinite(self, buf: bytes | bytearray, start: int, stop: int) -> bytes | None:
+        """``buf[start:stop]`` with every NaN / Infinity / -Infinity value (outside strings) quoted: then repaired
+        like any numeric string, into a non-finite float (an event with a non-finite ts or dur is dropped and
+        counted; an ``args`` id becomes missing)."""
+        region = bytes(buf[start:stop])
+        matches = list(_NONFINITE.finditer(region))
+        if not matches:
+            return None
+        inside, _, _ = _inside_strings(np.frombuffer(region, dtype=np.uint8), 0, 0)
+        keep = [m for m in matches if not inside[m.start()]]
+        if not keep:
+            return None
+        parts, last = [], 0
+        for m in keep:
+            parts += [region[last : m.start()], m.group(1), b'"', region[m.start(1) + len(m.group(1)) : m.end()], b'"']
+            last = m.end()
+        parts.append(region[last:])
+        self.report.nonfinite_values += len(keep)
+        return b"".join(parts)
+
+    def _error_offset(self, buf: bytes | bytearray, pos: int, stop: int, exc: Exception) -> int | None:
+        """Where in ``buf`` decoding ``buf[pos:stop]`` failed; None when it failed because the text ends inside
+        a value (the candidate end ``stop`` was not the end of an event)."""
+        message = str(exc)
+        if "truncated" in message:
+            return None
+        found = _BYTE_POS.search(message)
+        if found is not None:
+            err = pos + int(found.group(1)) - 1  # minus the '[' added in front
+            return None if err >= stop - 1 else err  # at the ']' added behind: an event is not closed
+        if "UTF-8" in message:  # msgspec gives no position for invalid UTF-8; Python's codec does, in windows
+            width = 4096  # that double, so finding an error d bytes in costs O(d)
+            while True:
+                end = min(pos + width, stop)
+                try:
+                    bytes(buf[pos:end]).decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    if bad.end < end - pos or end == stop or bad.reason != "unexpected end of data":
+                        return pos + bad.start
+                if end == stop:
+                    break
+                width *= 2
+        return self._search_error(buf, pos, stop)
+
+    def _search_error(self, buf: bytes | bytearray, pos: int, stop: int) -> int:
+        """The start of the first event of ``buf[pos:stop]`` that does not decode, by doubling then bisecting
+        over whole events (cost: a few decodes of the text before the error)."""
+        ends, _ = _event_ends(buf, pos, stop)
+        good, bad, step = -1, len(ends), 1
+        while good + step < len(ends):  # gallop: ends[good] decodes, find a failing one
             try:
-                events = self._decode(buf[:cut])
+                self._decode(buf[pos : ends[good + step]])
+                good += step
+                step *= 2
             except msgspec.DecodeError:
-                continue
-            break
+                bad = good + step
+                break
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            try:
+                self._decode(buf[pos : ends[mid]])
+                good = mid
+            except msgspec.DecodeError:
+                bad = mid
+        return int(ends[good]) if good >= 0 else pos
+
+    def _check_damage(self, final: bool) -> None:
+        """Stop when more than :data:`MAX_SKIPPED_FRACTION` of the bytes were malformed (checked on the way from
+        1 MiB of damage on, so a file of garbage stops early; at the end for any amount)."""
+        skipped = self.report.skipped_bytes
+        if skipped and skipped > MAX_SKIPPED_FRACTION * self.report.bytes_read and (final or skipped > 1 << 20):
+            raise TraceFormatError(
+                f"{self.path}: malformed JSON near byte {self.report.malformed_at_byte} "
+                f"({skipped} of {self.report.bytes_read} bytes unreadable, more than "
+                f"{MAX_SKIPPED_FRACTION:.0%}: corrupt file)"
+            )
+
+    def _final(self, buf: bytes) -> tuple[list[Decoded], bytes]:
+        """Decode what is left at end of file: the last events, ``]`` and the trailer, or a truncated tail."""
+        close = buf.rfind(b"]")
+        if close >= 0:
+            if self._parse_trailer(buf[close + 1 :]):
+                items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
+                self._check_damage(final=True)  # the document ends as it should: damage before is skipped
+                return items, b""
+        items = self._final_careful(buf)
+        self._check_damage(final=True)
+        return items, b""
+
+    def _final_careful(self, buf: bytes) -> list[Decoded]:
+        """:meth:`_final` by the structure of the text: events up to the ``]`` that closes the array (skipping
+        malformed ones), the trailer up to the ``}`` that closes the document, and anything after that ignored
+        (counted in ``report.trailing_bytes``, not a truncation). No ``]``: the file was cut short."""
+        ends, close = _event_ends(buf, 0, len(buf))
+        if close is None or buf[close] != 93:  # ']'
+            stop = int(ends[-1]) if ends.size else 0
+            items = self._decode_region(buf, 0, stop)[0] if stop else []
+            self._mark_truncated(buf, sum(len(e[0]) for e in items), in_events=True)
+            return items
+        items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
+        _, end = _event_ends(buf, close + 1, len(buf))
+        if end is None:  # cut inside the trailer: every event is there, only trailing keys are lost
+            self._mark_truncated(buf, sum(len(e[0]) for e in items), in_events=False)
+            return items
+        saved = dict(self.header)
+        if not self._parse_trailer(buf[close + 1 : end + 1]):  # that ']' was not the end of the events: damage
+            self.header = saved
+            self.report.drop("malformed JSON (skipped to the next event)")
+            self.report.skipped_bytes += len(buf) - close
+            if self.report.malformed_at_byte is None:
+                self.report.malformed_at_byte = self._consumed + close
+            return items
+        self.report.trailing_bytes = len(buf[end + 1 :].strip())
+        return items
+
+    def _mark_truncated(self, buf: bytes, recovered: int, in_events: bool) -> None:
+        self.report.truncated = True
         self.report.truncated_at_byte = self._consumed + len(buf)
         if self.strict:
+            if not in_events:
+                raise TruncatedTraceError(f"{self.path}: truncated after the event array")
             raise TruncatedTraceError(
                 f"{self.path}: truncated at byte {self.report.truncated_at_byte} "
-                f"after {self.report.events_read + len(events[0])} complete events"
+                f"after {self.report.events_read + recovered} complete events"
             )
-        return events
 
 
 def decode_args(raw: bytes) -> Args:

@@ -13,6 +13,7 @@ import mmap
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import threading
 from collections import deque
@@ -32,12 +33,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec.structs import astuple
 
-from profparse.trace.decode import Args, DecodeReport, Event, FastEvent, FloatText, ReadSequentially, TraceDecoder
+from profparse.trace.decode import (
+    BYTES_PER_EVENT,
+    Args,
+    DecodeReport,
+    Event,
+    FastEvent,
+    FloatText,
+    ReadSequentially,
+    TraceDecoder,
+    expected_json_bytes,
+)
 
 NULL = np.iinfo(np.int64).min  # sentinel for a missing integer inside numpy arrays
 WORKERS_ENV = "PROFPARSE_WORKERS"
 PARALLEL_MIN_BYTES = 64 << 20
-_INITIAL_ROWS = 1 << 22
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_INITIAL_ROWS = 1 << 12  # the first chunk's rows or the size hint usually decide; this is the floor
 
 KINDS: tuple[str, ...] = (
     "cpu_op",
@@ -366,7 +378,8 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
 class EventTableBuilder:
     """Accumulate decoded chunks into one columnar table."""
 
-    def __init__(self) -> None:
+    def __init__(self, expected_rows: int = 0) -> None:
+        self.expected_rows = expected_rows  # capacity to start with (an estimate from the input's size)
         self.names = _Interner()
         self.cats = _Interner()
         self.phs = _Interner()
@@ -402,13 +415,14 @@ class EventTableBuilder:
     def _store(self, cols: dict[str, np.ndarray | None], n: int) -> None:
         """Copy a chunk's columns into the preallocated ones (no list of chunks, no concatenation at the end).
 
-        Capacity starts at 4M rows and doubles; pages the rows do not reach are never touched, so they take
-        address space but no memory. An args column is written only from its first chunk with a value on (then
-        the rows before are filled with NULL); one that never gets a value is never written at all.
+        Capacity starts at ``expected_rows`` (an estimate from the input's size, so a small trace reserves little
+        address space and runs under a low ``ulimit -v``) and doubles; pages the rows do not reach are never
+        touched, so they take address space but no memory. An args column is written only from its first chunk
+        with a value on (then the rows before are filled with NULL); one that never gets a value is never written.
         """
         end = self.rows + n
         if end > self.capacity:
-            capacity = max(_INITIAL_ROWS, 2 * self.capacity, end)
+            capacity = max(_INITIAL_ROWS, self.expected_rows, 2 * self.capacity, end)
             for key, old in self.columns.items():  # one column at a time: the extra memory is one column
                 grown = np.empty(capacity, dtype=old.dtype)
                 if key in self.seen or key not in _ARG_KEYS:  # an args column without values yet holds nothing
@@ -612,6 +626,20 @@ def _decode_body(body: bytes | None, slot: int = -1, length: int = 0) -> tuple[C
         return None
 
 
+def die_with_parent(parent: int) -> None:
+    """Start-up of a worker process: the kernel kills it when its parent dies, however the parent died (SIGKILL
+    included), so no worker outlives profparse; Ctrl-C is left to the parent, which stops the workers itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux/glibc: the parent's shutdown is all there is
+        pass
+    if os.getppid() != parent:  # the parent died before the call above took effect
+        os._exit(1)
+
+
 def worker_count(path: str | Path, workers: int | None = None) -> int:
     """Processes for decoding: ``workers``, else ``$PROFPARSE_WORKERS``, else one per CPU (up to 4) for files
     of at least 64 MB of JSON, else 1. Only where processes can be forked (Linux)."""
@@ -625,13 +653,7 @@ def worker_count(path: str | Path, workers: int | None = None) -> int:
         return max(int(workers), 1)
     if multiprocessing.parent_process() is not None or threading.active_count() > 1:
         return 1  # inside a worker (e.g. one per rank) or a threaded program: forking more is no help or unsafe
-    try:
-        size = Path(path).stat().st_size
-        with open(path, "rb") as handle:
-            if handle.read(2) == b"\x1f\x8b":
-                size *= 8  # traces compress about 8-15x
-    except OSError:
-        return 1
+    size = expected_json_bytes(path)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(cpus, 4) if size >= PARALLEL_MIN_BYTES else 1
 
@@ -644,7 +666,12 @@ def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: i
     slots = _Slots(workers + 2, decoder.chunk_bytes + (1 << 20))
     _SLOTS = slots
     try:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+        pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        )
     except (OSError, ValueError):
         slots.close()
         return False
@@ -729,16 +756,17 @@ def read_trace(
     is the same as with one, which is also what is used whenever a chunk does not decode cleanly.
     """
     kwargs = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
+    rows = expected_json_bytes(path) // BYTES_PER_EVENT
     with _no_cyclic_gc():
         done = False
         processes = worker_count(path, workers)
         if processes > 1:
             decoder = TraceDecoder(path, strict=strict, **kwargs)
-            builder = EventTableBuilder()
+            builder = EventTableBuilder(rows)
             done = _read_parallel(decoder, builder, processes, progress)
         if not done:
             decoder = TraceDecoder(path, strict=strict, **kwargs)
-            builder = EventTableBuilder()
+            builder = EventTableBuilder(rows)
             for events, raw in decoder.chunks_with_text():
                 builder.add(events, raw)
                 del events, raw  # free the chunk before the next one is decoded
