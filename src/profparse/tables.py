@@ -458,8 +458,9 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     n_stages = len(STAGES)
     numbers = attribution.steps["step"].to_numpy().astype(np.int64)
     labels = np.concatenate([step_labels(attribution), [NULL]])  # as stage_summary's rows: step numbers in order
-    index = np.where(seg.step_index >= 0, np.searchsorted(labels[:-1], numbers[np.maximum(seg.step_index, 0)]), -1)
-    index[index < 0] = len(labels) - 1
+    index = np.full(len(seg.step_index), len(labels) - 1, dtype=np.int64)  # outside every window
+    inside = seg.step_index >= 0
+    index[inside] = np.searchsorted(labels[:-1], numbers[seg.step_index[inside]])
     frames = []
     for scope, key, keys in (
         ("step", index * n_stages + seg.stage, labels),
