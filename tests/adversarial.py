@@ -165,7 +165,9 @@ def partial_leftovers(*folders: Path) -> list[Path]:
     for folder in folders:
         folder = Path(folder)
         if folder.is_dir():
-            found += [p for p in folder.iterdir() if ".partial" in p.name or ".old-" in p.name]
+            found += [
+                p for p in folder.iterdir() if ".partial" in p.name or ".old-" in p.name or p.name.endswith(".lock")
+            ]
     return found
 
 
