@@ -53,28 +53,6 @@ def snapshot(*roots: Path) -> dict[str, str]:
     return out
 
 
-def _children(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (Linux /proc), zombies excluded."""
-    kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue
-        kids.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            found.append(k)
-            todo.append(k)
-    return found
-
-
 def _session_pids(sid: int) -> list[int]:
     """Live processes of session ``sid`` (the CLI runs in its own session, so its workers share it)."""
     out = []

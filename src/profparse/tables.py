@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.marks import STAGES
-from profparse.stages.attribute import Attribution
+from profparse.stages.attribute import Attribution, step_window
 from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask
 
@@ -242,21 +242,6 @@ def mixed_containers(parent: np.ndarray, depth: np.ndarray, stage: np.ndarray) -
     return mixed
 
 
-def _step_index(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """Row of ``steps`` whose window holds each timestamp, ``-1`` outside every window (as the attribution's
-    step of an event)."""
-    out = np.full(len(ts), -1, dtype=np.int64)
-    if steps.empty or len(ts) == 0:
-        return out
-    starts = steps["start_ns"].to_numpy()
-    ends = steps["end_ns"].to_numpy()
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    ok = idx >= 0
-    ok[ok] &= ts[ok] < ends[idx[ok]]
-    out[ok] = idx[ok]
-    return out
-
-
 # -- host time: wall time per stage, split into levels ---------------------------------------------------------------
 
 #: Host levels, highest priority first. Where several threads run the same stage at one moment, that moment counts
@@ -413,7 +398,7 @@ def _cut_at_steps(
         end=end,
         stage=stage[owner].astype(np.int64),
         level=level[owner],
-        step_index=_step_index(start, steps),
+        step_index=step_window(start, steps),
     )
 
 

@@ -94,17 +94,26 @@ def find_steps(events: pd.DataFrame, links: Links, thread_names: dict) -> tuple[
     return steps, main
 
 
-def _step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """Step number of the window containing each timestamp, ``NULL`` outside all windows."""
-    out = np.full(len(ts), NULL, dtype=np.int64)
-    if steps.empty:
+def step_window(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Row of ``steps`` whose window holds each timestamp, ``-1`` outside every window."""
+    out = np.full(len(ts), -1, dtype=np.int64)
+    if steps.empty or len(ts) == 0:
         return out
     starts = steps["start_ns"].to_numpy()
     ends = steps["end_ns"].to_numpy()
     idx = np.searchsorted(starts, ts, side="right") - 1
     ok = idx >= 0
     ok[ok] &= ts[ok] < ends[idx[ok]]
-    out[ok] = steps["step"].to_numpy()[idx[ok]]
+    out[ok] = idx[ok]
+    return out
+
+
+def _step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Step number of the window containing each timestamp, ``NULL`` outside all windows."""
+    window = step_window(ts, steps)
+    out = np.full(len(ts), NULL, dtype=np.int64)
+    inside = window >= 0
+    out[inside] = steps["step"].to_numpy()[window[inside]]
     return out
 
 
