@@ -16,11 +16,11 @@ import pandas as pd
 from profparse import tables
 from profparse.errors import TraceFormatError
 from profparse.stages.attribute import Attribution, attribute
-from profparse.trace.events import NULL, RawTrace, read_trace
+from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RawTrace, read_trace
 from profparse.trace.link import Links, link
 
 
-@dataclass
+@dataclass(repr=False)
 class ParsedTrace:
     """A trace after linking and stage attribution; tables are computed on first access."""
 
@@ -119,6 +119,31 @@ class ParsedTrace:
     def rules(self) -> pd.DataFrame:
         """The stage rules that were applied, highest priority first."""
         return pd.DataFrame([vars(r) for r in self.attribution.rules])
+
+    def __repr__(self) -> str:
+        """A few lines (path, events, steps, stages, devices, warnings), not the dataclass's field dump."""
+        events = self.raw.events
+        kinds = events["kind"].value_counts()
+        gpu_kinds = [kind for kind in GPU_ACTIVITY_KINDS if kind in kinds.index]
+        gpu = events["kind"].isin(gpu_kinds).to_numpy()
+        devices = ["CPU"] + [f"GPU {d}" for d in sorted(set(events["device"].to_numpy()[gpu].tolist()) - {NULL})]
+        steps = self.steps
+        step_text = "none found"
+        if len(steps):
+            sources = ", ".join(sorted(set(steps["source"].astype(str))))
+            step_text = f"{len(steps)} ({steps['step'].min()}-{steps['step'].max()}, from {sources})"
+        totals = self._stage_summary[self._stage_summary["scope"] == "total"]
+        present = [f"{r.stage} {r.host_wall_ns / 1e6:,.2f} ms" for r in totals.itertuples() if r.host_wall_ns > 0]
+        lines = [
+            f"ParsedTrace({self.path!r})",
+            f"  events:   {len(events):,} ({int(kinds.get('cpu_op', 0)):,} CPU ops, {int(gpu.sum()):,} GPU activities)",
+            f"  steps:    {step_text}",
+            f"  stages:   {', '.join(present) or 'none with host time'} (host wall)",
+            f"  devices:  {', '.join(devices)}" + (f"; rank {self.rank}" if self.rank is not None else ""),
+            f"  warnings: {len(self.warnings)} (see .warnings)",
+            "  tables:   .events .kernels .ops .stage_summary .stage_levels .modules .memory .load_breakdown",
+        ]
+        return "\n".join(lines)
 
 
 def _public(frame: pd.DataFrame) -> pd.DataFrame:

@@ -116,19 +116,39 @@ def memory_timeline(events: pd.DataFrame, links: Links, attribution: Attribution
     return frame
 
 
+def counted_bytes(timeline: pd.DataFrame) -> np.ndarray:
+    """Each event's ``Bytes`` where it moved ``Total Allocated``, else 0.
+
+    Some events change only the reserve: CPU captures hold one ``Bytes = 1,020,864`` event whose ``Total
+    Allocated`` stays 0 and whose ``Total Reserved`` becomes 1,020,864 (an allocator reserving a pool). Counting
+    it as allocated would print ``allocated 997 KiB`` next to ``peak 172 B``; it shows in ``peak_reserved_bytes``.
+    The first event of a device is counted (the level before it is unknown); so are legacy running sums.
+    """
+    allocated = timeline["allocated_bytes"].to_numpy()
+    nbytes = timeline["bytes"].to_numpy()
+    device = timeline["device"].cat.codes.to_numpy()  # rows are in time order within each device
+    first = np.ones(len(device), dtype=bool)
+    first[1:] = device[1:] != device[:-1]
+    previous = np.concatenate([[0], allocated[:-1]])
+    moved = first | timeline["relative"].to_numpy() | (allocated - previous == nbytes)
+    return np.where(moved, nbytes, 0)
+
+
 def memory_by_stage(timeline: pd.DataFrame) -> pd.DataFrame:
     """Per (scope, step, stage, device): allocated at start/end, peaks, bytes allocated and freed.
 
     ``start_allocated_bytes`` is the device's total just before the group's first event, ``end`` just after its
-    last, ``peak`` the highest total in between (the start included). Totals are device-wide: allocations of other
-    stages running at the same time (another thread) are in them. ``scope`` = ``step`` (one row per step and
-    stage; ``outside_steps`` for events outside every step) or ``total`` (the whole trace per stage).
+    last, ``peak`` the highest total in between (the start included); ``alloc_bytes`` / ``freed_bytes`` sum the
+    ``Bytes`` that moved the total (:func:`counted_bytes`: reserve-only events are left out). Totals are
+    device-wide: allocations of other stages running at the same time (another thread) are in them. ``scope`` =
+    ``step`` (one row per step and stage; ``outside_steps`` for events outside every step) or ``total`` (the whole
+    trace per stage).
     """
     if timeline.empty:
         return _empty_by_stage()
     t = timeline
     allocated = t["allocated_bytes"].to_numpy()
-    nbytes = t["bytes"].to_numpy()
+    nbytes = counted_bytes(t)
     reserved = t["reserved_bytes"].to_numpy()
     base = pd.DataFrame(
         {

@@ -240,7 +240,8 @@ def render_text(data: dict[str, Any] | None) -> str:
         relative = any(r["relative"] for r in memory)
         note = "\n  (the trace has no allocator totals: levels are relative to its first event)" if relative else ""
         parts.append(
-            f"Memory per stage (allocated at first -> last event, peak; bytes allocated, freed){note}\n"
+            "Memory per stage (allocated at first -> last event, peak; bytes allocated, freed: moves of the\n"
+            f"  allocator's Total Allocated; reserve-only events count in reserved peak){note}\n"
             + _table(["device", "stage", "start", "end", "peak", "allocated", "freed", "reserved peak"], rows, 2)
         )
     return "".join(f"\n{p}\n" for p in parts)

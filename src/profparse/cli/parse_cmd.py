@@ -2,6 +2,7 @@
 
 ``profparse parse FOLDER -o DIR`` does it for a folder of rank traces: one dataset partitioned by rank
 (``DIR/<table>/rank=<r>/part-0.parquet``), ranks parsed in parallel (``--jobs``) or on a Dask cluster (``--scheduler``).
+A capture's run folder (one trace plus its ``manifest.json``) is that one trace.
 """
 
 from __future__ import annotations
@@ -69,9 +70,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def capture_run_trace(folder: str) -> str | None:
+    """The trace of a ``profparse capture`` run folder, else None (a folder of rank traces).
+
+    A run folder holds exactly one trace file plus a ``manifest.json`` of kind ``profparse.capture`` naming it;
+    such a folder is that one trace, not a one-rank run. Anything unreadable or unexpected: not a run folder."""
+    import json
+    from pathlib import Path
+
+    from profparse.ranks import SKIP_NAMES, TRACE_SUFFIXES
+
+    manifest_path = Path(folder) / "manifest.json"
+    try:
+        with open(manifest_path, "rb") as f:
+            manifest = json.loads(f.read(1 << 20))  # a capture's manifest is a few kB
+        traces = [
+            p
+            for p in Path(folder).iterdir()
+            if p.name.lower().endswith(TRACE_SUFFIXES) and p.name not in SKIP_NAMES and not p.name.startswith(".")
+        ]
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("kind") != "profparse.capture":
+        return None
+    named = manifest.get("trace", {}).get("file") if isinstance(manifest.get("trace"), dict) else None
+    if len(traces) != 1 or traces[0].name != named or not traces[0].is_file():
+        return None
+    return str(traces[0])
+
+
+def resolve_input(args: argparse.Namespace) -> bool:
+    """Whether ``args.trace`` is a folder of ranks; a capture's run folder becomes its one trace."""
+    if not input_is_dir(args.trace):
+        return False
+    run_trace = capture_run_trace(args.trace)
+    if run_trace is None:
+        return True
+    args.trace = run_trace
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
+    is_ranks = resolve_input(args)
     check_output(args, "dir", "parse", [args.trace])
-    if input_is_dir(args.trace):
+    if is_ranks:
         return run_ranks(args)
     from profparse.outputs.parquet import TABLES, write_parquet
 

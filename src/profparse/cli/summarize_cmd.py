@@ -1,7 +1,8 @@
 """``profparse summarize TRACE``: the per-stage summary in the terminal (or json/csv/markdown).
 
 ``profparse summarize FOLDER``: for a folder of rank traces (or a dataset written by ``parse FOLDER``), the time of
-each stage on each rank, the slowest rank per stage and its lead over the median.
+each stage on each rank, the slowest rank per stage and its lead over the median. A capture's run folder (one trace
+plus the ``manifest.json`` ``profparse capture`` writes) is summarized as its trace.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from profparse.cli.common import add_input_options, emit, input_is_dir, int_option, parse_input
-from profparse.cli.parse_cmd import add_rank_options, partial_failure, run_rank_tasks
+from profparse.cli.common import add_input_options, emit, int_option, parse_input
+from profparse.cli.parse_cmd import add_rank_options, partial_failure, resolve_input, run_rank_tasks
 from profparse.outputs.summary import FORMATS, TOP_N, render_summary
 
 
@@ -34,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if input_is_dir(args.trace):
+    if resolve_input(args):  # a capture's run folder is its one trace
         return run_ranks(args)
     parsed = parse_input(args)
     emit(render_summary(parsed, fmt=args.format, top=args.top))
