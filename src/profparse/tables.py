@@ -582,7 +582,9 @@ def _split_gpu_span(
     idle += np.bincount(key[sel] + next_stage[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
 
 
-def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+def stage_summary(
+    events: pd.DataFrame, links: Links, attribution: Attribution, host: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``).
 
     Host wall: :func:`host_time` (per step capped at the step window). GPU busy / overlap / idle: :func:`gpu_time`,
@@ -601,7 +603,7 @@ def stage_summary(events: pd.DataFrame, links: Links, attribution: Attribution) 
     launcher &= kind_mask(events, RUNTIME_KINDS)
     memcpy_bytes = events["bytes"].to_numpy()[memcpy]
     memcpy_bytes = np.where(memcpy_bytes == NULL, 0, memcpy_bytes)
-    host = host_time(events, links, attribution)
+    host = host_time(events, links, attribution) if host is None else host  # ParsedTrace computes it once
     gpu = gpu_time(events, attribution)
 
     step_values = step_labels(attribution)

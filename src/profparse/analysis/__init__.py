@@ -51,7 +51,7 @@ class Analyses:
         summary = self.parsed.stage_summary.copy(deep=False)
         if isinstance(summary["step"].dtype, pd.Int64Dtype):
             summary["step"] = summary["step"].fillna(NULL).to_numpy(dtype=np.int64)
-        return stage_levels(*self._inputs, summary)
+        return stage_levels(*self._inputs, summary, self.parsed._host_time)
 
     @cached_property
     def modules(self) -> pd.DataFrame:

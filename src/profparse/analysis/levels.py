@@ -52,8 +52,15 @@ LATENCY_COLUMNS = (
 QUANTILES = ((0.5, "launch_latency_p50_ns"), (0.9, "launch_latency_p90_ns"), (0.99, "launch_latency_p99_ns"))
 
 
-def stage_levels(events: pd.DataFrame, links: Links, attribution: Attribution, summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per row of ``summary`` (the internal ``stage_summary``: scope, step, stage) with the level columns."""
+def stage_levels(
+    events: pd.DataFrame,
+    links: Links,
+    attribution: Attribution,
+    summary: pd.DataFrame,
+    host: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per row of ``summary`` (the internal ``stage_summary``: scope, step, stage) with the level columns;
+    ``host`` is :func:`profparse.tables.host_time`'s result where the caller has it already."""
     n_stages = len(STAGES)
     stage = attribution.stage.astype(np.int64)
     step = attribution.step
@@ -94,7 +101,7 @@ def stage_levels(events: pd.DataFrame, links: Links, attribution: Attribution, s
     levels = pd.concat(frames, ignore_index=True)
     levels.loc[(levels["scope"] == "step") & (levels["step"] == NULL), "scope"] = "outside_steps"
 
-    host = tables.host_time(events, links, attribution)
+    host = (tables.host_time(events, links, attribution) if host is None else host).copy()  # not the cached one
     host["op_ns"] = host["op_ns"] + host["op_python_ns"]
     host["runtime_ns"] = host["runtime_ns"] + host["sync_ns"]
     host = host[["scope", "step", "stage_code", *HOST_COLUMNS]]
