@@ -69,17 +69,11 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
     if modules.empty:
         return []
     # a class's time counts its outermost instances only (a Sequential inside a Sequential is already included)
-    parent_of = modules.drop_duplicates("module").set_index("module")["parent"]
-    class_of = modules.drop_duplicates("module").set_index("module")["class"]
-    nested = pd.Series(False, index=parent_of.index)
-    above = parent_of.copy()
-    for _ in range(int(modules["depth"].max()) + 1):
-        above = above[above.isin(parent_of.index)]
-        if above.empty:
-            break
-        nested.loc[above.index] |= class_of.reindex(above.to_numpy()).to_numpy() == class_of.loc[above.index].to_numpy()
-        above = pd.Series(parent_of.reindex(above.to_numpy()).to_numpy(), index=above.index)
-    outer = ~nested.reindex(modules["module"]).fillna(False).to_numpy(dtype=bool)
+    firsts = modules.drop_duplicates("module")
+    nested_names = _nested_in_same_class(
+        firsts["module"].tolist(), firsts["parent"].tolist(), firsts["class"].tolist()
+    )
+    outer = ~modules["module"].isin(nested_names).to_numpy(dtype=bool)
     modules = modules.assign(
         host_ns=np.where(outer, modules["host_ns"], 0), gpu_ns=np.where(outer, modules["gpu_ns"], 0)
     )
@@ -104,6 +98,48 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
     )
     grouped = grouped.reset_index().sort_values(["depth", "first"], kind="stable").drop(columns="first")
     return [{k: _plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]
+
+
+def _nested_in_same_class(names: list[Any], parents: list[Any], classes: list[Any]) -> set[Any]:
+    """Modules that have an ancestor of their own class, by one walk down the module tree (linear in its size).
+
+    A depth-first walk keeps a count of the classes on the path from the root; a module is nested when its class
+    is already on the path. A module whose parent is unknown is a root; parent links that form a cycle (possible
+    only in a hand-made trace) are cut where the walk first enters them.
+    """
+    index = {name: i for i, name in enumerate(names)}
+    children: list[list[int]] = [[] for _ in names]
+    has_parent = [False] * len(names)
+    for i, parent in enumerate(parents):
+        j = index.get(parent)
+        if j is not None and j != i:
+            children[j].append(i)
+            has_parent[i] = True
+    nested: set[Any] = set()
+    seen = [False] * len(names)
+    on_path: dict[Any, int] = {}
+    starts = [i for i in range(len(names)) if not has_parent[i]] + list(range(len(names)))
+    for start in starts:
+        if seen[start]:
+            continue
+        seen[start] = True
+        stack = [(start, iter(children[start]))]
+        on_path[classes[start]] = on_path.get(classes[start], 0) + 1
+        while stack:
+            node, kids = stack[-1]
+            kid = next(kids, None)
+            if kid is None:
+                stack.pop()
+                on_path[classes[node]] -= 1
+                continue
+            if seen[kid]:
+                continue
+            seen[kid] = True
+            if on_path.get(classes[kid], 0):
+                nested.add(names[kid])
+            on_path[classes[kid]] = on_path.get(classes[kid], 0) + 1
+            stack.append((kid, iter(children[kid])))
+    return nested
 
 
 # -- text ------------------------------------------------------------------------------------------------------------
