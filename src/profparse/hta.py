@@ -32,7 +32,7 @@ import pandas as pd
 
 from profparse.errors import ProfparseError
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as, text_table
+from profparse.outputs.formats import display, md_cell, md_code, md_table, render_as, text_table
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
@@ -363,7 +363,7 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
 
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
-    out.write(f"profparse hta: {data['trace']} (rank {data['rank']})\n")
+    out.write(f"profparse hta: {display(data['trace'])} (rank {data['rank']})\n")
     out.write(f"  {data['gpu_rows']:,} HTA GPU rows joined to profparse stages")
     out.write(f", {data['unmatched_rows']:,} unmatched\n" if data["unmatched_rows"] else ", all matched\n")
     out.write(f"  times: {data['units']}\n")
@@ -375,10 +375,9 @@ def render_text(data: dict[str, Any]) -> str:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    lines = [f"# profparse hta: `{data['trace']}` (rank {data['rank']})", "", f"Times: {data['units']}."]
+    lines = [f"# profparse hta: {md_code(data['trace'])} (rank {data['rank']})", "", f"Times: {data['units']}."]
     for title, headers, rows in _sections(data):
-        lines += ["", f"## {title}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += ["", f"## {title}", "", *md_table(headers, [[md_cell(c) for c in r] for r in rows])]
     return "\n".join(lines) + "\n"
 
 

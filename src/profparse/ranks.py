@@ -40,7 +40,8 @@ import pandas as pd
 
 from profparse.errors import InputNotFoundError, ProfparseError, TraceFormatError, UsageError
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as
+from profparse.outputs.formats import display, md_cell, md_code, render_as
+from profparse.outputs.formats import text_table as _table
 
 PLAIN_TABLES = ("ranks", "failed_ranks")  # one file each, not partitioned
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -847,14 +848,12 @@ STRAGGLER_HEADERS = ["stage", "median", "fastest", "slowest", "slowest rank", "l
 
 
 def render_ranks_text(data: dict[str, Any]) -> str:
-    from profparse.outputs.formats import text_table as _table
-
     label = METRICS[data["metric"]][1]
     n_ok = sum(r["status"] == "ok" for r in data["ranks"])
     failed = len(data["failed_ranks"])
     lines = [
-        f"profparse ranks summary: {data['folder']}",
-        f"  {len(data['ranks'])} rank traces ({data['rank_sources']}), {n_ok} read, {failed} failed",
+        f"profparse ranks summary: {display(data['folder'])}",
+        f"  {len(data['ranks'])} rank traces ({display(data['rank_sources'])}), {n_ok} read, {failed} failed",
         "",
         f"{label[0].upper()}{label[1:]} per rank and stage (ms)",
     ]
@@ -865,14 +864,15 @@ def render_ranks_text(data: dict[str, Any]) -> str:
     lines.append(_table(STRAGGLER_HEADERS, _straggler_rows(data)))
     if data["failed_ranks"]:
         lines += ["", "Failed ranks (not in the tables above)"]
-        lines += [f"  rank {f['rank']}: {f['error']}" for f in data["failed_ranks"]]
+        lines += [f"  rank {f['rank']}: {display(f['error'])}" for f in data["failed_ranks"]]
     return "\n".join(lines) + "\n"
 
 
 def render_ranks_markdown(data: dict[str, Any]) -> str:
     label = METRICS[data["metric"]][1]
     folder = Path(data["folder"]).name if data["folder"] else "ranks"
-    lines = [f"# profparse ranks summary: `{folder}`", "", f"{len(data['ranks'])} ranks ({data['rank_sources']}).", ""]
+    sources = md_cell(data["rank_sources"])
+    lines = [f"# profparse ranks summary: {md_code(folder)}", "", f"{len(data['ranks'])} ranks ({sources}).", ""]
     lines += [f"## {label[0].upper()}{label[1:]} per rank and stage (ms)", ""]
     lines.append("| rank | " + " | ".join(STAGES) + " |")
     lines.append("|" + "---|" * (len(STAGES) + 1))
@@ -886,7 +886,7 @@ def render_ranks_markdown(data: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     if data["failed_ranks"]:
         lines += ["", "## Failed ranks", ""]
-        lines += [f"- rank {f['rank']}: `{f['error']}`" for f in data["failed_ranks"]]
+        lines += [f"- rank {f['rank']}: {md_code(f['error'])}" for f in data["failed_ranks"]]
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.outputs.formats import display, md_cell, md_code, md_table, text_table
+
 MODULE_ROWS = 12
 RULES_WIDTH = 38
 LEVELS = (
@@ -173,14 +175,7 @@ def _short(text: str, width: int) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], align_left: int = 1, last_left: bool = False) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    left = set(range(align_left)) | ({len(headers) - 1} if last_left else set())
-    lines = []
-    for row in [headers, *rows]:
-        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  " + "  ".join(cells).rstrip())
-    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(headers, rows, align_left, last_left=last_left)
 
 
 def _module_rows(modules: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -191,7 +186,7 @@ def _module_rows(modules: list[dict[str, Any]]) -> tuple[list[str], list[list[st
     headers += (["bwd GPU"] if gpu else []) + (["recompute"] if recompute else [])
     rows = []
     for r in modules[:MODULE_ROWS]:
-        row = [_short(str(r["class"]), 28), str(r["depth"]), str(r["instances"]), f"{r['calls']:,}"]
+        row = [_short(display(r["class"]), 28), str(r["depth"]), str(r["instances"]), f"{r['calls']:,}"]
         row += [_nz(r["forward_host_ns"])] + ([_nz(r["forward_gpu_ns"])] if gpu else [])
         row += [_nz(r["backward_host_ns"])] + ([_nz(r["backward_gpu_ns"])] if gpu else [])
         row += [_nz(r["recompute_host_ns"])] if recompute else []
@@ -241,7 +236,7 @@ def render_text(data: dict[str, Any] | None) -> str:
             row = [r["substep"], _ms(r["time_ns"]), f"{r['share']:.1%}", _ms(r["wall_ns"]), f"{r['event_count']:,}"]
             if gpu:
                 row.append(_ms(r["gpu_time_ns"]))
-            rows.append(row + [_short(r["rule"] or "-", RULES_WIDTH - (10 if gpu else 0))])
+            rows.append(row + [_short(display(r["rule"] or "-"), RULES_WIDTH - (10 if gpu else 0))])
         headers = ["substep", "ms", "share", "wall ms", "events"] + (["GPU ms"] if gpu else []) + ["rules"]
         parts.append(
             f"Loading sub-steps (load host time {_ms(total)} ms; unattributed = no rule explains it)\n"
@@ -284,10 +279,9 @@ def render_text(data: dict[str, Any] | None) -> str:
 # -- markdown --------------------------------------------------------------------------------------------------------
 
 
-def _md(headers: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return lines
+def _md(headers: list[str], rows: list[list[str]], code: int | None = None) -> list[str]:
+    """A markdown table of plain cells (escaped here); column ``code``, if given, holds code spans already."""
+    return md_table(headers, [[c if i == code else md_cell(c) for i, c in enumerate(row)] for row in rows])
 
 
 def render_markdown(data: dict[str, Any] | None) -> list[str]:
@@ -313,11 +307,12 @@ def render_markdown(data: dict[str, Any] | None) -> list[str]:
                 f"{r['share']:.1%}",
                 _ms(r["wall_ns"]),
                 str(r["event_count"]),
-                f"`{r['rule']}`" if r["rule"] else "-",
+                md_code(r["rule"]) if r["rule"] else "-",
             ]
             for r in data["load_breakdown"]
         ]
-        lines += ["", "## Loading sub-steps", "", *_md(["substep", "ms", "share", "wall ms", "events", "rules"], rows)]
+        headers = ["substep", "ms", "share", "wall ms", "events", "rules"]
+        lines += ["", "## Loading sub-steps", "", *_md(headers, rows, code=5)]
     if data["modules_by_class"]:
         headers, rows = _module_rows(data["modules_by_class"])
         lines += ["", "## Modules by class", "", *_md(headers, rows), "", "Times in ms, sub-modules included."]
