@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.errors import ProfparseError
+from profparse.errors import ProfparseError, TraceFormatError
 from profparse.marks import STAGES
 from profparse.outputs.formats import display, md_cell, md_code, md_table, render_as, text_table
 
@@ -88,7 +88,8 @@ def load_hta(path: str | Path, *, exact: bool = False, include_last_profiler_ste
     except ProfparseError:
         raise
     except Exception as exc:  # noqa: BLE001 - HTA raises anything on traces it cannot read
-        raise ProfparseError(f"{path}: HTA could not load the trace ({type(exc).__name__}: {exc})") from None
+        reason = (str(exc).splitlines() or [""])[0]
+        raise TraceFormatError(f"{path}: HTA could not load the trace ({type(exc).__name__}: {reason})") from None
     finally:
         if old is None:
             os.environ.pop(key, None)
@@ -258,8 +259,24 @@ class HtaByStage:
     hta_idle: pd.DataFrame  # HTA's own get_idle_time_breakdown, whole trace
 
 
+def _check_loadable(parsed: Any) -> None:
+    report = parsed.raw.report
+    if report.truncated:
+        raise TraceFormatError(
+            f"{parsed.path}: cut short (truncated at byte {report.truncated_at_byte}); HTA reads the whole file "
+            "and cannot load it (profparse summarize and parse use its complete events)"
+        )
+    if len(parsed.raw.events) == 0:
+        raise TraceFormatError(f"{parsed.path}: the trace has no events; HTA has nothing to analyse")
+
+
 def hta_by_stage(parsed: Any, *, exact: bool = False, consecutive_kernel_delay: int = 30, ta: Any = None) -> HtaByStage:
-    """Load the trace with HTA (unless ``ta`` is given) and split its kernel and idle breakdowns by stage."""
+    """Load the trace with HTA (unless ``ta`` is given) and split its kernel and idle breakdowns by stage.
+
+    HTA reads the file itself, whole: a trace cut short, or one without events, is refused first with a
+    :class:`~profparse.errors.TraceFormatError` (exit 4) that says so, rather than HTA's own error."""
+    if ta is None:
+        _check_loadable(parsed)
     ta = ta if ta is not None else load_hta(parsed.path, exact=exact)
     with _quiet():
         rows = hta_gpu_rows(ta, parsed)
