@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pandas as pd
 from conftest import parsed as parsed_once
 from tracebuilder import AUTOGRAD, TraceBuilder, memory_event, training_step
@@ -101,12 +104,28 @@ def test_peak_bounds_on_real_traces(sample_trace):
     assert set(total["stage"].astype(str)) >= {"forward", "backward", "optimizer"}
 
 
+def _raw_memory_events(path) -> list[dict]:
+    """The ``[memory]`` instants of a trace file, read with the standard library (ground truth for the parser)."""
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return [e for e in events if isinstance(e, dict) and e.get("name") == "[memory]" and e.get("ph") == "i"]
+
+
 def test_shared_traces_memory(shared_trace):
     p = parsed_once(shared_trace)
     m = p.memory_by_stage
-    assert len(p.memory) == (p.events["kind"] == "memory").sum()
-    if m.empty:
-        return
-    assert (m["peak_allocated_bytes"] >= m[["start_allocated_bytes", "end_allocated_bytes"]].max(axis=1)).all()
-    if "legacy" in shared_trace.name:  # no Total Allocated in 2021 traces; CUDA and CPU allocations
-        assert m["relative"].all() and {"cpu", "cuda:0"} <= set(m["device"].astype(str))
+    raw = _raw_memory_events(shared_trace)
+    assert len(p.memory) == (p.events["kind"] == "memory").sum() == len(raw)
+    # a memory table and a summary section exactly when the trace has [memory] events
+    assert m.empty == (not raw)
+    assert ("Memory per stage" in render_summary(p)) == bool(raw)
+    if not raw:
+        assert p.memory.empty
+    else:
+        assert (m["peak_allocated_bytes"] >= m[["start_allocated_bytes", "end_allocated_bytes"]].max(axis=1)).all()
+        has_totals = any("Total Allocated" in (e.get("args") or {}) for e in raw)
+        assert bool(m["relative"].all()) == (not has_totals)  # levels are relative only without allocator totals
+        total = m[m["scope"] == "total"]
+        assert total["alloc_count"].sum() + total["free_count"].sum() <= len(raw)
+        gpu = any((e.get("args") or {}).get("Device Type") == 1 for e in raw)
+        assert any(d.startswith("cuda") for d in m["device"].astype(str)) == gpu

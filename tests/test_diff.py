@@ -125,3 +125,48 @@ def test_formats_and_verb(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["a"]["trace"] == str(a_path) and out["b"]["trace"] == str(b_path)
     assert main(["diff", str(a_path), str(tmp_path / "missing.json"), "-q"]) == 3
+
+
+def _ops_trace(tmp_path: Path, name: str, ops: dict[str, float], steps: int = 2) -> Path:
+    """A CPU-only trace: per step, a forward module holding one op per ``ops`` entry (name -> duration in us)."""
+    b = TraceBuilder()
+    for step in range(steps):
+        t0 = step * 1000.0
+        b.annotation(f"ProfilerStep#{step}", t0, 1000)
+        b.py("nn.Module: Linear_0", t0 + 1, 900)
+        t = t0 + 2
+        for op, dur in ops.items():
+            b.op(op, t, dur)
+            t += dur + 1
+    return b.write(tmp_path / f"{name}.json.gz")
+
+
+def test_two_different_traces_known_op_changes(tmp_path, capsys):
+    """B slows one op, drops another and adds a third: each shows with its exact change, in the data and the verb."""
+    a_path = _ops_trace(tmp_path, "a", {"aten::mm": 100, "aten::relu": 20, "aten::gone": 50})
+    b_path = _ops_trace(tmp_path, "b", {"aten::mm": 160, "aten::relu": 20, "aten::new": 30})
+    data = diff_data(profparse.parse(a_path), profparse.parse(b_path))
+    moved = {m["name"]: m for m in data["ops"]}
+    assert set(moved) == {"aten::mm", "aten::gone", "aten::new"}  # relu did not move
+    assert (moved["aten::mm"]["a_ns"], moved["aten::mm"]["b_ns"], moved["aten::mm"]["delta_ns"]) == (
+        200_000,
+        320_000,
+        120_000,
+    )
+    assert moved["aten::mm"]["pct"] == pytest.approx(0.6)
+    assert (moved["aten::gone"]["b_count"], moved["aten::gone"]["delta_ns"]) == (0, -100_000)
+    assert (moved["aten::new"]["a_count"], moved["aten::new"]["delta_ns"], moved["aten::new"]["pct"]) == (
+        0,
+        60_000,
+        None,
+    )
+    assert [m["name"] for m in data["ops"]] == ["aten::mm", "aten::gone", "aten::new"]  # by size of change
+    rows = {(r["stage"], r["level"]): r for r in data["stages"]}
+    ops = rows[("forward", "ops")]
+    assert (ops["a"], ops["b"], ops["delta"]) == (340_000, 420_000, 80_000)  # 2 x (170 -> 210 us)
+    assert main(["diff", str(a_path), str(b_path), "-q"]) == 0
+    text = capsys.readouterr().out
+    mm = next(line for line in text.splitlines() if "aten::mm" in line)
+    assert "0.20 (2)" in mm and "0.32 (2)" in mm and "+0.12" in mm and "+60.0%" in mm
+    new = next(line for line in text.splitlines() if "aten::new" in line)
+    assert new.split()[-1] == "new"

@@ -107,3 +107,22 @@ def test_hta_verb(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"profparse hta: {path}")
     assert "GPU kernel time by HTA kernel type, per stage" in out
+
+
+def test_empty_and_cut_traces_get_a_clear_error(tmp_path):
+    """HTA reads the file itself: an empty or cut trace used to end with exit 1 and an empty or cryptic message."""
+    from adversarial import assert_clean_failure, run_cli
+    from tracebuilder import TraceBuilder, training_step
+
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"traceEvents": []}')
+    assert_clean_failure(run_cli("hta", "-q", str(empty)), 4, contains="has no events")
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(20):
+        t = training_step(b, step, t)
+    whole = b.write(tmp_path / "whole.json").read_bytes()
+    for fraction in (0.1, 0.5, 0.95):
+        cut = tmp_path / f"cut{fraction}.json"
+        cut.write_bytes(whole[: int(len(whole) * fraction)])
+        assert_clean_failure(run_cli("hta", "-q", str(cut)), 4, contains="cut short (truncated at byte")

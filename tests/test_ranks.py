@@ -7,15 +7,21 @@ import io
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
+from adversarial import REPO, _session_pids, assert_clean_failure, partial_leftovers, run_cli, snapshot
 from conftest import SHARED_TRACES
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
+import profparse.errors
 from profparse import ranks
 from profparse.cli.main import main
 from profparse.errors import UsageError
@@ -383,3 +389,129 @@ def test_summarize_with_a_failed_rank(built, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [f["rank"] for f in data["failed_ranks"]] == [3]
     assert {r["rank"] for r in data["per_rank"]} == {0, 1, 2}
+
+
+# -- point 8 of issue 11: the right code for each way a rank run fails ------------------------------------------------
+
+
+def _good_ranks(folder: Path, n: int = 2) -> Path:
+    folder.mkdir()
+    for r in range(n):
+        build_rank(folder / f"rank{r}.json.gz", None)
+    return folder
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_deeply_nested_rank_fails_alone(tmp_path, jobs):
+    """JSON nested thousands deep in one rank file fails that rank (exit 4 for it); the others are written, exit 7."""
+    folder = _good_ranks(tmp_path / "in")
+    deep = 5000
+    (folder / "rank2.json").write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1, '
+        '"args": {"x": ' + '{"a": ' * deep + "1" + "}" * deep + "}}]}"
+    )
+    run = run_cli("parse", str(folder), "-o", str(tmp_path / "out"), "-j", str(jobs), "-q")
+    assert run.code == 7, run.stderr
+    assert "Traceback" not in run.stderr and "rank 2" in run.stderr
+    table = ranks.read_table(tmp_path / "out", "ranks").set_index("rank")
+    assert list(table["status"]) == ["ok", "ok", "failed"] and table.loc[2, "exit_code"] == 4
+    assert not run.leftover_pids
+
+
+def test_recursion_error_in_a_rank_is_its_failure(tmp_path, monkeypatch):
+    """A RecursionError anywhere in reading one rank is that rank's input error (4), not an internal error."""
+    import profparse.api
+
+    def deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(profparse.api, "parse", deep)
+    task = ranks.RankTask(path=str(tmp_path / "x.json"), rank=0, source="position", out_root=None)
+    result = ranks.run_rank(task)
+    assert (result.ok, result.exit_code) == (False, 4) and "nested too deeply" in result.error
+
+
+def test_every_rank_out_of_memory_is_exit_8(tmp_path, monkeypatch):
+    """All ranks failing for memory is exit 8 (out of memory), not 4 (unreadable input); mixed reasons stay 4."""
+    import profparse.api
+
+    folder = _good_ranks(tmp_path / "in")
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(profparse.api, "parse", no_memory)
+    with pytest.raises(profparse.errors.TraceFormatError) as caught:
+        ranks.parse_ranks(folder, tmp_path / "out", jobs=1)
+    assert caught.value.exit_code == 8 and "out of memory" in str(caught.value)
+    assert not (tmp_path / "out").exists()
+    results = [
+        ranks.RankResult(path="a", rank=0, source="position", ok=False, error="a: out of memory", exit_code=8),
+        ranks.RankResult(path="b", rank=1, source="position", ok=False, error="b: not JSON", exit_code=4),
+    ]
+    with pytest.raises(profparse.errors.TraceFormatError) as caught:
+        ranks._raise_if_none_read("in", results)
+    assert caught.value.exit_code == 4
+
+
+def test_folder_that_only_looks_like_a_dataset(tmp_path):
+    """ranks/ and stage_summary/ folders holding no Parquet (or the wrong tables): exit 4 with one line."""
+    fake = tmp_path / "fake"
+    for name in ("ranks", "stage_summary"):
+        (fake / name).mkdir(parents=True)
+        (fake / name / "part-0.parquet").write_bytes(b"not parquet at all")
+    before = snapshot(fake)
+    assert_clean_failure(run_cli("summarize", str(fake)), 4, contains="not a readable profparse rank dataset")
+    assert snapshot(fake) == before
+    wrong = tmp_path / "wrong"
+    for name in ("ranks", "stage_summary"):
+        (wrong / name).mkdir(parents=True)
+        pd.DataFrame({"a": [1]}).to_parquet(wrong / name / "part-0.parquet")
+    assert_clean_failure(run_cli("summarize", str(wrong)), 4, contains="not a profparse rank dataset")
+
+
+def _slow_ranks(folder: Path) -> Path:
+    """Four ranks that take a few seconds to parse with -j 2."""
+    folder.mkdir()
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3000):
+        t = training_step(b, step, t)
+    b.write(folder / "rank0.json")
+    for r in range(1, 4):
+        shutil.copy(folder / "rank0.json", folder / f"rank{r}.json")
+    return folder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_pool_workers_die_with_the_parent(tmp_path, sig):
+    """The parent killed mid-run: its workers (and the forkserver) are gone within the grace period."""
+    folder = _slow_ranks(tmp_path / "in")
+    run = run_cli("parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", signal_after=(2.5, sig))
+    assert run.code == -sig, f"the run was not still going when signalled: {run.code} {run.stderr}"
+    assert not run.leftover_pids, run.leftover_pids
+
+
+def test_ctrl_c_while_the_pool_starts(tmp_path):
+    """Ctrl-C (to the whole process group) as the worker pool starts: exit 130, one line, nothing left."""
+    folder = _slow_ranks(tmp_path / "in")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profparse.cli.main", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    # until the pool's first worker is forked (parent, resource tracker, forkserver, worker): the pool is starting
+    while len(_session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["profparse: interrupted"], err
+    time.sleep(1.0)
+    assert [p for p in _session_pids(proc.pid) if p != proc.pid] == []
+    assert not (tmp_path / "out").exists() and not partial_leftovers(tmp_path)

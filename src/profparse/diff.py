@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as, text_table
+from profparse.outputs.formats import display, md_code, render_as, text_table
 from profparse.quality import gpu_devices
 
 FORMATS = ("text", "json", "markdown")
@@ -199,8 +199,8 @@ def render_text(data: dict[str, Any]) -> str:
     a, b = data["a"], data["b"]
     out.write("profparse diff (change = B - A)\n")
     for key, d in (("A", a), ("B", b)):
-        devices = ", ".join(d["devices"]) or "no GPU"
-        out.write(f"  {key}: {d['trace']}  ({d['events']:,} events, {d['steps']} steps, {devices})\n")
+        devices = ", ".join(display(x) for x in d["devices"]) or "no GPU"
+        out.write(f"  {key}: {display(d['trace'])}  ({d['events']:,} events, {d['steps']} steps, {devices})\n")
     scope = "mean per step" if data["per_step"] else "whole trace"
     out.write(f"\nPer stage and level ({scope}; times in ms)\n")
     if data["stages"]:
@@ -244,7 +244,7 @@ def render_text(data: dict[str, Any]) -> str:
 def render_markdown(data: dict[str, Any]) -> str:
     a, b = data["a"], data["b"]
     lines = [
-        f"# profparse diff: `{a['trace']}` → `{b['trace']}`",
+        f"# profparse diff: {md_code(a['trace'])} → {md_code(b['trace'])}",
         "",
         f"Change = B - A; {'mean per step' if data['per_step'] else 'whole trace'}; times in ms.",
         "",
@@ -260,10 +260,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines += ["", f"## {title}", "", "| stage | name | A ms (count) | B ms (count) | change | % |"]
         lines.append("|---|---|---:|---:|---:|---:|")
         for r in data[key]:
-            name = _short(r["name"], kernel=key == "kernels").replace("|", "\\|")
             cells = [
                 r["stage"],
-                f"`{name}`",
+                md_code(_short(r["name"], kernel=key == "kernels")),
                 f"{r['a_ns'] / 1e6:,.2f} ({_count(r['a_count'])})",
                 f"{r['b_ns'] / 1e6:,.2f} ({_count(r['b_count'])})",
                 _delta("x_ns", r["delta_ns"]),

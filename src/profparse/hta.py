@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.errors import ProfparseError
+from profparse.errors import ProfparseError, TraceFormatError
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as, text_table
+from profparse.outputs.formats import display, md_cell, md_code, md_table, render_as, text_table
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
@@ -88,7 +88,8 @@ def load_hta(path: str | Path, *, exact: bool = False, include_last_profiler_ste
     except ProfparseError:
         raise
     except Exception as exc:  # noqa: BLE001 - HTA raises anything on traces it cannot read
-        raise ProfparseError(f"{path}: HTA could not load the trace ({type(exc).__name__}: {exc})") from None
+        reason = (str(exc).splitlines() or [""])[0]
+        raise TraceFormatError(f"{path}: HTA could not load the trace ({type(exc).__name__}: {reason})") from None
     finally:
         if old is None:
             os.environ.pop(key, None)
@@ -258,8 +259,24 @@ class HtaByStage:
     hta_idle: pd.DataFrame  # HTA's own get_idle_time_breakdown, whole trace
 
 
+def _check_loadable(parsed: Any) -> None:
+    report = parsed.raw.report
+    if report.truncated:
+        raise TraceFormatError(
+            f"{parsed.path}: cut short (truncated at byte {report.truncated_at_byte}); HTA reads the whole file "
+            "and cannot load it (profparse summarize and parse use its complete events)"
+        )
+    if len(parsed.raw.events) == 0:
+        raise TraceFormatError(f"{parsed.path}: the trace has no events; HTA has nothing to analyse")
+
+
 def hta_by_stage(parsed: Any, *, exact: bool = False, consecutive_kernel_delay: int = 30, ta: Any = None) -> HtaByStage:
-    """Load the trace with HTA (unless ``ta`` is given) and split its kernel and idle breakdowns by stage."""
+    """Load the trace with HTA (unless ``ta`` is given) and split its kernel and idle breakdowns by stage.
+
+    HTA reads the file itself, whole: a trace cut short, or one without events, is refused first with a
+    :class:`~profparse.errors.TraceFormatError` (exit 4) that says so, rather than HTA's own error."""
+    if ta is None:
+        _check_loadable(parsed)
     ta = ta if ta is not None else load_hta(parsed.path, exact=exact)
     with _quiet():
         rows = hta_gpu_rows(ta, parsed)
@@ -363,7 +380,7 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
 
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
-    out.write(f"profparse hta: {data['trace']} (rank {data['rank']})\n")
+    out.write(f"profparse hta: {display(data['trace'])} (rank {data['rank']})\n")
     out.write(f"  {data['gpu_rows']:,} HTA GPU rows joined to profparse stages")
     out.write(f", {data['unmatched_rows']:,} unmatched\n" if data["unmatched_rows"] else ", all matched\n")
     out.write(f"  times: {data['units']}\n")
@@ -375,10 +392,9 @@ def render_text(data: dict[str, Any]) -> str:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    lines = [f"# profparse hta: `{data['trace']}` (rank {data['rank']})", "", f"Times: {data['units']}."]
+    lines = [f"# profparse hta: {md_code(data['trace'])} (rank {data['rank']})", "", f"Times: {data['units']}."]
     for title, headers, rows in _sections(data):
-        lines += ["", f"## {title}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += ["", f"## {title}", "", *md_table(headers, [[md_cell(c) for c in r] for r in rows])]
     return "\n".join(lines) + "\n"
 
 

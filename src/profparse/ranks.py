@@ -22,6 +22,7 @@ sorted position; they are integers, so no path is ever made from trace text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ import time
 import traceback
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,8 @@ from profparse.errors import (
     from_oserror,
 )
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as
+from profparse.outputs.formats import display, md_cell, md_code, render_as
+from profparse.outputs.formats import text_table as _table
 
 PLAIN_TABLES = ("ranks", "failed_ranks")  # one file each, not partitioned
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -350,6 +352,8 @@ def run_rank(task: RankTask) -> RankResult:
         result.error, result.exit_code = str(exc), exc.exit_code
     except MemoryError:
         result.error, result.exit_code = f"{task.path}: out of memory", 8
+    except RecursionError:
+        result.error, result.exit_code = f"{task.path}: nested too deeply (corrupt or hostile input)", 4
     except Exception as exc:  # noqa: BLE001 - one bad rank must not stop the others
         where = traceback.extract_tb(exc.__traceback__)[-1]
         result.error = (
@@ -367,7 +371,88 @@ def _failed(task: RankTask, message: str, exit_code: int = 70) -> RankResult:
     return RankResult(path=task.path, rank=task.rank, source=task.source, ok=False, error=message, exit_code=exit_code)
 
 
+def _worker_start(parent: int) -> None:
+    """In each pool worker: leave Ctrl-C to the parent (it stops the pool; a worker's own KeyboardInterrupt only
+    printed a traceback), and exit as soon as the parent is gone (SIGKILL, SIGTERM), rather than wait forever for
+    work from it. Linux also gets the kernel's parent-death signal, for the forkserver the worker was forked from.
+    """
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent, 0)
+            except (ProcessLookupError, PermissionError):  # gone (or its pid reused by another user)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="profparse-parent-watch", daemon=True).start()
+
+
 DIED = "the worker process died (killed or out of memory; a script must start it under `if __name__ == '__main__':`)"
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C while the pool starts (forkserver, workers, submits) and raise it right after, where the pool
+    can be stopped cleanly. A Ctrl-C in the first second otherwise broke off a worker's start half-way (the
+    worker, unknown to the pool, then printed a traceback) or reached the forkserver (:func:`_start_forkserver`).
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver ignoring Ctrl-C, a setting it inherits: it imports profparse before it sets its own
+    handlers, so a Ctrl-C then printed a traceback from it."""
+    import signal
+    import threading
+    from multiprocessing import forkserver, resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    resource_tracker.ensure_running()  # first: it unblocks Ctrl-C itself after starting, which would drop one below
+    # held as well as ignored here: Linux keeps a held signal pending even while it is ignored, so a Ctrl-C in
+    # this window reaches the handler put back below instead of being lost
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stop(pool: Any) -> None:
+    """Shut a process pool down at once: pending ranks cancelled, running workers killed."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # no public way to reach them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.kill()
+    for process in workers:
+        process.join(5)
 
 
 def _run_local(
@@ -391,8 +476,13 @@ def _run_local(
     context.set_forkserver_preload(["profparse.ranks", "profparse.api", "profparse.outputs.parquet"])
     results: dict[int, RankResult] = {}
     broken: list[int] = []
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+    start = {"mp_context": context, "initializer": _worker_start, "initargs": (os.getpid(),)}
+    pool = None
+    try:
+        with _ctrl_c_held():
+            _start_forkserver()
+            pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), **start)
+            futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             i = futures[future]
             try:
@@ -403,10 +493,15 @@ def _run_local(
             except Exception as exc:  # noqa: BLE001
                 results[i] = _failed(tasks[i], f"{tasks[i].path}: {type(exc).__name__}: {exc}")
             on_done(results[i])
+    except BaseException:  # Ctrl-C or an error here: stop the workers now rather than wait for their ranks
+        if pool is not None:
+            _stop(pool)
+        raise
+    pool.shutdown()
     # A dead worker takes the pool down with every rank it still held: run those again one by one, each in its own
     # process, so that only a rank that kills its process again fails.
     for i in sorted(broken):
-        with ProcessPoolExecutor(max_workers=1, mp_context=context) as solo:
+        with ProcessPoolExecutor(max_workers=1, **start) as solo:
             try:
                 results[i] = solo.submit(fn, tasks[i]).result()
             except BrokenProcessPool:
@@ -652,15 +747,25 @@ def _raise_if_output_failed(results: list[RankResult]) -> None:
 
 
 def _raise_if_none_read(folder: str | Path, results: list[RankResult]) -> None:
+    """No rank read: one error whose exit code is the ranks' own when they agree (8 when all ran out of memory),
+    else 4."""
     if results and not any(r.ok for r in results):
         first = results[0]
-        raise TraceFormatError(
+        error = TraceFormatError(
             f"{folder}: none of the {len(results)} rank traces could be read (rank {first.rank}: {first.error})"
         )
+        codes = {r.exit_code for r in results}
+        if len(codes) == 1 and None not in codes:
+            error.exit_code = int(codes.pop())
+        raise error
 
 
 def read_table(out_dir: str | Path, table: str) -> pd.DataFrame:
-    """One table of a dataset written by :func:`parse_ranks`, all ranks, with an int ``rank`` column, by rank."""
+    """One table of a dataset written by :func:`parse_ranks`, all ranks, with an int ``rank`` column, by rank.
+
+    A folder that only looks like such a dataset (files that are not Parquet, a table without ``rank``
+    partitions) is a :class:`~profparse.errors.TraceFormatError` (exit 4), not an Arrow error."""
+    import pyarrow as pa
     import pyarrow.dataset as ds
 
     folder = Path(out_dir) / table
@@ -668,11 +773,17 @@ def read_table(out_dir: str | Path, table: str) -> pd.DataFrame:
         raise InputNotFoundError(f"{folder}: no such table folder")
     partitioned = table not in PLAIN_TABLES
     partitioning = "hive" if partitioned else None
-    frame = (
-        ds.dataset(folder, format="parquet", partitioning=partitioning)
-        .to_table()
-        .to_pandas(types_mapper=_nullable_ints)
-    )
+    try:
+        frame = (
+            ds.dataset(folder, format="parquet", partitioning=partitioning)
+            .to_table()
+            .to_pandas(types_mapper=_nullable_ints)
+        )
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise TraceFormatError(f"{folder}: not a readable profparse rank dataset table ({reason})") from None
+    if partitioned and "rank" not in frame.columns:
+        raise TraceFormatError(f"{folder}: not a profparse rank dataset table (no rank=N partitions)")
     if partitioned:
         frame["rank"] = frame["rank"].astype("int64")
         frame = frame.sort_values("rank", kind="stable").reset_index(drop=True)
@@ -695,6 +806,9 @@ def results_from_dataset(out_dir: str | Path) -> list[RankResult]:
     """Rebuild the per-rank results (stage summaries, failures) from a written dataset."""
     table = read_table(out_dir, "ranks")
     summary = read_table(out_dir, "stage_summary")
+    missing = sorted(set(RANKS_COLUMNS) - set(table.columns)) + sorted({"scope", "stage"} - set(summary.columns))
+    if missing:
+        raise TraceFormatError(f"{out_dir}: not a profparse rank dataset (columns missing: {', '.join(missing)})")
     results = []
     for row in table.itertuples(index=False):
         ok = row.status == "ok"
@@ -867,14 +981,12 @@ STRAGGLER_HEADERS = ["stage", "median", "fastest", "slowest", "slowest rank", "l
 
 
 def render_ranks_text(data: dict[str, Any]) -> str:
-    from profparse.outputs.formats import text_table as _table
-
     label = METRICS[data["metric"]][1]
     n_ok = sum(r["status"] == "ok" for r in data["ranks"])
     failed = len(data["failed_ranks"])
     lines = [
-        f"profparse ranks summary: {data['folder']}",
-        f"  {len(data['ranks'])} rank traces ({data['rank_sources']}), {n_ok} read, {failed} failed",
+        f"profparse ranks summary: {display(data['folder'])}",
+        f"  {len(data['ranks'])} rank traces ({display(data['rank_sources'])}), {n_ok} read, {failed} failed",
         "",
         f"{label[0].upper()}{label[1:]} per rank and stage (ms)",
     ]
@@ -885,14 +997,15 @@ def render_ranks_text(data: dict[str, Any]) -> str:
     lines.append(_table(STRAGGLER_HEADERS, _straggler_rows(data)))
     if data["failed_ranks"]:
         lines += ["", "Failed ranks (not in the tables above)"]
-        lines += [f"  rank {f['rank']}: {f['error']}" for f in data["failed_ranks"]]
+        lines += [f"  rank {f['rank']}: {display(f['error'])}" for f in data["failed_ranks"]]
     return "\n".join(lines) + "\n"
 
 
 def render_ranks_markdown(data: dict[str, Any]) -> str:
     label = METRICS[data["metric"]][1]
     folder = Path(data["folder"]).name if data["folder"] else "ranks"
-    lines = [f"# profparse ranks summary: `{folder}`", "", f"{len(data['ranks'])} ranks ({data['rank_sources']}).", ""]
+    sources = md_cell(data["rank_sources"])
+    lines = [f"# profparse ranks summary: {md_code(folder)}", "", f"{len(data['ranks'])} ranks ({sources}).", ""]
     lines += [f"## {label[0].upper()}{label[1:]} per rank and stage (ms)", ""]
     lines.append("| rank | " + " | ".join(STAGES) + " |")
     lines.append("|" + "---|" * (len(STAGES) + 1))
@@ -906,7 +1019,7 @@ def render_ranks_markdown(data: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     if data["failed_ranks"]:
         lines += ["", "## Failed ranks", ""]
-        lines += [f"- rank {f['rank']}: `{f['error']}`" for f in data["failed_ranks"]]
+        lines += [f"- rank {f['rank']}: {md_code(f['error'])}" for f in data["failed_ranks"]]
     return "\n".join(lines) + "\n"
 
 

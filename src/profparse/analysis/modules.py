@@ -54,13 +54,36 @@ def _innermost(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.nd
     return np.where(mask, np.arange(len(mask)), found)
 
 
-def _roll_up(values: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:
-    """Inclusive sums over a tree of module calls: add each call's total to its parent call, deepest first."""
-    out = values.copy()
-    for d in range(int(level.max(initial=0)), 0, -1):
-        rows = np.flatnonzero((level == d) & (up >= 0))
+def _levels(up: np.ndarray) -> np.ndarray:
+    """Number of enclosing calls of each call, by pointer jumping: O(n log depth), not O(n * depth)."""
+    level = (up >= 0).astype(np.int64)
+    ptr = up.copy()
+    active = np.flatnonzero(ptr >= 0)
+    while active.size:
+        a = ptr[active]
+        level[active] += level[a]  # both right-hand sides are read before either write: one synchronous step
+        ptr[active] = ptr[a]
+        active = active[ptr[active] >= 0]
+    return level
+
+
+def _roll_up(values: dict[str, np.ndarray], up: np.ndarray, level: np.ndarray) -> dict[str, np.ndarray]:
+    """Inclusive sums over a tree of module calls: add each call's total to its parent call, deepest first.
+
+    All measures are summed as the columns of one matrix, and calls are sorted by level once, so each level is a
+    slice: the cost is one pass over the calls plus a small constant per level.
+    """
+    if not values:
+        return {}
+    keys = list(values)
+    out = np.stack([values[k] for k in keys], axis=1).astype(np.int64)
+    order = np.argsort(level, kind="stable")
+    bounds = np.searchsorted(level[order], np.arange(int(level.max(initial=0)) + 2))
+    for d in range(len(bounds) - 2, 0, -1):
+        rows = order[bounds[d] : bounds[d + 1]]
+        rows = rows[up[rows] >= 0]
         np.add.at(out, up[rows], out[rows])
-    return out
+    return {k: out[:, i] for i, k in enumerate(keys)}
 
 
 def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
@@ -85,12 +108,7 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
     call_pos = np.full(n, -1, dtype=np.int64)
     call_pos[calls] = np.arange(len(calls))
     up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
-    level = np.zeros(len(calls), dtype=np.int64)  # number of enclosing calls, by pointer chasing
-    cursor = up.copy()
-    while (cursor >= 0).any():
-        ok = cursor >= 0
-        level[ok] += 1
-        cursor[ok] = up[cursor[ok]]
+    level = _levels(up)
 
     def per_call(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """Exclusive sums per call: each row counts for the innermost call around it."""
@@ -110,7 +128,7 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
         "ops": per_call(ops),
         "kernels": per_call(launch_of[kernels]),
     }
-    fwd_incl = {k: v if k == "host" else _roll_up(v, up, level) for k, v in fwd.items()}
+    fwd_incl = {"host": fwd["host"], **_roll_up({k: v for k, v in fwd.items() if k != "host"}, up, level)}
     child_host = np.zeros(len(calls), dtype=np.int64)
     has_up = up >= 0
     np.add.at(child_host, up[has_up], fwd["host"][has_up])
@@ -124,8 +142,8 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
     }
     bwd_excl = {k: v.astype(np.int64) for k, v in bwd_excl.items()}
     node_count = np.bincount(node_call[node_call >= 0], minlength=len(calls)).astype(np.int64)
-    bwd_incl = {k: _roll_up(v, up, level) for k, v in bwd_excl.items()}
-    nodes_incl = _roll_up(node_count, up, level)
+    bwd_incl = _roll_up({**bwd_excl, "nodes": node_count}, up, level)
+    nodes_incl = bwd_incl.pop("nodes")
 
     names = np.asarray(categories[name_codes[calls]].astype(str).str.removeprefix("nn.Module: "))
     call_stage = attribution.stage[calls].astype(np.int64)

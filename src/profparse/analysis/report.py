@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.outputs.formats import display, md_cell, md_code, md_table, text_table
+
 MODULE_ROWS = 12
 RULES_WIDTH = 38
 LEVELS = (
@@ -70,17 +72,11 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
     if modules.empty:
         return []
     # a class's time counts its outermost instances only (a Sequential inside a Sequential is already included)
-    parent_of = modules.drop_duplicates("module").set_index("module")["parent"]
-    class_of = modules.drop_duplicates("module").set_index("module")["class"]
-    nested = pd.Series(False, index=parent_of.index)
-    above = parent_of.copy()
-    for _ in range(int(modules["depth"].max()) + 1):
-        above = above[above.isin(parent_of.index)]
-        if above.empty:
-            break
-        nested.loc[above.index] |= class_of.reindex(above.to_numpy()).to_numpy() == class_of.loc[above.index].to_numpy()
-        above = pd.Series(parent_of.reindex(above.to_numpy()).to_numpy(), index=above.index)
-    outer = ~nested.reindex(modules["module"]).fillna(False).to_numpy(dtype=bool)
+    firsts = modules.drop_duplicates("module")
+    nested_names = _nested_in_same_class(
+        firsts["module"].tolist(), firsts["parent"].tolist(), firsts["class"].tolist()
+    )
+    outer = ~modules["module"].isin(nested_names).to_numpy(dtype=bool)
     modules = modules.assign(
         host_ns=np.where(outer, modules["host_ns"], 0), gpu_ns=np.where(outer, modules["gpu_ns"], 0)
     )
@@ -105,6 +101,48 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
     )
     grouped = grouped.reset_index().sort_values(["depth", "first"], kind="stable").drop(columns="first")
     return [{k: _plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]
+
+
+def _nested_in_same_class(names: list[Any], parents: list[Any], classes: list[Any]) -> set[Any]:
+    """Modules that have an ancestor of their own class, by one walk down the module tree (linear in its size).
+
+    A depth-first walk keeps a count of the classes on the path from the root; a module is nested when its class
+    is already on the path. A module whose parent is unknown is a root; parent links that form a cycle (possible
+    only in a hand-made trace) are cut where the walk first enters them.
+    """
+    index = {name: i for i, name in enumerate(names)}
+    children: list[list[int]] = [[] for _ in names]
+    has_parent = [False] * len(names)
+    for i, parent in enumerate(parents):
+        j = index.get(parent)
+        if j is not None and j != i:
+            children[j].append(i)
+            has_parent[i] = True
+    nested: set[Any] = set()
+    seen = [False] * len(names)
+    on_path: dict[Any, int] = {}
+    starts = [i for i in range(len(names)) if not has_parent[i]] + list(range(len(names)))
+    for start in starts:
+        if seen[start]:
+            continue
+        seen[start] = True
+        stack = [(start, iter(children[start]))]
+        on_path[classes[start]] = on_path.get(classes[start], 0) + 1
+        while stack:
+            node, kids = stack[-1]
+            kid = next(kids, None)
+            if kid is None:
+                stack.pop()
+                on_path[classes[node]] -= 1
+                continue
+            if seen[kid]:
+                continue
+            seen[kid] = True
+            if on_path.get(classes[kid], 0):
+                nested.add(names[kid])
+            on_path[classes[kid]] = on_path.get(classes[kid], 0) + 1
+            stack.append((kid, iter(children[kid])))
+    return nested
 
 
 # -- text ------------------------------------------------------------------------------------------------------------
@@ -138,14 +176,7 @@ def _short(text: str, width: int) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], align_left: int = 1, last_left: bool = False) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    left = set(range(align_left)) | ({len(headers) - 1} if last_left else set())
-    lines = []
-    for row in [headers, *rows]:
-        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  " + "  ".join(cells).rstrip())
-    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(headers, rows, align_left, last_left=last_left)
 
 
 def _module_rows(modules: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -156,7 +187,7 @@ def _module_rows(modules: list[dict[str, Any]]) -> tuple[list[str], list[list[st
     headers += (["bwd GPU"] if gpu else []) + (["recompute"] if recompute else [])
     rows = []
     for r in modules[:MODULE_ROWS]:
-        row = [_short(str(r["class"]), 28), str(r["depth"]), str(r["instances"]), f"{r['calls']:,}"]
+        row = [_short(display(r["class"]), 28), str(r["depth"]), str(r["instances"]), f"{r['calls']:,}"]
         row += [_nz(r["forward_host_ns"])] + ([_nz(r["forward_gpu_ns"])] if gpu else [])
         row += [_nz(r["backward_host_ns"])] + ([_nz(r["backward_gpu_ns"])] if gpu else [])
         row += [_nz(r["recompute_host_ns"])] if recompute else []
@@ -206,7 +237,7 @@ def render_text(data: dict[str, Any] | None) -> str:
             row = [r["substep"], _ms(r["time_ns"]), f"{r['share']:.1%}", _ms(r["wall_ns"]), f"{r['event_count']:,}"]
             if gpu:
                 row.append(_ms(r["gpu_time_ns"]))
-            rows.append(row + [_short(r["rule"] or "-", RULES_WIDTH - (10 if gpu else 0))])
+            rows.append(row + [_short(display(r["rule"] or "-"), RULES_WIDTH - (10 if gpu else 0))])
         headers = ["substep", "ms", "share", "wall ms", "events"] + (["GPU ms"] if gpu else []) + ["rules"]
         parts.append(
             f"Loading sub-steps (load host time {_ms(total)} ms; unattributed = no rule explains it)\n"
@@ -250,10 +281,9 @@ def render_text(data: dict[str, Any] | None) -> str:
 # -- markdown --------------------------------------------------------------------------------------------------------
 
 
-def _md(headers: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return lines
+def _md(headers: list[str], rows: list[list[str]], code: int | None = None) -> list[str]:
+    """A markdown table of plain cells (escaped here); column ``code``, if given, holds code spans already."""
+    return md_table(headers, [[c if i == code else md_cell(c) for i, c in enumerate(row)] for row in rows])
 
 
 def render_markdown(data: dict[str, Any] | None) -> list[str]:
@@ -279,11 +309,12 @@ def render_markdown(data: dict[str, Any] | None) -> list[str]:
                 f"{r['share']:.1%}",
                 _ms(r["wall_ns"]),
                 str(r["event_count"]),
-                f"`{r['rule']}`" if r["rule"] else "-",
+                md_code(r["rule"]) if r["rule"] else "-",
             ]
             for r in data["load_breakdown"]
         ]
-        lines += ["", "## Loading sub-steps", "", *_md(["substep", "ms", "share", "wall ms", "events", "rules"], rows)]
+        headers = ["substep", "ms", "share", "wall ms", "events", "rules"]
+        lines += ["", "## Loading sub-steps", "", *_md(headers, rows, code=5)]
     if data["modules_by_class"]:
         headers, rows = _module_rows(data["modules_by_class"])
         lines += ["", "## Modules by class", "", *_md(headers, rows), "", "Times in ms, sub-modules included."]

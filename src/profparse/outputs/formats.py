@@ -1,30 +1,99 @@
-"""One way to turn report data into text: a renderer per format, JSON for free."""
+"""One way to turn report data into text: a renderer per format, JSON for free.
+
+Names in a trace (kernels, ops, threads, devices, files, modules, rules) are whatever its writer put there.
+Human-readable outputs (text, markdown, plot labels) show them through :func:`display` (control characters
+and bidi overrides as visible escapes), markdown tables through :func:`md_cell` / :func:`md_code`, and
+:func:`render_as` passes every text and markdown rendering through :func:`terminal_safe` as a last guard. CSV
+and JSON keep names exact.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 Renderer = Callable[[dict[str, Any]], str]
+PLAIN_FORMATS = frozenset({"json", "csv"})  # machine-readable: names stay exact
+
+# C0 controls (ESC, BEL, CR, NUL, newline, ...), DEL, C1 controls (CSI ...), bidi marks, embeddings, overrides and
+# isolates, and the line/paragraph separators: what can move the cursor, recolour or clear a terminal, reorder
+# the text around it, or break a line or a table row
+_OTHER_UNSAFE = "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[\x00-\x1f{_OTHER_UNSAFE}]")
+_UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER_UNSAFE}]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_BACKTICKS = re.compile("`+")
+_PIPE = re.compile(r"(\\*)\|")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def display(value: Any) -> str:
+    """``value`` as text that is safe to print: each unsafe character (see ``_UNSAFE``) becomes a visible escape
+    (``\\x1b``, ``\\n``, ``\\u202e``); everything else, other non-ASCII text included, is kept."""
+    text = str(value)
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def terminal_safe(text: str) -> str:
+    """A whole rendering with its line breaks kept and any other unsafe character escaped (a last guard)."""
+    return _UNSAFE_BUT_NEWLINE.sub(_escape, text) if _UNSAFE_BUT_NEWLINE.search(text) else text
+
+
+def md_cell(value: Any) -> str:
+    """``value`` as markdown text in a table cell: displayed safely; backslashes, ``|`` and backticks escaped,
+    ``<`` ``>`` as entities (no raw HTML)."""
+    text = display(value).replace("\\", "\\\\")
+    for char, escaped in (("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def md_code(value: Any) -> str:
+    """``value`` as a markdown code span (in a table cell or not): displayed safely, ``|`` escaped (the
+    backslashes before one doubled, so the escape holds), delimited by one more backtick than its longest run
+    of backticks (CommonMark), padded where it starts or ends with one."""
+    text = _PIPE.sub(lambda m: m.group(1) * 2 + "\\|", display(value))
+    fence = "`" * (max((len(m) for m in _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_table(headers: list[str], rows: list[list[str]], align: str = "") -> list[str]:
+    """Markdown table lines; cells are given already escaped (:func:`md_cell`, :func:`md_code`, numbers).
+
+    ``align``: one letter per column, ``l`` or ``r`` (default: all ``---``)."""
+    rule = [":---" if a == "l" else "---:" if a == "r" else "---" for a in align] or ["---"] * len(headers)
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join(rule) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def render_as(data: dict[str, Any], fmt: str, renderers: Mapping[str, Renderer]) -> str:
     """Render ``data`` with the renderer for ``fmt``; ``json`` is always available."""
     if fmt in renderers:
-        return renderers[fmt](data)
+        text = renderers[fmt](data)
+        return text if fmt in PLAIN_FORMATS else terminal_safe(text)
     if fmt == "json":
         return json.dumps(data, indent=2, default=str) + "\n"
     choices = ", ".join([*renderers, "json"])
     raise ValueError(f"unknown format {fmt!r}; expected one of {choices}")
 
 
-def text_table(headers: list[str], rows: list[list[str]], align_left: int = 1) -> str:
-    """A plain text table: the first ``align_left`` columns left-aligned, the rest right-aligned."""
+def text_table(headers: list[str], rows: list[list[str]], align_left: int = 1, *, last_left: bool = False) -> str:
+    """A plain text table: the first ``align_left`` columns (and the last, with ``last_left``) left-aligned, the
+    rest right-aligned; cells shown through :func:`display`, so a name cannot break a row or reach a terminal."""
+    headers = [display(h) for h in headers]
+    rows = [[display(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    left = set(range(align_left)) | ({len(headers) - 1} if last_left else set())
     lines = []
     for row in [headers, *rows]:
-        cells = [c.ljust(w) if i < align_left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  " + "  ".join(cells).rstrip())
     lines.insert(1, "  " + "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -410,39 +410,69 @@ class AnnotateResult:
 _TRAILER = msgspec.json.Decoder(dict[str, Any])
 
 
-def _valid_trailer(rest: bytes) -> bool:
-    """``rest`` (what follows the event array's ``]``) closes the top-level object: ``}`` or ``, "k": v ... }``."""
-    text = rest.strip()
-    if text == b"}":
-        return True
-    if not text.startswith(b",") or not text.endswith(b"}"):
-        return False
+_SPACE = b" \t\r\n"
+_NEXT_KEY = re.compile(rb'[ \t\r\n]*"traceEvents"[ \t\r\n]*:')
+
+
+def _closes_array(tail: bytes, buf: bytearray, view: memoryview, pos: int, last: int) -> dict | None:
+    """Whether the ``]`` at ``pos`` can close ``traceEvents``: an event's ``}`` or the array's ``[`` before it, and
+    after it a trailer that closes the document (``tail[last]`` is its final ``}``): ``}`` or ``, "k": v ... }``.
+    Returns the trailer's keys and values, or None.
+
+    The neighbours are checked first; only a candidate that passes is decoded, in ``buf`` (a copy of ``tail``
+    with the ``,`` overwritten by ``{`` for the decode), through ``view``, so nothing is copied per candidate and a
+    false candidate's decode stops at its first error, close by.
+    """
+    before = pos - 1
+    while before >= 0 and tail[before] in _SPACE:
+        before -= 1
+    if before < 0 or tail[before] not in b"}[":
+        return None
+    after = pos + 1
+    while tail[after] in _SPACE:  # stops at tail[last] == '}' at the latest
+        after += 1
+    if after == last:
+        return {}
+    if tail[after] != 44:  # ','
+        return None
+    key = after + 1
+    while tail[key] in _SPACE:
+        key += 1
+    if tail[key] not in b'"}':
+        return None
+    if _NEXT_KEY.match(tail, after + 1):
+        return {"traceEvents": None}  # a ']' before the event array (deviceProperties'): no need to decode
+    buf[after] = 123  # '{'
     try:
-        _TRAILER.decode(b"{" + text[1:])
+        return _TRAILER.decode(view[after : last + 1])
     except msgspec.DecodeError:
-        return False
-    return True
+        return None
+    finally:
+        buf[after] = 44
 
 
 def _array_close(tail: bytes) -> int | None:
     """Position of the ``]`` that closes ``traceEvents`` in the file's tail, or None if the file is cut short.
 
-    Candidates are tried right to left; a valid one has a trailer after it that closes the document and an event
-    (``}``) or the array's ``[`` before it. The leftmost valid candidate of the run wins (a trailer can hold
-    arrays of objects too), so the search stops at the first invalid candidate after a valid one.
+    Candidates are tried right to left (see :func:`_closes_array`). The leftmost valid candidate of the run wins
+    (a trailer can hold arrays of objects too), so the search stops at the first invalid candidate after a valid
+    one, or at one followed by the ``traceEvents`` key (the whole file is in the tail). Linear in the tail:
+    slicing the tail on both sides of every ``]`` made a cut 12.5 MB trace take minutes.
     """
+    last = len(tail.rstrip()) - 1
+    if last < 0 or tail[last] != 125:  # not closed by '}': cut short
+        return None
+    buf = bytearray(tail)
     found = None
-    pos = len(tail)
-    while True:
-        pos = tail.rfind(b"]", 0, pos)
-        if pos < 0:
-            return found
-        before = tail[:pos].rstrip()
-        ok = before.endswith((b"}", b"[")) and _valid_trailer(tail[pos + 1 :])
-        if ok:
-            found = pos
-        elif found is not None:
-            return found
+    pos = last
+    with memoryview(buf) as view:
+        while (pos := tail.rfind(b"]", 0, pos)) >= 0:
+            trailer = _closes_array(tail, buf, view, pos, last)
+            if trailer is not None and "traceEvents" not in trailer:
+                found = pos
+            elif found is not None or trailer is not None:
+                break
+    return found
 
 
 def _last_boundary(tail: bytes) -> tuple[int, int] | None:

@@ -29,6 +29,7 @@ import pandas as pd
 
 from profparse.marks import STAGES
 from profparse.outputs.files import atomic_dir
+from profparse.outputs.formats import display
 from profparse.trace.events import NULL
 
 PLOT_KINDS: tuple[str, ...] = ("stages", "timeline", "top_kernels", "top_ops", "memory", "layers", "load")
@@ -200,6 +201,7 @@ def shorten_name(name: str, width: int = LABEL_WIDTH, *, kernel: bool = True) ->
             tree, _ = _parse_template(text)
             full = _render(tree, drop=False)
             text = full if len(full) <= width else _render(tree, drop=True)
+    text = display(text)
     if len(text) > width:
         text = text[: width - 1] + "…"
     return text
@@ -235,11 +237,12 @@ def _style() -> dict[str, Any]:
         "axes.spines.top": False,
         "axes.spines.right": False,
         "svg.fonttype": "none",
+        "text.parse_math": False,  # names from the trace are shown as written: a '$' in one is not math
     }
 
 
 def _trace_title(parsed: Any) -> str:
-    name = Path(parsed.path).name
+    name = display(Path(parsed.path).name)
     rank = f", rank {parsed.rank}" if parsed.rank is not None else ""
     return f"{name}{rank}"
 
@@ -425,7 +428,7 @@ def plot_timeline(parsed: Any) -> tuple[Figure | None, str | None]:
             present.add(str(stage))
         prefix = "GPU" if row.kind == "gpu" else "CPU"
         label = row.label if row.label.startswith("GPU") else f"{prefix} {row.label}"
-        ylabels.append(shorten_name(label, 40) if len(label) > 40 else label)
+        ylabels.append(shorten_name(label, 40) if len(label) > 40 else display(label))
     ax.set_yticks(range(len(table)), ylabels)
     ax.set_ylim(len(table) - 0.5, -0.5)
     steps = parsed.steps

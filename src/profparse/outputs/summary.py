@@ -15,7 +15,7 @@ import pandas as pd
 
 from profparse.analysis import report as analysis_report
 from profparse.marks import STAGES
-from profparse.outputs.formats import render_as
+from profparse.outputs.formats import display, md_code, md_table, render_as
 from profparse.outputs.formats import text_table as _table
 from profparse.quality import gpu_devices
 from profparse.trace.events import NULL
@@ -146,9 +146,9 @@ def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
     steps = data["steps"]
     where = f"{steps['count']} steps ({steps['source']})" if steps["count"] else "no steps found"
-    devices = ", ".join(sorted(set(data["devices"]))) or "no GPU"
+    devices = ", ".join(display(d) for d in sorted(set(data["devices"]))) or "no GPU"
     rank = f", rank {data['rank']}" if data["rank"] is not None else ""
-    out.write(f"profparse summary: {data['trace']}\n  {data['events']:,} events, {where}, {devices}{rank}\n")
+    out.write(f"profparse summary: {display(data['trace'])}\n  {data['events']:,} events, {where}, {devices}{rank}\n")
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
     has_gpu = data["gpu_activity_ns"] > 0
@@ -192,13 +192,13 @@ def render_text(data: dict[str, Any]) -> str:
             for item in items:
                 out.write(
                     f"    {_ms(item['total_ns']):>10} ms {item['share']:6.1%} {item['count']:>6}x  "
-                    f"{_shorten(item['name'])}\n"
+                    f"{_shorten(display(item['name']))}\n"
                 )
     out.write(analysis_report.render_text(data.get("analyses")))
     if data["warnings"]:
         out.write("\nChecks\n")
         for w in data["warnings"]:
-            out.write(f"  {w['severity']:<7}  {w['message']}\n")
+            out.write(f"  {display(w['severity']):<7}  {display(w['message'])}\n")
     if data["gpu_time_by_rule"] or data["op_time_by_rule"]:
         out.write(f"\nWhich rules decided ({'host op self time, GPU time' if has_gpu else 'host op self time'}; ms)\n")
         names = sorted(set(data["gpu_time_by_rule"]) | set(data["op_time_by_rule"]))
@@ -212,22 +212,17 @@ def render_text(data: dict[str, Any]) -> str:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    lines = [f"# profparse summary: `{Path(data['trace']).name}`", ""]
+    lines = [f"# profparse summary: {md_code(Path(data['trace']).name)}", ""]
     headers = ["stage"] + [label for _, label in TOTAL_COLUMNS]
-    lines.append("| " + " | ".join(headers) + " |")
-    lines.append("|" + "---|" * len(headers))
-    for r in data["totals"]:
-        lines.append("| " + " | ".join([r["stage"]] + [_cell(c, r[c]) for c, _ in TOTAL_COLUMNS]) + " |")
+    lines += md_table(headers, [[r["stage"]] + [_cell(c, r[c]) for c, _ in TOTAL_COLUMNS] for r in data["totals"]])
     lines.append("")
     lines.append("Times in ms.")
     for title, key in (("Top kernels", "top_kernels"), ("Top ops", "top_ops")):
         lines += ["", f"## {title}", "", "| stage | name | count | ms | share |", "|---|---|---|---|---|"]
         for stage in STAGES:
             for item in data[key].get(stage, []):
-                name = _shorten(item["name"]).replace("|", "\\|")
-                lines.append(
-                    f"| {stage} | `{name}` | {item['count']} | {_ms(item['total_ns'])} | {item['share']:.1%} |"
-                )
+                name = md_code(_shorten(display(item["name"])))
+                lines.append(f"| {stage} | {name} | {item['count']} | {_ms(item['total_ns'])} | {item['share']:.1%} |")
     lines += analysis_report.render_markdown(data.get("analyses"))
     return "\n".join(lines) + "\n"
 
