@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from profparse.api import ParsedTrace, load, parse
+import importlib
+
 from profparse.marks import STAGES
 
 __all__ = ["ParsedTrace", "STAGES", "load", "parse", "summarize"]
 __version__ = "0.1.0"
 
+# The library API is imported on first use: `import profparse` (and the command line's start) does not pull
+# pandas and pyarrow in before any work, and a Ctrl-C while they load reaches the CLI's handler.
+_LAZY = {"ParsedTrace": "profparse.api", "load": "profparse.api", "parse": "profparse.api"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'profparse' has no attribute {name!r}")
+
 
 def summarize(path: str, fmt: str = "text", **kwargs) -> str:
     """The stage summary of a trace as text (``fmt``: text, json, csv or markdown)."""
+    from profparse.api import parse
     from profparse.outputs.summary import render_summary
 
     return render_summary(parse(path, **kwargs), fmt=fmt)

@@ -7,15 +7,34 @@ mapped by its kind (disk full 10, an input's path 3, an output's path 11).
 
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
 
-from profparse import __version__
-from profparse.cli import annotate_cmd, common, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd
-from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C while the verbs' modules load (before main() can catch it): the same one line and exit as later."""
+    print("profparse: interrupted", file=sys.stderr)
+    os._exit(130)
+
+
+def _set_sigint(handler: object) -> object:
+    """Install a SIGINT handler where Python allows it (the main thread); the previous one, or None."""
+    try:
+        return signal.signal(signal.SIGINT, handler)  # type: ignore[arg-type]
+    except (ValueError, TypeError):  # not the main thread, or no Python-level handler to restore
+        return None
+
+
+_started_with = _set_sigint(_interrupted_while_starting)  # restored at the end of this module
+
+import argparse  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+from profparse import __version__  # noqa: E402
+from profparse.cli import annotate_cmd, common, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd  # noqa: E402
+from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
 
 VERBS = (parse_cmd, summarize_cmd, plot_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
@@ -74,7 +93,11 @@ def _inputs(args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     guard_std_streams()
-    parser = build_parser()
+    try:
+        parser = build_parser()  # the verbs import what their options need: a Ctrl-C here is an interrupt too
+    except KeyboardInterrupt:
+        print("profparse: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
@@ -123,6 +146,8 @@ def _internal(exc: Exception) -> int:
     print(f"profparse: internal error: {type(exc).__name__}: {exc} (PROFPARSE_DEBUG=1 shows more)", file=sys.stderr)
     return EXIT_INTERNAL
 
+
+_set_sigint(_started_with if callable(_started_with) else signal.default_int_handler)  # modules loaded
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,35 @@
+"""Ctrl-C at any moment, from the first import to the last write: exit 130, one line, nothing left behind."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from adversarial import assert_clean_failure, assert_success, run_cli, snapshot
+from conftest import SAMPLE_TRACES
+
+TRACE = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
+
+
+@pytest.mark.parametrize("verb", ["summarize", "parse"])
+def test_ctrl_c_at_any_moment(tmp_path: Path, verb: str) -> None:
+    if not TRACE.is_file():
+        pytest.skip(f"{TRACE} not present")
+    out = tmp_path / "out"
+    argv = [verb, str(TRACE)] + (["-o", str(out), "-q"] if verb == "parse" else [])
+    whole = run_cli(*argv)
+    assert_success(whole, folders=(tmp_path,))
+    before = snapshot(TRACE)
+    # from the modules' loading to the end of the work, as shares of a whole run's time (a Ctrl-C in the
+    # interpreter's own start-up, before profparse's first line runs, is Python's to report)
+    for share in (0.08, 0.15, 0.3, 0.5, 0.75):
+        if out.exists():
+            shutil.rmtree(out)
+        run = run_cli(*argv, signal_after=(share * whole.seconds, signal.SIGINT))
+        if run.code == 0 and run.seconds < share * whole.seconds:  # finished before the signal: nothing to test
+            continue
+        after = snapshot(TRACE)
+        assert_clean_failure(run, 130, contains="interrupted", before=before, after=after, folders=(tmp_path,))
+        assert not out.exists(), f"Ctrl-C at {share:.0%} left {out}"
