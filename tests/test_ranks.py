@@ -518,3 +518,27 @@ def test_ctrl_c_while_the_pool_starts(tmp_path):
     time.sleep(1.0)
     assert [p for p in _session_pids(proc.pid) if p != proc.pid] == []
     assert not (tmp_path / "out").exists() and not partial_leftovers(tmp_path)
+
+
+def test_folder_header_names_gpus_without_device_properties(tmp_path, capsys):
+    """Ranks with GPU work but no ``deviceProperties`` are GPU ranks in the folder's header, not 'no GPU'."""
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    for rank in (0, 1):
+        b = TraceBuilder()
+        b.header.pop("deviceProperties")
+        b.header["distributedInfo"] = {"rank": rank, "world_size": 2}
+        training_step(b, 0, 0)
+        b.write(folder / f"rank-{rank}.json.gz")
+    assert main(["summarize", str(folder), "-q"]) == 0
+    header = capsys.readouterr().out.splitlines()[2]
+    assert header.startswith("  devices: GPU ") and header.endswith("(2 of 2 ranks)"), header
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    for rank in (0, 1):
+        b = TraceBuilder()
+        b.header.pop("deviceProperties")
+        b.op("aten::mm", 0, 10)
+        b.write(cpu / f"rank-{rank}.json.gz")
+    assert main(["summarize", str(cpu), "-q"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "  devices: no GPU"

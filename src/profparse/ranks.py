@@ -259,6 +259,7 @@ class RankResult:
     stage_summary: pd.DataFrame | None = None
     seconds: float = 0.0
     header_rank: int | None = None
+    devices: list[str] = field(default_factory=list)  # deviceProperties names, else GPU <id> of GPU work
 
 
 def table_names() -> tuple[str, ...]:
@@ -315,6 +316,7 @@ def write_rank_tables(parsed: Any, root: str | Path, rank: int, metadata: dict[s
 def run_rank(task: RankTask) -> RankResult:
     """Parse one rank file (and write its partitions when ``task.out_root`` is set). Never raises for bad input."""
     from profparse.api import parse
+    from profparse.quality import gpu_devices
 
     start = time.perf_counter()
     result = RankResult(path=task.path, rank=task.rank, source=task.source, ok=False)
@@ -322,6 +324,7 @@ def run_rank(task: RankTask) -> RankResult:
         parsed = parse(task.path, include_marks=task.include_marks, strict=task.strict)
         result.header_rank = parsed.rank
         result.events = int(len(parsed.raw.events))
+        result.devices = gpu_devices(parsed)
         report = parsed.raw.report
         if report.truncated:
             result.notes.append(
@@ -931,6 +934,7 @@ def ranks_summary_data(
                 "file": r.path,
                 "status": "ok" if r.ok else "failed",
                 "events": r.events,
+                "devices": r.devices,
             }
             for r in sorted(results, key=lambda r: r.rank)
         ],  # fmt: skip
@@ -977,6 +981,18 @@ def _straggler_rows(data: dict[str, Any]) -> list[list[str]]:
     ]
 
 
+def _devices_line(ranks: list[dict[str, Any]]) -> str:
+    """The devices the ranks ran on: ``NVIDIA A100 x 8 ranks``, or ``no GPU`` when no rank ran GPU work."""
+    read = [r for r in ranks if r["status"] == "ok"]
+    counts: dict[str, int] = {}
+    for r in read:
+        for name in sorted(set(r["devices"])):
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "no GPU"
+    return ", ".join(f"{display(name)} ({n} of {len(read)} ranks)" for name, n in sorted(counts.items()))
+
+
 STRAGGLER_HEADERS = ["stage", "median", "fastest", "slowest", "slowest rank", "lead", "lead %"]
 
 
@@ -987,6 +1003,7 @@ def render_ranks_text(data: dict[str, Any]) -> str:
     lines = [
         f"profparse ranks summary: {display(data['folder'])}",
         f"  {len(data['ranks'])} rank traces ({display(data['rank_sources'])}), {n_ok} read, {failed} failed",
+        f"  devices: {_devices_line(data['ranks'])}",
         "",
         f"{label[0].upper()}{label[1:]} per rank and stage (ms)",
     ]
