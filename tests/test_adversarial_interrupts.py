@@ -33,3 +33,26 @@ def test_ctrl_c_at_any_moment(tmp_path: Path, verb: str) -> None:
         after = snapshot(TRACE)
         assert_clean_failure(run, 130, contains="interrupted", before=before, after=after, folders=(tmp_path,))
         assert not out.exists(), f"Ctrl-C at {share:.0%} left {out}"
+
+
+@pytest.mark.parametrize("share", [0.3, 0.7])
+def test_sigterm_leaves_nothing_half_written(tmp_path: Path, share: float) -> None:
+    if not TRACE.is_file():
+        pytest.skip(f"{TRACE} not present")
+    out = tmp_path / "out"
+    argv = ["parse", str(TRACE), "-o", str(out), "-q"]
+    whole = run_cli(*argv)
+    assert_success(whole, folders=(tmp_path,))
+    shutil.rmtree(out)
+    run = run_cli(*argv, signal_after=(share * whole.seconds, signal.SIGTERM))
+    if run.code == 0 and run.seconds < share * whole.seconds:
+        pytest.skip("finished before the signal")
+    assert_clean_failure(run, 143, contains="terminated", folders=(tmp_path,))
+    assert not out.exists()
+
+
+def test_error_lines_escape_control_characters(tmp_path: Path) -> None:
+    missing = tmp_path / "trace\x1b[31mred\x07.json"
+    run = run_cli("summarize", str(missing))
+    assert_clean_failure(run, 3)
+    assert "\x1b" not in run.stderr and "\x07" not in run.stderr and "\\x1b[31mred\\x07" in run.stderr

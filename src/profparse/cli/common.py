@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from profparse.errors import NoSpaceError, OutputWriteError, from_oserror, is_no_space
+from profparse.outputs.formats import display
 
 #: True when the process started with its standard output closed (``>&-``); see main.guard_std_streams.
 STDOUT_CLOSED = False
@@ -133,7 +134,7 @@ def steps_bar(total: int, desc: str, quiet: bool) -> Any:
 
 def note(message: str, quiet: bool) -> None:
     if not quiet:
-        print(f"profparse: {message}", file=sys.stderr)
+        print(f"profparse: {display(message)}", file=sys.stderr)  # trace and file names may hold control characters
 
 
 def parse_input(args: argparse.Namespace) -> Any:

@@ -18,15 +18,15 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     os._exit(130)
 
 
-def _set_sigint(handler: object) -> object:
-    """Install a SIGINT handler where Python allows it (the main thread); the previous one, or None."""
+def _set_handler(handler: object, sig: int = signal.SIGINT) -> object:
+    """Install a signal handler where Python allows it (the main thread); the previous one, or None."""
     try:
-        return signal.signal(signal.SIGINT, handler)  # type: ignore[arg-type]
+        return signal.signal(sig, handler)  # type: ignore[arg-type]
     except (ValueError, TypeError):  # not the main thread, or no Python-level handler to restore
         return None
 
 
-_started_with = _set_sigint(_interrupted_while_starting)  # restored at the end of this module
+_started_with = _set_handler(_interrupted_while_starting)  # restored at the end of this module
 
 import argparse  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -35,11 +35,21 @@ from typing import NoReturn  # noqa: E402
 from profparse import __version__  # noqa: E402
 from profparse.cli import annotate_cmd, common, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd  # noqa: E402
 from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
+from profparse.outputs.formats import display  # noqa: E402
 
 VERBS = (parse_cmd, summarize_cmd, plot_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that SIGTERM ended
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed on the way out."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 EXIT_OUT_OF_MEMORY = 8
 
 
@@ -106,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet = getattr(args, "quiet", False)
     files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
+    previous_term = _set_handler(_terminate, signal.SIGTERM)
     try:
         if common.STDOUT_CLOSED and getattr(args, "prints_result", False):
             raise OutputWriteError("standard output is closed (redirect it to a file or to /dev/null instead)")
@@ -115,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("profparse: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print("profparse: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
+        return EXIT_TERMINATED
     except MemoryError:
         print("profparse: error: out of memory", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
@@ -133,21 +147,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _internal(exc)
     finally:
         files.wait_notice = None
+        if previous_term is not None:
+            _set_handler(previous_term, signal.SIGTERM)
 
 
 def _fail(exc: ProfparseError) -> int:
-    print(f"profparse: error: {exc}", file=sys.stderr)
+    print(f"profparse: error: {display(exc)}", file=sys.stderr)  # names from the trace or the command line, escaped
     return exc.exit_code
 
 
 def _internal(exc: Exception) -> int:
     if os.environ.get("PROFPARSE_DEBUG"):
         raise exc
-    print(f"profparse: internal error: {type(exc).__name__}: {exc} (PROFPARSE_DEBUG=1 shows more)", file=sys.stderr)
+    message = f"{type(exc).__name__}: {display(exc)}"
+    print(f"profparse: internal error: {message} (PROFPARSE_DEBUG=1 shows more)", file=sys.stderr)
     return EXIT_INTERNAL
 
 
-_set_sigint(_started_with if callable(_started_with) else signal.default_int_handler)  # modules loaded
+_set_handler(_started_with if callable(_started_with) else signal.default_int_handler)  # modules loaded
 
 if __name__ == "__main__":
     sys.exit(main())
