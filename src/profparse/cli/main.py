@@ -13,7 +13,11 @@ import sys
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
-    """Ctrl-C while the verbs' modules load (before main() can catch it): the same one line and exit as later."""
+    """Ctrl-C or SIGTERM while the verbs' modules load (before main() can catch it): the same one line and exit
+    as later (nothing has been written yet)."""
+    if signum == signal.SIGTERM:
+        print("profparse: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
+        os._exit(143)
     print("profparse: interrupted", file=sys.stderr)
     os._exit(130)
 
@@ -27,6 +31,7 @@ def _set_handler(handler: object, sig: int = signal.SIGINT) -> object:
 
 
 _started_with = _set_handler(_interrupted_while_starting)  # restored at the end of this module
+_term_started_with = _set_handler(_interrupted_while_starting, signal.SIGTERM)
 
 import argparse  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -165,6 +170,7 @@ def _internal(exc: Exception) -> int:
 
 
 _set_handler(_started_with if callable(_started_with) else signal.default_int_handler)  # modules loaded
+_set_handler(_term_started_with if _term_started_with is not None else signal.SIG_DFL, signal.SIGTERM)
 
 if __name__ == "__main__":
     sys.exit(main())
