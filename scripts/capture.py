@@ -28,12 +28,10 @@ from profparse.capture import (  # noqa: E402
     summary_text,
 )
 from profparse.cli.common import int_option  # noqa: E402
-from profparse.cli.main import OneLineParser  # noqa: E402
+from profparse.cli.main import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, OneLineParser, report_error  # noqa: E402
 from profparse.errors import ProfparseError, from_oserror  # noqa: E402
 
 NEEDS_EXTRA = f"capture: needs the 'capture' extra: {EXTRA_HINT}"
-EXIT_INTERRUPTED = 130
-EXIT_OUT_OF_MEMORY = 8
 
 
 class CaptureParser(OneLineParser):
@@ -116,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(NEEDS_EXTRA, file=sys.stderr)
         return 2
     except ProfparseError as exc:
-        return fail(exc)
+        return report_error(exc, "capture")
     except KeyboardInterrupt:
         print("capture: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         mapped = from_oserror(exc, inputs=[args.model] if args.model else [])
         if not isinstance(mapped, ProfparseError):
             raise
-        return fail(mapped)
+        return report_error(mapped, "capture")
     try:
         summary = summary_text(result.trace_path)
     except Exception as exc:  # noqa: BLE001 - the capture itself succeeded; say why there is no summary
@@ -138,11 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(summary)
     return 0
-
-
-def fail(exc: ProfparseError) -> int:
-    print(f"capture: error: {exc}", file=sys.stderr)
-    return exc.exit_code
 
 
 if __name__ == "__main__":

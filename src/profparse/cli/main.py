@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise OutputWriteError("standard output is closed (redirect it to a file or to /dev/null instead)")
         return int(args.run(args) or 0)
     except ProfparseError as exc:
-        return _fail(exc)
+        return report_error(exc)
     except KeyboardInterrupt:
         print("profparse: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         mapped = from_oserror(exc, inputs=_inputs(args))
         if isinstance(mapped, ProfparseError):
-            return _fail(mapped)
+            return report_error(mapped)
         if isinstance(mapped, MemoryError):
             print("profparse: error: out of memory", file=sys.stderr)
             return EXIT_OUT_OF_MEMORY
@@ -156,8 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _set_handler(previous_term, signal.SIGTERM)
 
 
-def _fail(exc: ProfparseError) -> int:
-    print(f"profparse: error: {display(exc)}", file=sys.stderr)  # names from the trace or the command line, escaped
+def report_error(exc: ProfparseError, tool: str = "profparse") -> int:
+    """Print ``exc`` as its one line (names from the trace or the command line escaped); its exit code."""
+    print(f"{tool}: error: {display(exc)}", file=sys.stderr)
     return exc.exit_code
 
 
