@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 import pytest
-from tracebuilder import TraceBuilder, training_step
+from tracebuilder import TraceBuilder, complete_events, training_step
 
 import profparse
 from profparse.errors import InputNotFoundError, TraceFormatError, TruncatedTraceError
@@ -184,7 +184,7 @@ def test_truncated_gzip_stream_recovers_what_the_plain_cut_recovers(tmp_path, fr
     n = len(from_gz.events)
     for column in ("name", "ts_ns", "dur_ns", "correlation"):  # exactly the first n events of the full file
         assert from_gz.events[column].astype(object).tolist() == full[column].astype(object).tolist()[:n]
-    assert n == sum(1 for _ in _complete_events(inflated))
+    assert n == sum(1 for _ in complete_events(inflated))
     with pytest.raises(TruncatedTraceError):
         read_trace(cut, strict=True)
 
@@ -197,21 +197,6 @@ def test_gzip_cut_inside_its_checksum_loses_no_event(tmp_path):
     raw = read_trace(path)
     assert not raw.report.truncated
     assert len(raw.events) == len(b.events)
-
-
-def _complete_events(text: bytes):
-    """The events of a cut document that are complete in ``text`` (by the standard json module)."""
-    decoder = json.JSONDecoder()
-    body = text[text.index(b'"traceEvents": [') + 16 :].decode()
-    pos = 0
-    while True:
-        while pos < len(body) and body[pos] in " \n,":
-            pos += 1
-        try:
-            event, pos = decoder.raw_decode(body, pos)
-        except json.JSONDecodeError:
-            return
-        yield event
 
 
 def test_corrupt_gzip_is_an_error(tmp_path):

@@ -9,6 +9,7 @@ import random
 import zlib
 
 import pytest
+import tracebuilder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tracebuilder import AUTOGRAD, MAIN, TraceBuilder, training_step
@@ -37,20 +38,11 @@ def cli(capsys, path) -> tuple[int, str]:
 
 
 def complete_events(text: bytes) -> int:
-    """How many events of a (possibly cut) document are complete, by the standard json module."""
-    start = text.find(b'"traceEvents": [')
-    if start < 0:
+    """How many events of a (possibly cut) document are complete, by the standard json module; -1 without an
+    event array."""
+    if b'"traceEvents": [' not in text:
         return -1
-    body, pos, count = text[start + 16 :].decode(), 0, 0
-    decoder = json.JSONDecoder()
-    while True:
-        while pos < len(body) and body[pos] in " \n,":
-            pos += 1
-        try:
-            _, pos = decoder.raw_decode(body, pos)
-        except json.JSONDecodeError:
-            return count
-        count += 1
+    return sum(1 for _ in tracebuilder.complete_events(text))
 
 
 def test_truncation_at_many_offsets(capsys, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,18 @@ def memory_event(
     if total is None:
         del args["Total Allocated"], args["Total Reserved"]
     return event
+
+
+def complete_events(text: bytes) -> Iterator[dict[str, Any]]:
+    """The events of a (possibly cut) document that are complete in ``text``, by the standard json module."""
+    decoder = json.JSONDecoder()
+    body = text[text.index(b'"traceEvents": [') + 16 :].decode()
+    pos = 0
+    while True:
+        while pos < len(body) and body[pos] in " \n,":
+            pos += 1
+        try:
+            event, pos = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return
+        yield event
