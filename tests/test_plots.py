@@ -15,9 +15,10 @@ from tracebuilder import TraceBuilder, training_step
 import profparse
 from profparse.cli.main import main
 from profparse.marks import STAGES
-from profparse.outputs import plots
+from profparse.outputs import names, plots
 from profparse.outputs.files import MARKER
-from profparse.outputs.plots import PLOT_KINDS, STAGE_COLORS, optional_table, shorten_name, write_plots
+from profparse.outputs.names import shorten_name
+from profparse.outputs.plots import PLOT_KINDS, STAGE_COLORS, optional_table, write_plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
@@ -195,7 +196,7 @@ def test_one_colour_per_stage_everywhere():
 )
 def test_kernel_names_are_shortened_readably(name, short):
     got = shorten_name(name)
-    assert len(got) <= plots.LABEL_WIDTH
+    assert len(got) <= names.LABEL_WIDTH
     if short is not None:
         assert got == short
     else:

@@ -185,7 +185,7 @@ def _table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
 
 
 def _short(name: str, width: int = 70, kernel: bool = False) -> str:
-    from profparse.outputs.plots import shorten_name
+    from profparse.outputs.names import shorten_name
 
     return shorten_name(name, width, kernel=kernel)
 
