@@ -372,3 +372,18 @@ def test_an_entry_over_the_limit_is_not_stored(tmp_path: Path, monkeypatch: pyte
 def test_tests_never_use_the_users_cache() -> None:
     assert cache.cache_root() == cache_dir()
     assert Path.home() / ".cache" not in [cache_dir(), *cache_dir().parents]
+
+
+def test_annotate_and_diff_same_cold_and_warm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    a = built_trace(tmp_path / "a.json", kernel_us=10)
+    b = built_trace(tmp_path / "b.json", kernel_us=30)
+    outs = []
+    for label in ("uncached", "cold", "warm"):
+        extra = ["--no-cache"] if label == "uncached" else []
+        assert run(capsys, "annotate", str(a), "-o", str(tmp_path / f"{label}.json"), *extra)[0] == 0
+        code, diff, _ = run(capsys, "diff", str(a), str(b), "--format", "json", *extra)
+        assert code == 0
+        outs.append(((tmp_path / f"{label}.json").read_bytes(), diff))
+    assert outs[0] == outs[1] == outs[2]
+    assert len(entries()) == 2
+    assert json.loads(outs[2][1])  # the diff has content
