@@ -286,7 +286,7 @@ class Cache:
         except OSError as exc:
             self.disable(exc)
             return None
-        except (CorruptEntry, TypeError, ValueError, pa.ArrowException) as exc:  # cannot be stored faithfully
+        except (CorruptEntry, TypeError, ValueError, pa.ArrowException, MemoryError) as exc:  # cannot be stored
             self.notify(f"note: not cached: {_short(exc)}")
             return None
         finally:
@@ -303,8 +303,9 @@ class Cache:
             tmp.write_text(text)
             os.replace(tmp, target)
         except OSError as exc:
-            _unlink(tmp)
             self.disable(exc)
+        finally:
+            _unlink(tmp)
 
     def remove(self, folder: Path) -> None:
         """Take an entry away atomically (rename, then delete): a reader sees all of it or none."""
@@ -436,7 +437,7 @@ class Entry:
             pass
         except OSError as exc:
             self.cache.disable(exc)
-        except (pa.ArrowException, TypeError, ValueError):  # a column Arrow cannot hold
+        except (pa.ArrowException, TypeError, ValueError, MemoryError):  # a column Arrow cannot hold; no memory
             self.uncacheable.add(name)
         finally:
             _unlink(tmp)
