@@ -387,3 +387,16 @@ def test_annotate_and_diff_same_cold_and_warm(tmp_path: Path, capsys: pytest.Cap
     assert outs[0] == outs[1] == outs[2]
     assert len(entries()) == 2
     assert json.loads(outs[2][1])  # the diff has content
+
+
+def test_real_gpu_trace_same_tables_cold_and_warm(shared_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real traces: every column (op shapes, collective args, NULL sentinels) and table survives the cache."""
+    cold = profparse.load(shared_trace)
+    for name in TABLES:  # computed cold, so stored
+        getattr(cold, name)
+    no_json_reading(monkeypatch)
+    warm = profparse.load(shared_trace)
+    assert warm.cache is not None
+    assert_same_trace(cold, warm)
+    pd.testing.assert_frame_equal(cold.raw.events, warm.raw.events, check_exact=True)
+    assert len(list(warm.cache.folder.glob("table.*.arrow"))) >= 8
