@@ -252,6 +252,8 @@ class Cache:
         try:
             parts = entry.read_core(str(path))
         except (CorruptEntry, OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            if not folder.exists():  # evicted by another run while it was read: a plain miss
+                return None
             self.notify(f"warning: cache entry {folder} is unreadable ({_short(exc)}); removed, parsing again")
             self.remove(folder)
             return None
