@@ -1,7 +1,8 @@
 """A user-level cache of parsed traces, so that a second verb on the same trace does not read the JSON again.
 
 One entry per (trace content, profparse code, parse options), a folder of Arrow IPC files (LZ4-compressed:
-a 100 MB trace's event table is 9 MB instead of 83 MB and reads in about the same time) plus ``meta.json``:
+a 100 MB trace's event table is 9 MB instead of 103 MB, for 0.4 s more per warm load under load; measured in
+docs/cache.md) plus ``meta.json``:
 
 - ``events.arrow`` (the raw event table), ``links.arrow`` and ``attribution.arrow`` (their per-row arrays),
   ``links.threads.arrow`` and ``attribution.steps.arrow``, and in ``meta.json`` the header, the decode report,
@@ -11,10 +12,11 @@ a 100 MB trace's event table is 9 MB instead of 83 MB and reads in about the sam
 
 Key: blake2b of the file's bytes, and of profparse's version, :data:`FORMAT_VERSION`, the source of every
 profparse module and the versions of numpy/pandas/pyarrow/msgspec (so an edited checkout never reads stale
-tables), and the options that change results (``include_marks``, ``strict``). Hashing costs about 0.15 s per
-100 MB; a ``stat/`` record (device, inode, size, mtime_ns, ctime_ns -> hash) skips it when the file is
-unchanged, and is only written when the file's times are more than :data:`RACY_NS` old (git's "racy" rule: a
-write later than that gives a different ctime, which no user-space call can set back).
+tables), and the options that change results (``include_marks``, ``strict``). Hashing costs 0.6-1.4 s per
+100 MB on the shared 2-core machine (a few % of a parse); a ``stat/`` record (device, inode, size, mtime_ns,
+ctime_ns -> hash) skips it when the file is unchanged, and is only written when the file's times are more
+than :data:`RACY_NS` old (git's "racy" rule: a write later than that gives a different ctime, which no
+user-space call can set back).
 
 Safety: every file and the entry folder are written under a temporary name in the cache folder and renamed
 into place (readers never see half an entry; of two writers of one entry the first rename wins, the second
