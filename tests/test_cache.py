@@ -400,3 +400,19 @@ def test_real_gpu_trace_same_tables_cold_and_warm(shared_trace: Path, monkeypatc
     assert_same_trace(cold, warm)
     pd.testing.assert_frame_equal(cold.raw.events, warm.raw.events, check_exact=True)
     assert len(list(warm.cache.folder.glob("table.*.arrow"))) >= 8
+
+
+@pytest.mark.parametrize(
+    "column",
+    [pd.Series([1, "a", None], dtype=object), pd.Series([1, None, 3], dtype=object), pd.Series([{"a": 1}, None, {}])],
+    ids=["mixed", "ints_with_none", "dicts"],
+)
+def test_a_table_that_does_not_read_back_identical_is_not_kept(column: pd.Series, tmp_path: Path) -> None:
+    entry = profparse.load(built_trace(tmp_path / "t.json")).cache
+    frame = pd.DataFrame({"x": column, "n": [1, 2, 3]})
+    entry.put_table("odd", frame)
+    assert entry.table("odd") is None and "odd" in entry.uncacheable
+    assert not (entry.folder / "table.odd.arrow").exists() and not leftovers()
+    good = pd.DataFrame({"x": pd.Categorical(["a", None, "b"]), "n": pd.array([1, None, 3], dtype="Int64")})
+    entry.put_table("good", good)
+    pd.testing.assert_frame_equal(entry.table("good"), good, check_exact=True)

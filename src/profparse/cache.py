@@ -447,9 +447,21 @@ class Entry:
             _unlink(tmp)
 
 
+_FULL_CHECK_CELLS = 1 << 20
+
+
 def _write_checked(path: Path, frame: pd.DataFrame) -> bool:
+    """Write ``frame``; whether it reads back the same. A big frame without object columns is checked by its
+    schema only (dtypes, columns): Arrow holds such columns losslessly, and reading back the event table of a
+    100 MB trace to compare values cost 0.6 s of the 1.5 s that storing it took (under load)."""
     write_frame(path, frame)
-    return _same(frame, read_frame(path))
+    if frame.size <= _FULL_CHECK_CELLS or any(str(t) == "object" for t in frame.dtypes):
+        return _same(frame, read_frame(path))
+    with pa.memory_map(str(path)) as source:
+        empty = pa.ipc.open_file(source).schema.empty_table().to_pandas()
+    return list(empty.columns) == list(frame.columns) and [str(t) for t in empty.dtypes] == [
+        str(t) for t in frame.dtypes
+    ]
 
 
 def _write_core(folder: Path, parsed: Any) -> dict[str, Any]:
