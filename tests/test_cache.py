@@ -416,3 +416,19 @@ def test_a_table_that_does_not_read_back_identical_is_not_kept(column: pd.Series
     good = pd.DataFrame({"x": pd.Categorical(["a", None, "b"]), "n": pd.array([1, None, 3], dtype="Int64")})
     entry.put_table("good", good)
     pd.testing.assert_frame_equal(entry.table("good"), good, check_exact=True)
+
+
+def test_tables_added_later_keep_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = profparse.load(built_trace(tmp_path / "a.json", kernel_us=10))
+    core = sum(f.stat().st_size for f in first.cache.folder.iterdir())
+    monkeypatch.setenv(cache.MAX_ENV, str(int(core * 2.2)))  # two cores fit, not two with their tables
+    second = profparse.load(built_trace(tmp_path / "b.json", kernel_us=20))
+    assert len(entries()) == 2
+    os.utime(first.cache.folder / "meta.json", (1, 1))  # the first is the least recently used
+    for name in TABLES:
+        getattr(second, name)  # stored as computed
+    assert entries() == [second.cache.folder]
+    assert sum(f.stat().st_size for f in second.cache.folder.iterdir()) <= int(core * 2.2)
+    assert second.cache.uncacheable  # the tables that did not fit any more
+    warm = profparse.load(tmp_path / "b.json")
+    assert_same_trace(second, warm)  # what was kept, and what is computed again, gives the same answers

@@ -320,15 +320,16 @@ class Cache:
             return
         shutil.rmtree(trash, ignore_errors=True)
 
-    def evict(self, keep: str | None = None) -> None:
-        """Remove least recently used entries until the cache fits its limit; clear leftovers of killed runs."""
+    def evict(self, keep: str | None = None) -> int:
+        """Remove least recently used entries until the cache fits its limit (``keep`` stays); clear leftovers
+        of killed runs. The bytes left."""
         entries = []
         total = 0
         now = time.time()
         try:
             children = list(os.scandir(self.root))
         except OSError:
-            return
+            return 0
         for child in children:
             try:
                 if child.name.startswith(".tmp-"):
@@ -353,13 +354,14 @@ class Cache:
         try:
             records = list(os.scandir(self.root / "stat"))
         except OSError:
-            return
+            records = []
         for record in records:  # stat records of hashes with no entry left
             try:
                 if record.stat().st_size and Path(record.path).read_text().strip() not in live:
                     _unlink(Path(record.path))
             except OSError:
                 continue
+        return total
 
 
 class Entry:
@@ -434,7 +436,11 @@ class Entry:
         tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
         try:
             if _write_checked(tmp, frame):
-                os.replace(tmp, self.folder / f"table.{name}.arrow")
+                target = self.folder / f"table.{name}.arrow"
+                os.replace(tmp, target)
+                if self.cache.evict(keep=self.folder.name) > self.cache.limit:  # the entry alone outgrew it
+                    _unlink(target)
+                    self.uncacheable.add(name)
             else:
                 self.uncacheable.add(name)
         except FileNotFoundError:  # the entry was evicted meanwhile
