@@ -279,7 +279,7 @@ def _memory_tables(data: dict[str, Any]) -> list[Table]:
         "allocated at first -> last event, peak; bytes allocated, freed: moves of the\n"
         "  allocator's Total Allocated; reserve-only events count in reserved peak"
     )
-    footer = "(the trace has no allocator totals: levels are relative to its first event)" if relative else ""
+    footer = "the trace has no allocator totals: levels are relative to its first event" if relative else ""
     return [Table("Memory per stage", columns, memory, note=note, footer=footer, index=2)]
 
 

@@ -184,9 +184,9 @@ def tables_markdown(tables: list[Table]) -> list[str]:
             [md_code(v) if c.code and v else md_cell(v) for c, v in zip(t.columns, r, strict=True)] for r in t.cells()
         ]
         lines += ["", f"## {md_cell(t.title)}", "", *md_table([md_cell(c.label) for c in t.columns], rows)]
-        words = " ".join(" ".join(w for w in (t.note, t.footer) if w).split())
-        if words:
-            lines += ["", md_cell(words[0].upper() + words[1:] + ("" if words.endswith(".") else "."))]
+        sentences = [" ".join(w.split()) for w in (t.note, t.footer) if w]
+        if sentences:
+            lines += ["", " ".join(md_cell(w if w.endswith(".") else w + ".") for w in sentences)]
     return lines
 
 
