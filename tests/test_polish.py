@@ -344,6 +344,7 @@ def test_install_hints_say_checkout_and_index(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "hta", None)  # makes "import hta" fail
     assert main(["hta", str(tmp_path / "whatever.json.gz")]) == 2
     err = capsys.readouterr().err
+    assert err.startswith("profparse: error: HTA is not installed") and err.count("\n") == 1
     assert "pip install -e '.[hta]'" in err and "pip install 'profparse[hta]'" in err
     hinted = [p for p in (REPO / "src").rglob("*.py") if "profparse[" in p.read_text(encoding="utf-8")]
     assert [p.name for p in hinted] == ["errors.py"]  # every hint comes from errors.install_hint

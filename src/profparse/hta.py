@@ -434,6 +434,8 @@ def render_text(data: dict[str, Any]) -> str:
 
 def render_markdown(data: dict[str, Any]) -> str:
     lines = [f"# profparse hta: {md_code(data['trace'])} (rank {data['rank']})", "", f"Times: {data['units']}."]
+    if data["hta"]["distribution"]:
+        lines[-1] += f" HTA: {md_cell(data['hta']['distribution'])} {md_cell(data['hta']['version'])}."
     for title, headers, rows in _sections(data):
         lines += ["", f"## {title}", "", *md_table(headers, [[md_cell(c) for c in r] for r in rows])]
     return "\n".join(lines) + "\n"
