@@ -1,8 +1,10 @@
-"""The analyses' sections of the summary: plain data from a parsed trace, and text/markdown renderers.
+"""The analyses' sections of the summary: plain data from a parsed trace, and the tables that show it.
 
-``outputs/summary.py`` puts :func:`summary_sections` under ``"analyses"`` in its data and calls
-:func:`render_text` / :func:`render_markdown` with it. A section with nothing to show is left out (no Python
-frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
+Each section is one :class:`Section` entry of :data:`SECTIONS`: ``data(parsed)`` gives its JSON-ready entries
+(``outputs/summary.py`` puts them all under ``"analyses"``), ``tables(analyses)`` the
+:class:`~profparse.outputs.formats.Table` s shown, which text, markdown and csv render alike. Adding a section
+(efficiency, communication, runtime calls) is one more entry. A section with nothing to show gives no tables (no
+Python frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
 ``[memory]`` events: no memory).
 """
 
