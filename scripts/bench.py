@@ -391,7 +391,7 @@ def machine() -> dict:
     except OSError:
         pass
     versions = {}
-    for pkg in ("profparse", "msgspec", "numpy", "pandas", "pyarrow", "HolisticTraceAnalysis"):
+    for pkg in ("profparse", "msgspec", "numpy", "pandas", "pyarrow", "traceinsight", "HolisticTraceAnalysis"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

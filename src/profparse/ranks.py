@@ -47,6 +47,7 @@ from profparse.errors import (
     UsageError,
     error_for_code,
     from_oserror,
+    install_hint,
 )
 from profparse.marks import STAGES
 from profparse.outputs.formats import display, md_cell, md_code, render_as
@@ -520,7 +521,7 @@ def _run_dask(tasks: list[RankTask], scheduler: str, on_done: Callable[[RankResu
         from distributed import Client, as_completed
     except ImportError:
         raise UsageError(
-            "--scheduler needs dask.distributed: pip install 'profparse[dask]' (here and on the workers)"
+            f"--scheduler needs dask.distributed: {install_hint('dask')} (here and on the workers)"
         ) from None
     try:
         client = Client(scheduler, timeout="20s", set_as_default=False)
