@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from profparse.outputs.views import layers, load, memory, stages, timeline, top_kernels, top_ops
+from profparse.outputs.views import layers, load, memory, stages, timeline, top_kernels, top_ops, top_runtime
 
 #: The registry: kind -> view module, in the order plots are listed and report sections appear.
 VIEWS: dict[str, ModuleType] = {
@@ -20,6 +20,7 @@ VIEWS: dict[str, ModuleType] = {
         timeline,
         top_kernels,
         top_ops,
+        top_runtime,
         memory,
         layers,
         load,
