@@ -416,5 +416,7 @@
   } catch (e) {
     fail("error: " + (e && e.stack || e));
   }
+  var only = params.get("only");  // ?only=<section id>: that section alone (tests screenshot the timeline so)
+  if (only) Array.prototype.forEach.call(app.children, function (c) { if (c.id !== only) c.hidden = true; });
   document.body.dataset.ready = "1";
 })();
