@@ -298,5 +298,26 @@ def test_filter_box_filters(tmp_path):
     assert count == len(shown) < len(rows)
 
 
+def test_ranks_page_heatmap_is_the_ranks_summary(tmp_path):
+    from profparse import ranks
+
+    trace = ground_truth_trace(tmp_path / "gt.json")
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for r in (0, 1):
+        shutil.copy(trace, folder / f"rank{r}.json")
+    page = write(folder, tmp_path / "ranks.html", "-j", "1")
+    dom = dump_dom(page)
+    cells = read_dom(dom)
+    run = ranks.parse_ranks(str(folder), None, jobs=1)
+    expected = ranks.ranks_summary_data(run.results)
+    column = expected["metric_column"]
+    want = {(str(r["rank"]), r["stage"]): r[column] for r in expected["per_rank"]}
+    got = {(c["data-rank"], c["data-stage"]): int(c["data-value"]) for c in cells.cells if "data-rank" in c}
+    assert got == want and got[("0", "backward")] == 60_000
+    for rank in (0, 1):  # each rank links to its own section
+        assert f'href="#rank-{rank}"' in dom and f'id="rank-{rank}"' in dom
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

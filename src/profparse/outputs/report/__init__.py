@@ -31,6 +31,7 @@ from profparse.trace.events import NULL
 #: Views the page draws itself; any other registered view is shown as tables plus its PNG.
 NATIVE = frozenset({"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "memory", "layers", "load"})
 TIMELINE_RECTS = 20000  # aggregated spans in the page's timeline (zoomable, so finer than the PNG's 6000)
+TIMELINE_PIXELS = 40000  # merge spans closer than 1/40000 of the trace: a 20x zoom still shows single spans
 TIMELINE_TRACKS = 32
 TOP_ROWS = 20  # names per stage in the top tables (the filter box searches these)
 
@@ -93,7 +94,9 @@ def view_payload(parsed: Any) -> dict[str, Any]:
     out = {}
     for kind, module in VIEWS.items():
         if kind == "timeline":
-            prepared, why = module.data(parsed, max_tracks=TIMELINE_TRACKS, max_rects=TIMELINE_RECTS)
+            prepared, why = module.data(
+                parsed, max_tracks=TIMELINE_TRACKS, max_rects=TIMELINE_RECTS, pixels=TIMELINE_PIXELS
+            )
         elif kind.startswith("top_"):
             prepared, why = module.data(parsed, n=TOP_ROWS)
         else:

@@ -98,8 +98,8 @@ def style() -> dict[str, Any]:
     }
 
 
-def timeline_intervals(parsed: Any, max_rects: int | None = None) -> tuple[Any, int]:
-    """Stage intervals merged to about a pixel (1/2000 of the span); coarser while there are more than
+def timeline_intervals(parsed: Any, max_rects: int | None = None, pixels: int = 2000) -> tuple[Any, int]:
+    """Stage intervals merged to about a pixel (1/``pixels`` of the span); coarser while there are more than
     ``max_rects`` (default :data:`MAX_RECTS`). Returns (StageTracks, gap in ns)."""
     from profparse.outputs.perfetto import stage_intervals
 
@@ -108,7 +108,7 @@ def timeline_intervals(parsed: Any, max_rects: int | None = None) -> tuple[Any, 
     if fine.intervals.empty:
         return fine, 0
     span = int(fine.intervals["end_ns"].max() - fine.intervals["start_ns"].min())
-    gap = max(span // 2000, 1)
+    gap = max(span // pixels, 1)
     tracks = stage_intervals(parsed, gap_ns=gap)
     while len(tracks.intervals) > limit and gap < span:
         gap *= 4

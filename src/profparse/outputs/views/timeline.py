@@ -30,10 +30,13 @@ TITLE = "Timeline by stage"
 MAX_TRACKS = 16
 
 
-def data(parsed: Any, max_tracks: int = MAX_TRACKS, max_rects: int | None = None) -> tuple[Prepared | None, str | None]:
+def data(
+    parsed: Any, max_tracks: int = MAX_TRACKS, max_rects: int | None = None, pixels: int = 2000
+) -> tuple[Prepared | None, str | None]:
     """The busiest ``max_tracks`` tracks (label, kind) and their aggregated intervals (start/end ns since the
-    first interval, stage, rule, events merged; at most about ``max_rects``), step boundaries, the merge gap."""
-    tracks, gap = _common.timeline_intervals(parsed, max_rects)
+    first interval, stage, rule, events merged; at most about ``max_rects``; spans closer than 1/``pixels`` of the
+    trace merge), step boundaries, the merge gap."""
+    tracks, gap = _common.timeline_intervals(parsed, max_rects, pixels)
     intervals = tracks.intervals
     if intervals.empty:
         return None, "no host spans or GPU activity"

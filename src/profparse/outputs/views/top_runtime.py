@@ -17,7 +17,7 @@ def data(parsed: Any, n: int = TOP_N) -> tuple[Prepared | None, str | None]:
     events = parsed.events
     calls = events[events["kind"].isin(RUNTIME_KINDS).to_numpy() & (events["dur_ns"] > 0).to_numpy()]
     if calls.empty:
-        return None, "no runtime calls in this trace (a CPU-only trace)"
+        return None, "no runtime calls in this trace (CPU only)"
     return with_title(top_data(calls, "dur_ns", "host time", TITLE, kernel=False, n=n), parsed), None
 
 

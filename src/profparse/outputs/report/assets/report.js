@@ -12,6 +12,7 @@
   var consoleError = console.error;
   console.error = function () { fail("console.error: " + Array.prototype.join.call(arguments, " ")); consoleError.apply(console, arguments); };
 
+  var t0 = performance.now();
   var P = JSON.parse(document.getElementById("payload").textContent);
   var STAGES = P.meta.stages, COLORS = P.meta.colors;
   var params = new URLSearchParams(location.search);
@@ -55,6 +56,11 @@
       out.push(r);
     }
     return out;
+  }
+  function counted(names) {  // ["A", "A", "B"] -> "2 × A, B"
+    var n = {}, order = [];
+    names.forEach(function (x) { if (!(x in n)) { n[x] = 0; order.push(x); } n[x] += 1; });
+    return order.map(function (x) { return n[x] > 1 ? n[x] + " × " + x : x; }).join(", ");
   }
   function chip(stage) { return el("span", {class: "chip", style: "background:" + (COLORS[stage] || "#777")}); }
   function legend(stages) { return el("div", {class: "legend"}, stages.map(function (s) { return el("span", {}, [chip(s), s]); })); }
@@ -176,7 +182,10 @@
     var byRow = tracks.map(function () { return []; });
     for (var i = 0; i < n; i++) byRow[sp.row[i]].push(i);
     byRow.forEach(function (list) { list.sort(function (a, b) { return sp.start_ns[a] - sp.start_ns[b]; }); });
-    var LABEL = 190, ROW = 22, TOP = 22, view = {a: 0, b: span}, dpr = window.devicePixelRatio || 1;
+    var probe = canvas.getContext("2d"), LABEL = 120;
+    probe.font = "11px system-ui,sans-serif";
+    tracks.forEach(function (t) { LABEL = Math.max(LABEL, Math.min(probe.measureText(t.label).width + 14, 320)); });
+    var ROW = 22, TOP = 22, view = {a: 0, b: span}, dpr = window.devicePixelRatio || 1;
     canvas.dataset.spans = String(n);
     function width() { return Math.max(canvas.clientWidth || wrap.clientWidth || 1000, 400); }
     function x(t, w) { return LABEL + (t - view.a) / (view.b - view.a) * (w - LABEL - 8); }
@@ -189,7 +198,7 @@
       tracks.forEach(function (t, r) {
         c.fillStyle = r % 2 ? "#fafbfc" : "#f1f3f5"; c.fillRect(LABEL, TOP + r * ROW, w - LABEL, ROW);
         c.fillStyle = "#333"; c.textBaseline = "middle"; c.textAlign = "right";
-        c.fillText(t.label.length > 30 ? t.label.slice(0, 29) + "…" : t.label, LABEL - 6, TOP + r * ROW + ROW / 2);
+        c.fillText(t.label, LABEL - 6, TOP + r * ROW + ROW / 2, LABEL - 10);
       });
       c.save(); c.beginPath(); c.rect(LABEL, 0, w - LABEL, h); c.clip();
       byRow.forEach(function (list, r) {
@@ -343,7 +352,7 @@
     if (!warnings.length) { s.appendChild(el("p", {text: "No checks fired."})); return; }
     s.appendChild(table(["severity", "check", "message"], warnings.map(function (w) {
       return el("tr", {class: "warn-" + w.severity}, [el("td", {class: "l", text: w.severity}), el("td", {class: "l", text: w.check}), el("td", {class: "l", text: w.message})]);
-    })));
+    }), "", 3));
   }
 
   var RENDER = {stages: stagesView, timeline: timelineView, top_kernels: topView, top_ops: topView, top_runtime: topView,
@@ -353,7 +362,7 @@
     var sm = P.summary;
     app.appendChild(el("h1", {text: P.title}));
     app.appendChild(el("p", {class: "sub", text: sm.events.toLocaleString("en-US") + " events · " + sm.steps.count + " steps" +
-      (sm.steps.source ? " (" + sm.steps.source + ")" : "") + (sm.devices && sm.devices.length ? " · " + sm.devices.join(", ") : " · no GPU") +
+      (sm.steps.source ? " (" + sm.steps.source + ")" : "") + (sm.devices && sm.devices.length ? " · " + counted(sm.devices) : " · no GPU") +
       (sm.rank != null ? " · rank " + sm.rank : "") + " · profparse " + P.meta.version}));
     app.appendChild(toc);
     overview(section(app, "overview", "Overview per stage and step", toc), sm);
@@ -373,21 +382,26 @@
     app.appendChild(toc);
     var s = section(app, "heatmap", "Rank x stage", toc);
     var stages = STAGES.filter(function (st) { return d.per_rank.some(function (r) { return r.stage === st; }); });
-    var cell = {}, maxOf = {};
-    d.per_rank.forEach(function (r) { cell[r.rank + "/" + r.stage] = r[col]; maxOf[r.stage] = Math.max(maxOf[r.stage] || 0, r[col] || 0); });
+    var cell = {}, maxOf = {}, minOf = {};
+    d.per_rank.forEach(function (r) {
+      var v = r[col] || 0;
+      cell[r.rank + "/" + r.stage] = r[col];
+      maxOf[r.stage] = Math.max(v, r.stage in maxOf ? maxOf[r.stage] : v);
+      minOf[r.stage] = Math.min(v, r.stage in minOf ? minOf[r.stage] : v);
+    });
     var ok = d.ranks.filter(function (r) { return r.status === "ok"; });
     s.appendChild(table(["rank"].concat(stages), ok.map(function (r) {
       return el("tr", {}, [el("td", {class: "l"}, [el("a", {href: "#rank-" + r.rank, text: "rank " + r.rank})])].concat(stages.map(function (st) {
-        var v = cell[r.rank + "/" + st], a = maxOf[st] ? (v || 0) / maxOf[st] : 0;
+        var v = cell[r.rank + "/" + st], spread = maxOf[st] - minOf[st], a = spread > 0 ? ((v || 0) - minOf[st]) / spread : 0;
         return el("td", {class: "cell", "data-rank": String(r.rank), "data-stage": st, "data-value": v == null ? "" : String(v), text: fmt(v),
           style: "background:rgba(204,68,0," + (0.08 + 0.6 * a).toFixed(2) + ")"});
       })));
     }), "heat"));
-    s.appendChild(el("p", {class: "note", text: "Darker: closer to the slowest rank of that stage."}));
+    s.appendChild(el("p", {class: "note", text: "Colour per stage column: white = the fastest rank, dark = the slowest (all alike when the ranks take the same time)."}));
     var g = section(app, "stragglers", "Stragglers", toc);
     g.appendChild(table(["stage", "median", "min", "max", "slowest rank", "lead over median"], d.stragglers.map(function (r) {
       return el("tr", {}, [el("td", {class: "l", text: r.stage}), el("td", {text: fmt(r.median_ns)}), el("td", {text: fmt(r.min_ns)}), el("td", {text: fmt(r.max_ns)}),
-        el("td", {}, r.slowest_rank == null ? ["-"] : [el("a", {href: "#rank-" + r.slowest_rank, text: "rank " + r.slowest_rank})]), el("td", {text: fmt(r.lead_ns)})]);
+        el("td", {}, r.slowest_rank == null ? ["-"] : !r.lead_ns ? ["none (all equal)"] : [el("a", {href: "#rank-" + r.slowest_rank, text: "rank " + r.slowest_rank})]), el("td", {text: fmt(r.lead_ns)})]);
     })));
     if (d.failed_ranks.length) {
       var f = section(app, "failed", "Failed ranks", toc);
@@ -395,7 +409,7 @@
     }
     var per = section(app, "per-rank", "Per rank", toc);
     d.ranks.forEach(function (r) {
-      var box = el("section", {id: "rank-" + r.rank}, [el("h3", {text: "rank " + r.rank + " · " + r.file + " · " + r.status + " · " + r.events.toLocaleString("en-US") + " events" + (r.devices.length ? " · " + r.devices.join(", ") : "")})]);
+      var box = el("section", {id: "rank-" + r.rank}, [el("h3", {text: "rank " + r.rank + " · " + r.file + " · " + r.status + " · " + r.events.toLocaleString("en-US") + " events" + (r.devices.length ? " · " + counted(r.devices) : "")})]);
       var mine = d.per_rank.filter(function (x) { return x.rank === r.rank; });
       if (mine.length) {
         var cols = Object.keys(mine[0]).filter(function (k) { return k.slice(-3) === "_ns"; });
@@ -418,5 +432,6 @@
   }
   var only = params.get("only");  // ?only=<section id>: that section alone (tests screenshot the timeline so)
   if (only) Array.prototype.forEach.call(app.children, function (c) { if (c.id !== only) c.hidden = true; });
+  document.body.dataset.renderMs = (performance.now() - t0).toFixed(0);  // parse + render, shown in docs/report.md
   document.body.dataset.ready = "1";
 })();
