@@ -121,8 +121,12 @@
     if (!order.length) { s.appendChild(el("p", {class: "note", text: "No steps found (no ProfilerStep# or step marks)."})); return; }
     var present = STAGES.filter(function (st) { return totals.some(function (t) { return t.stage === st && t.host_wall_ns; }); });
     var body2 = order.map(function (n) {
-      var total = 0, gtotal = 0;
-      present.forEach(function (st) { var r = steps[n][st]; total += r ? r.host_wall_ns || 0 : 0; gtotal += r ? r.gpu_busy_ns || 0 : 0; });
+      var total = 0, gtotal = 0, gidle = 0;
+      present.forEach(function (st) {
+        var r = steps[n][st];
+        if (!r) return;
+        total += r.host_wall_ns || 0; gtotal += (r.gpu_busy_ns || 0) + (r.gpu_overlap_ns || 0); gidle += r.gpu_idle_ns || 0;
+      });
       var tr = el("tr", {"data-step": String(n)}, [el("td", {class: "l", text: "step " + n})]);
       present.forEach(function (st) {
         var r = steps[n][st], v = r ? r.host_wall_ns : 0;
@@ -131,11 +135,11 @@
         tr.appendChild(td);
       });
       tr.appendChild(el("td", {"data-step-total": String(total), text: fmt(total)}));
-      if (gpu) tr.appendChild(el("td", {text: fmt(gtotal)}));
+      if (gpu) { tr.appendChild(el("td", {text: fmt(gtotal)})); tr.appendChild(el("td", {text: fmt(gidle)})); }
       return tr;
     });
     s.appendChild(el("h3", {text: "Per step: host wall per stage (share of the step)"}));
-    s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy"] : []), body2, "per-step"));
+    s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
   }
 
   function stagesView(s, v) {
