@@ -281,6 +281,22 @@ def test_timeline_canvas_is_drawn(tmp_path):
         assert hits > 2000, f"{stage}: only {hits} pixels of its colour: the timeline canvas looks blank"
 
 
+def test_timeline_hover_names_the_span_under_the_pointer(tmp_path):
+    page = write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "r.html")
+    timeline = payload(page)["views"]["timeline"]["data"]
+    spans = timeline["spans"]["cols"]
+    labels = timeline["tracks"]["cols"]["label"]
+    j = spans["stage"].index("backward")
+    row, mid = spans["row"][j], (spans["start_ns"][j] + spans["end_ns"][j]) // 2
+    tip = re.search(r'data-probe="([^"]*)"', dump_dom(page, f"?probe={row},{mid}")).group(1)
+    assert tip.startswith(labels[row]) and "stage: backward" in tip and f"rule: {spans['rule'][j]}" in tip
+    ends = [e for r, e in zip(spans["row"], spans["end_ns"], strict=True) if r == row]
+    starts = [s for r, s in zip(spans["row"], spans["start_ns"], strict=True) if r == row]
+    gap = next(e + 1 for e in sorted(ends) if not any(s <= e + 1 < x for s, x in zip(starts, ends, strict=True)))
+    tip = re.search(r'data-probe="([^"]*)"', dump_dom(page, f"?probe={row},{gap}")).group(1)
+    assert tip == "none"  # between spans: nothing to show
+
+
 def _top_ops_rows(dom: str) -> tuple[int, list[tuple[str, bool]]]:
     """The top-ops section's data-visible count and its rows (name, shown)."""
     section = re.search(r'<section id="view-top_ops"[^>]*data-visible="(\d+)"[^>]*>(.*?)</section>', dom, re.S)
@@ -322,6 +338,10 @@ def test_ranks_page_heatmap_is_the_ranks_summary(tmp_path):
     assert got == want and got[("0", "backward")] == 60_000
     for rank in (0, 1):  # each rank links to its own section
         assert f'href="#rank-{rank}"' in dom and f'id="rank-{rank}"' in dom
+    dataset = tmp_path / "dataset"  # a rank dataset written by parse gives the same page numbers
+    assert main(["parse", str(folder), "-o", str(dataset), "-q", "-j", "1"]) == 0
+    from_dataset = payload(write(dataset, tmp_path / "dataset.html"))["ranks"]
+    assert from_dataset["per_rank"] == payload(page)["ranks"]["per_rank"]
 
 
 if __name__ == "__main__":  # pragma: no cover

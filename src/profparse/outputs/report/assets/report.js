@@ -232,23 +232,34 @@
         c.fillText((t / u[0]).toFixed(t / u[0] < 10 ? 2 : 1) + " " + u[1], xx, TOP + ROW * tracks.length + 6);
       }
     }
-    function hit(ev) {
-      var rect = canvas.getBoundingClientRect(), w = width(), px = ev.clientX - rect.left, py = ev.clientY - rect.top;
-      var r = Math.floor((py - TOP) / ROW);
-      if (px < LABEL || r < 0 || r >= tracks.length) return -1;
-      var t = view.a + (px - LABEL) / (w - LABEL - 8) * (view.b - view.a), slack = 2 * (view.b - view.a) / (w - LABEL);
+    function spanAt(r, t, slack) {  // the span of row r under time t (within slack ns), or -1: a binary search
       var list = byRow[r], lo = 0, hi = list.length - 1, best = -1;
       while (lo <= hi) { var m = (lo + hi) >> 1; if (sp.start_ns[list[m]] <= t + slack) { best = m; lo = m + 1; } else hi = m - 1; }
       for (var k = best; k >= 0 && k > best - 50; k--) { var j = list[k]; if (sp.end_ns[j] + slack >= t) return j; }
       return -1;
     }
+    function hit(ev) {
+      var rect = canvas.getBoundingClientRect(), w = width(), px = ev.clientX - rect.left, py = ev.clientY - rect.top;
+      var r = Math.floor((py - TOP) / ROW);
+      if (px < LABEL || r < 0 || r >= tracks.length) return -1;
+      var t = view.a + (px - LABEL) / (w - LABEL - 8) * (view.b - view.a);
+      return spanAt(r, t, 2 * (view.b - view.a) / (w - LABEL));
+    }
+    function tipText(j) {
+      return tracks[sp.row[j]].label + "\nstage: " + sp.stage[j] + "\nrule: " + sp.rule[j] + "\n" +
+        sp.events[j].toLocaleString("en-US") + " event" + (sp.events[j] === 1 ? "" : "s") + " merged\n" +
+        fmt(sp.start_ns[j]) + " → " + fmt(sp.end_ns[j]) + " (" + fmt(sp.end_ns[j] - sp.start_ns[j]) + ")";
+    }
+    var probe = (params.get("probe") || "").split(",");  // ?probe=ROW,NS: what hovering there shows (for tests)
+    if (probe.length === 2) {
+      var pj = spanAt(Number(probe[0]), Number(probe[1]), 0);
+      canvas.dataset.probe = pj < 0 ? "none" : tipText(pj);
+    }
     canvas.addEventListener("mousemove", function (ev) {
       if (drag) { var w = width(), dt = (ev.clientX - drag.x) / (w - LABEL) * (drag.b - drag.a); view.a = drag.a - dt; view.b = drag.b - dt; draw(); return; }
       var j = hit(ev);
       if (j < 0) { tip.style.display = "none"; return; }
-      tip.textContent = tracks[sp.row[j]].label + "\nstage: " + sp.stage[j] + "\nrule: " + sp.rule[j] + "\n" +
-        sp.events[j].toLocaleString("en-US") + " event" + (sp.events[j] === 1 ? "" : "s") + " merged\n" +
-        fmt(sp.start_ns[j]) + " → " + fmt(sp.end_ns[j]) + " (" + fmt(sp.end_ns[j] - sp.start_ns[j]) + ")";
+      tip.textContent = tipText(j);
       tip.style.display = "block"; tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 12) + "px";
     });
     canvas.addEventListener("mouseleave", function () { tip.style.display = "none"; drag = null; });
