@@ -268,6 +268,19 @@ def test_page_opens_without_errors_and_shows_the_summary_numbers(tmp_path, trace
     assert steps and all(int(c["data-value"]) == per_step[(int(c["data-step"]), c["data-stage"])] for c in steps)
 
 
+def test_names_with_markup_stay_text(tmp_path):
+    b = TraceBuilder()
+    t = training_step(b, 0, 0.0)
+    hostile = "</script><script>window.pwned=1</script><!-- <b>bold</b>"
+    b.annotation("ProfilerStep#1", t, 50)
+    b.op(hostile, t + 5, 30)
+    page = write(b.write(tmp_path / "markup.json"), tmp_path / "r.html")
+    assert hostile not in page.read_text(encoding="utf-8")  # only its escaped form is in the file
+    dom = dump_dom(page)
+    read_dom(dom)
+    assert "window.pwned" in dom and "<b>bold</b>" not in dom  # shown as text (escaped), never run or parsed
+
+
 def test_timeline_canvas_is_drawn(tmp_path):
     page = write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "r.html")
     image = screenshot(page, tmp_path / "t.png", "?only=view-timeline")

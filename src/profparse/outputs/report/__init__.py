@@ -140,10 +140,10 @@ def _asset(name: str) -> str:
 
 
 def render_html(payload: dict[str, Any]) -> str:
-    """The page: inlined CSS, the JSON payload (``</`` escaped so no string can close the script) and the JS."""
+    """The page: inlined CSS, the JSON payload (every ``<`` escaped, so no string can end the script) and the JS."""
     meta = {"version": __version__, "stages": list(STAGES), "colors": STAGE_COLORS}
     body = json.dumps({**payload, "meta": meta}, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    body = body.replace("</", "<\\/").replace("<!--", "<\\!--")
+    body = body.replace("<", "\\u003c")  # no trace text can close the script or open a comment
     title = html.escape(f"profparse report: {payload['title']}")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
