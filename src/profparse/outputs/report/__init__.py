@@ -34,6 +34,13 @@ TIMELINE_RECTS = 20000  # aggregated spans in the page's timeline (zoomable, so 
 TIMELINE_PIXELS = 40000  # merge spans closer than 1/40000 of the trace: a 20x zoom still shows single spans
 TIMELINE_TRACKS = 32
 TOP_ROWS = 20  # names per stage in the top tables (the filter box searches these)
+#: The page's own options for some views' ``data`` (finer or longer than the PNGs'); other views get none.
+OPTIONS: dict[str, dict[str, int]] = {
+    "timeline": {"max_tracks": TIMELINE_TRACKS, "max_rects": TIMELINE_RECTS, "pixels": TIMELINE_PIXELS},
+    "top_kernels": {"n": TOP_ROWS},
+    "top_ops": {"n": TOP_ROWS},
+    "top_runtime": {"n": TOP_ROWS},
+}
 
 
 def plain(value: Any) -> Any:
@@ -93,14 +100,7 @@ def view_payload(parsed: Any) -> dict[str, Any]:
     """Every registered view's prepared data (or why it is skipped), in registry order."""
     out = {}
     for kind, module in VIEWS.items():
-        if kind == "timeline":
-            prepared, why = module.data(
-                parsed, max_tracks=TIMELINE_TRACKS, max_rects=TIMELINE_RECTS, pixels=TIMELINE_PIXELS
-            )
-        elif kind.startswith("top_"):
-            prepared, why = module.data(parsed, n=TOP_ROWS)
-        else:
-            prepared, why = module.data(parsed)
+        prepared, why = module.data(parsed, **OPTIONS.get(kind, {}))
         entry: dict[str, Any] = {"title": module.TITLE, "native": kind in NATIVE}
         if prepared is None:
             entry["skipped"] = why
