@@ -38,11 +38,20 @@ from collections.abc import Sequence  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
 from profparse import __version__  # noqa: E402
-from profparse.cli import annotate_cmd, common, diff_cmd, hta_cmd, parse_cmd, plot_cmd, summarize_cmd  # noqa: E402
+from profparse.cli import (  # noqa: E402
+    annotate_cmd,
+    common,
+    diff_cmd,
+    hta_cmd,
+    parse_cmd,
+    plot_cmd,
+    report_cmd,
+    summarize_cmd,
+)
 from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
 from profparse.outputs.formats import display  # noqa: E402
 
-VERBS = (parse_cmd, summarize_cmd, plot_cmd, annotate_cmd, diff_cmd, hta_cmd)
+VERBS = (parse_cmd, summarize_cmd, plot_cmd, report_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
@@ -55,6 +64,8 @@ class Terminated(BaseException):
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated
+
+
 EXIT_OUT_OF_MEMORY = 8
 
 
