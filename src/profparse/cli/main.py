@@ -55,6 +55,8 @@ class Terminated(BaseException):
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated
+
+
 EXIT_OUT_OF_MEMORY = 8
 
 

@@ -13,6 +13,7 @@ Layout written (hive style, readable by ``pyarrow.dataset``, ``pd.read_parquet(o
     out/<table>/rank=<r>/part-0.parquet    every table a single-trace ``parse`` writes (events, kernels, ops, ...)
     out/ranks/part-0.parquet               one row per input file: rank, rank_source, file, status, error, ...
     out/failed_ranks/part-0.parquet        the failed rows of ``ranks`` (empty when every rank was read)
+    out/collective_matches/part-0.parquet  one row per (collective matched across ranks, rank): waiting, transfer
 
 Each rank is parsed by one task (in this process, in local worker processes, or on a Dask cluster) that writes its
 own partition files into the temporary output folder; the folder is renamed into place when every task is done.
@@ -22,10 +23,12 @@ sorted position; they are integers, so no path is ever made from trace text.
 One module per job: :mod:`~profparse.ranks.discovery` (files and rank numbers), :mod:`~profparse.ranks.results`
 (task and result records), :mod:`~profparse.ranks.worker` (one rank task), :mod:`~profparse.ranks.scheduling`
 (local processes, Dask), :mod:`~profparse.ranks.dataset` (the Parquet partitions), :mod:`~profparse.ranks.run`
-(``parse_ranks``), :mod:`~profparse.ranks.stragglers`, :mod:`~profparse.ranks.render` (the multi-rank summary).
+(``parse_ranks``), :mod:`~profparse.ranks.stragglers`, :mod:`~profparse.ranks.late` (collectives matched across
+ranks: waiting, transfer, the late rank per stage), :mod:`~profparse.ranks.render` (the multi-rank summary).
 Every public name is importable from ``profparse.ranks`` itself.
 """
 
+from profparse.ranks import late
 from profparse.ranks.dataset import (
     PLAIN_TABLES,
     RANKS_COLUMNS,
@@ -33,6 +36,7 @@ from profparse.ranks.dataset import (
     partition_dir,
     partitioned_tables,
     ranks_table,
+    read_matches,
     read_table,
     results_from_dataset,
     table_names,
@@ -89,6 +93,7 @@ __all__ = [
     "describe_sources",
     "find_rank_files",
     "is_rank_dataset",
+    "late",
     "parse_ranks",
     "partition_dir",
     "partitioned_tables",
@@ -98,6 +103,7 @@ __all__ = [
     "rank_from_name",
     "ranks_summary_data",
     "ranks_table",
+    "read_matches",
     "read_table",
     "render_ranks",
     "render_ranks_csv",

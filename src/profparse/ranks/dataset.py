@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from profparse.errors import InputNotFoundError, TraceFormatError
 from profparse.ranks.discovery import _valid_rank
 from profparse.ranks.results import RankResult
 
-PLAIN_TABLES = ("ranks", "failed_ranks")  # one file each, not partitioned
+PLAIN_TABLES = ("ranks", "failed_ranks", "collective_matches")  # one file each, not partitioned
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -151,8 +152,9 @@ def unify_partitions(root: str | Path) -> list[str]:
     return fixed
 
 
-def read_table(out_dir: str | Path, table: str) -> pd.DataFrame:
-    """One table of a dataset written by :func:`parse_ranks`, all ranks, with an int ``rank`` column, by rank.
+def read_table(out_dir: str | Path, table: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """One table of a dataset written by :func:`parse_ranks`, all ranks, with an int ``rank`` column, by rank
+    (only ``columns`` and ``rank`` when ``columns`` is given).
 
     A folder that only looks like such a dataset (files that are not Parquet, a table without ``rank``
     partitions) is a :class:`~profparse.errors.TraceFormatError` (exit 4), not an Arrow error."""
@@ -167,7 +169,7 @@ def read_table(out_dir: str | Path, table: str) -> pd.DataFrame:
     try:
         frame = (
             ds.dataset(folder, format="parquet", partitioning=partitioning)
-            .to_table()
+            .to_table(columns=None if columns is None else [*columns, *(["rank"] if partitioned else [])])
             .to_pandas(types_mapper=_nullable_ints)
         )
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -200,6 +202,7 @@ def results_from_dataset(out_dir: str | Path) -> list[RankResult]:
     missing = sorted(set(RANKS_COLUMNS) - set(table.columns)) + sorted({"scope", "stage"} - set(summary.columns))
     if missing:
         raise TraceFormatError(f"{out_dir}: not a profparse rank dataset (columns missing: {', '.join(missing)})")
+    names = _stage_names(out_dir)
     results = []
     for row in table.itertuples(index=False):
         ok = row.status == "ok"
@@ -214,6 +217,56 @@ def results_from_dataset(out_dir: str | Path) -> list[RankResult]:
                 events=int(row.events),
                 seconds=float(row.seconds),
                 stage_summary=summary[summary["rank"] == int(row.rank)].drop(columns="rank") if ok else None,
+                stage_names=names.get(int(row.rank)) if ok else None,
             )
         )
     return results
+
+
+def _stage_names(out_dir: str | Path) -> dict[int, pd.DataFrame]:
+    """Per rank, the time per (stage, kernel or op name), from the dataset's ``kernels`` and ``ops`` tables."""
+    from profparse.ranks.late import stage_name_totals
+
+    root = Path(out_dir)
+    if not (root / "kernels").is_dir() or not (root / "ops").is_dir():
+        return {}
+    kernels = read_table(root, "kernels", ["stage", "name", "dur_ns"])
+    ops = read_table(root, "ops", ["stage", "name", "self_ns"])
+    ranks = sorted(set(kernels["rank"]) | set(ops["rank"]))
+    k, o = dict(list(kernels.groupby("rank"))), dict(list(ops.groupby("rank")))
+    empty_k, empty_o = kernels.iloc[:0], ops.iloc[:0]
+    return {int(r): stage_name_totals(k.get(r, empty_k), o.get(r, empty_o)) for r in ranks}
+
+
+MATCH_WARNINGS_KEY = b"profparse.match_warnings"
+
+
+def write_matches(frame: pd.DataFrame, folder: Path, warnings: Sequence[str]) -> None:
+    """The ``collective_matches`` table (one file), the matching's warnings in its schema metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from profparse.ranks.late import match_schema
+
+    types = match_schema()
+    schema = pa.schema([(name, types[name]) for name in frame.columns])
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    table = table.replace_schema_metadata({MATCH_WARNINGS_KEY: json.dumps(list(warnings))})
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, folder / "part-0.parquet", compression="zstd")
+
+
+def read_matches(out_dir: str | Path) -> tuple[pd.DataFrame | None, list[str]]:
+    """``collective_matches`` and its warnings; ``(None, [])`` for a dataset written before the table existed."""
+    import pyarrow.parquet as pq
+
+    folder = Path(out_dir) / "collective_matches"
+    if not folder.is_dir():
+        return None, []
+    frame = read_table(out_dir, "collective_matches")
+    try:
+        metadata = pq.read_schema(folder / "part-0.parquet").metadata or {}
+        warnings = json.loads(metadata.get(MATCH_WARNINGS_KEY, b"[]"))
+    except (OSError, ValueError):
+        warnings = []
+    return frame, [str(w) for w in warnings] if isinstance(warnings, list) else []

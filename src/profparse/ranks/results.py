@@ -36,3 +36,5 @@ class RankResult:
     seconds: float = 0.0
     header_rank: int | None = None
     devices: list[str] = field(default_factory=list)  # deviceProperties names, else GPU <id> of GPU work
+    collectives: pd.DataFrame | None = None  # late.collective_rows: one row per collective, matched in the parent
+    stage_names: pd.DataFrame | None = None  # late.stage_name_totals: per stage, time per kernel and op name

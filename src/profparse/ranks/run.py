@@ -5,13 +5,21 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from profparse.errors import OUTPUT_EXIT_CODES, TraceFormatError, error_for_code
-from profparse.ranks.dataset import _write_plain, partition_dir, ranks_table, table_names, unify_partitions
+from profparse.ranks import late
+from profparse.ranks.dataset import (
+    _write_plain,
+    partition_dir,
+    ranks_table,
+    table_names,
+    unify_partitions,
+    write_matches,
+)
 from profparse.ranks.discovery import RankFile, prepare
 from profparse.ranks.results import RankResult, RankTask
 from profparse.ranks.scheduling import run_tasks
@@ -26,6 +34,8 @@ class RanksRun:
     results: list[RankResult]
     out: Path | None = None
     seconds: float = 0.0
+    matches: pd.DataFrame | None = None  # collective_matches (late.match), None when not computed
+    match_warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[RankResult]:
@@ -89,7 +99,8 @@ def parse_ranks(
         results = run_tasks(_tasks(files, None, include_marks, strict), jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
         _raise_if_none_read(folder, results)
-        return RanksRun(str(folder), files, results, None, time.perf_counter() - start)
+        matches, warnings = _match(results)
+        return RanksRun(str(folder), files, results, None, time.perf_counter() - start, matches, warnings)
     out = Path(out_dir)
     with atomic_dir(out, force=force, verb="parse", inputs=[folder]) as tmp:
         tasks = _tasks(files, tmp, include_marks, strict)
@@ -105,7 +116,14 @@ def parse_ranks(
         table = ranks_table(results)
         _write_plain(table, tmp / "ranks")
         _write_plain(table[table["status"] != "ok"], tmp / "failed_ranks")
-    return RanksRun(str(folder), files, results, out, time.perf_counter() - start)
+        matches, warnings = _match(results)
+        write_matches(matches, tmp / "collective_matches", warnings)
+    return RanksRun(str(folder), files, results, out, time.perf_counter() - start, matches, warnings)
+
+
+def _match(results: Sequence[RankResult]) -> tuple[pd.DataFrame, list[str]]:
+    """The cross-rank match of the collective rows the rank tasks sent back (small: one row per collective)."""
+    return late.match((r.rank, r.collectives) for r in results if r.ok and r.collectives is not None)
 
 
 def _raise_if_output_failed(results: list[RankResult]) -> None:

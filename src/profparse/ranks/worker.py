@@ -7,6 +7,7 @@ import traceback
 from pathlib import Path
 
 from profparse.errors import ProfparseError, from_oserror
+from profparse.ranks import late
 from profparse.ranks.dataset import write_rank_tables
 from profparse.ranks.results import RankResult, RankTask
 
@@ -37,6 +38,8 @@ def run_rank(task: RankTask) -> RankResult:
                 f"from the {task.source}"
             )
         result.stage_summary = parsed.stage_summary
+        result.collectives = late.collective_rows(parsed)
+        result.stage_names = late.stage_name_totals(parsed.kernels, parsed.ops)
         if task.out_root is not None:
             metadata = {
                 "profparse.source": str(task.path),
