@@ -129,7 +129,7 @@ def _comm_op_of(ops: pd.DataFrame, launch_ops: np.ndarray) -> np.ndarray:
     index = ops["trace_index"].to_numpy()
     order = np.argsort(index, kind="stable")
     index = index[order]
-    parents = ops["parent_trace_index"].astype("Int64").fillna(NULL).to_numpy(dtype=np.int64)[order]
+    parents = _ints(ops["parent_trace_index"])[order]
     is_comm = (ops["name"].astype(str) == COMM_OP).to_numpy()[order]
     found = np.full(len(launch_ops), NULL, dtype=np.int64)
     current = launch_ops.astype(np.int64).copy()
@@ -179,19 +179,19 @@ def collective_rows(parsed: Any) -> pd.DataFrame:
     if not len(kernels):
         return pd.DataFrame({c: pd.Series(dtype=_row_dtype(c)) for c in ROW_COLUMNS})
     events = parsed.raw.events
-    k_index = kernels["trace_index"].to_numpy(dtype=np.int64)
-    launch_ops = kernels["launch_op_trace_index"].to_numpy(dtype=np.int64)
+    k_index = _ints(kernels["trace_index"])
+    launch_ops = _ints(kernels["launch_op_trace_index"])
     comm_ops = _comm_op_of(parsed.ops, launch_ops)
     own = _event_args(events, k_index)
     from_op = _event_args(events, comm_ops)
     frame = pd.DataFrame(
         {
             "instance": np.where(comm_ops != NULL, comm_ops, -k_index - 1),  # one op: one collective
-            "start_ns": kernels["ts_ns"].to_numpy(dtype=np.int64),
-            "end_ns": kernels["ts_ns"].to_numpy(dtype=np.int64) + kernels["dur_ns"].to_numpy(dtype=np.int64),
+            "start_ns": _ints(kernels["ts_ns"]),
+            "end_ns": _ints(kernels["ts_ns"]) + _ints(kernels["dur_ns"]),
             "kernel_name": kernels["name"].astype(str).to_numpy(),
             "stage": kernels["stage"].astype(str).to_numpy(),
-            "step": kernels["step"].to_numpy(dtype=np.int64),
+            "step": _ints(kernels["step"]),  # NULL outside a step
         }
     )
     for column, _ in ARG_COLUMNS:
@@ -211,6 +211,13 @@ def collective_rows(parsed: Any) -> pd.DataFrame:
     rows["dur_ns"] = rows["end_ns"] - rows["start_ns"]
     rows["order"] = rows.groupby("pg_name", sort=False).cumcount().astype(np.int64)
     return rows[list(ROW_COLUMNS)]
+
+
+def _ints(series: pd.Series) -> np.ndarray:
+    """int64 values, NULL where missing (the tables use both NULL sentinels and pandas' nullable Int64)."""
+    if isinstance(series.dtype, pd.api.extensions.ExtensionDtype):
+        return series.astype("Int64").fillna(NULL).to_numpy(dtype=np.int64)
+    return series.to_numpy(dtype=np.int64)
 
 
 def _row_dtype(column: str) -> Any:
@@ -244,9 +251,9 @@ def _gather(per_rank: Iterable[tuple[int, pd.DataFrame]]) -> pd.DataFrame:
 
 def _empty_matches() -> pd.DataFrame:
     frame = pd.DataFrame({c: pd.Series(dtype=object) for c in MATCH_COLUMNS})
-    for c in ("match", "seq", "rank", "step", "start_ns", "end_ns", "dur_ns", "waiting_ns", "transfer_ns", "delay_ns"):
+    for c in ("match", "seq", "rank", "start_ns", "end_ns", "dur_ns", "waiting_ns", "transfer_ns", "delay_ns"):
         frame[c] = frame[c].astype(np.int64)
-    for c in ("in_nelems", "out_nelems", "group_size", "last_rank"):
+    for c in ("in_nelems", "out_nelems", "group_size", "last_rank", "step"):
         frame[c] = frame[c].astype("Int64")
     frame["is_last"] = frame["is_last"].astype(bool)
     return frame
@@ -318,7 +325,7 @@ def _split(ok: pd.DataFrame, n: int, first_match: int, seq_source: str) -> pd.Da
     frame["delay_ns"] = np.repeat(delay, n)
     frame["is_last"] = (np.arange(n)[None, :] == last_col[:, None]).ravel() & np.repeat(late, n)
     frame["match_stage"] = np.repeat(stages[rows, last_col], n)  # the stage the late rank was in
-    for column in ("in_nelems", "out_nelems", "group_size"):
+    for column in ("in_nelems", "out_nelems", "group_size", "step"):
         frame[column] = _nullable(frame[column].to_numpy(dtype=np.int64))
     frame["seq"] = frame["seq"].astype(np.int64)
     return frame
@@ -376,7 +383,10 @@ def differences(
     totals: Sequence[tuple[int, pd.DataFrame]], stage: str, rank: int, top: int = TOP_N
 ) -> dict[str, list[dict]]:
     """What ``rank`` did differently in ``stage``: its kernels and ops against the median rank (the per-name median
-    over all ranks, 0 where a rank lacks the name), the names that moved most first (``profparse.diff``)."""
+    over all ranks, 0 where a rank lacks the name), the names that moved most first (``profparse.diff``).
+
+    The collective kernels themselves are left out: their extra time on the other ranks is the waiting (the
+    effect of the late arrival, not its cause)."""
     from profparse.diff import _moved
 
     out: dict[str, list[dict]] = {}
@@ -386,6 +396,8 @@ def differences(
             if frame is None or not len(frame):
                 continue
             sel = frame[(frame["kind"] == kind) & (frame["stage"] == stage)]
+            if kind == "kernel":
+                sel = sel[~sel["name"].str.match(COMM_KERNEL.pattern)]
             parts.append(sel[["name", "total_ns"]].assign(rank=r))
         if not parts:
             out[kind + "s"] = []
