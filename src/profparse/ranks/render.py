@@ -166,8 +166,8 @@ def _late_intro(late_ranks: dict[str, Any]) -> str:
     if not late_ranks["collectives"]:
         return "no collective was matched across ranks (no NCCL/RCCL collective kernels on two or more ranks)"
     return (
-        f"{late_ranks['collectives']} collectives matched across {late_ranks['ranks']} ranks; ms; the late rank "
-        "starts its collective kernel last, the others wait for it (docs/ranks.md)"
+        f"{late_ranks['collectives']} collectives matched across {late_ranks['ranks']} ranks, ms; "
+        "waiting = until the last rank starts its kernel"
     )
 
 
