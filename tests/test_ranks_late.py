@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +42,14 @@ def comm_args(name: str, seq: int, nelems: int = 1024) -> dict:
     }
 
 
+WITH_ARGS = True  # tests that build traces without the collective args switch it off (monkeypatch)
+
+
 def collective(b: TraceBuilder, name: str, kernel: str, seq: int, cpu_ts: float, start: float, end: float, tid: int):
     """``record_param_comms`` launching one NCCL kernel that runs from ``start`` to ``end`` (us)."""
-    b.op("record_param_comms", cpu_ts, 3, tid=tid, **comm_args(name, seq))
-    b.launch(cpu_ts + 1, start, end - start, tid=tid, name=kernel, **comm_args(name, seq))
+    args = comm_args(name, seq) if WITH_ARGS else {}
+    b.op("record_param_comms", cpu_ts, 3, tid=tid, **args)
+    b.launch(cpu_ts + 1, start, end - start, tid=tid, name=kernel, **args)
 
 
 def rank_trace(path: Path, delays_us: list[float], *, extra_allreduce: bool = False, rename: bool = False) -> Path:
@@ -180,6 +185,18 @@ def test_waiting_plus_transfer_is_each_ranks_collective_kernel_time(tmp_path):
     assert per_rank["waiting_ns"].sum() == stages["waiting_ns"].sum() == m["waiting_ns"].sum()
     assert per_rank["transfer_ns"].sum() == stages["transfer_ns"].sum() == m["transfer_ns"].sum()
     assert per_rank["times_last"].sum() == stages["late"].sum() == int(m["is_last"].sum()) == 2
+
+
+def test_without_args_the_kernel_names_and_order_match(tmp_path, monkeypatch):
+    """Older traces: no collective args anywhere; names from the kernels, one unnamed group, matched by order."""
+    monkeypatch.setattr(sys.modules[__name__], "WITH_ARGS", False)
+    run, data = summary(ranks_folder(tmp_path, 2, 0, [80.0]))
+    m = run.matches
+    assert set(m["pg_name"]) == {""} and set(m["seq_source"]) == {"order"}
+    assert m.sort_values(["seq", "rank"])["collective"].tolist() == ["broadcast"] * 2 + ["allreduce"] * 2
+    assert m.loc[m["rank"] == 1, "waiting_ns"].tolist() == [0, 80_000]
+    assert m["in_nelems"].isna().all()
+    assert data["late_ranks"]["stages"][-1]["late_rank"] == 0
 
 
 # -- mismatches are warnings ------------------------------------------------------------------------------------------
