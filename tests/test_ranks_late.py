@@ -145,6 +145,8 @@ def test_the_others_wait_exactly_the_delay(tmp_path, n, late_rank):
         assert part.loc[part["rank"] == late_rank, "is_last"].tolist() == [True]
     broadcast = m[m["collective"] == "broadcast"]
     assert broadcast["last_rank"].isna().all() and (broadcast["waiting_ns"] == 0).all()
+    assert set(m["pg_name"]) == {"0"} and set(m["pg_desc"]) == {"default_pg"} and set(m["seq_source"]) == {"Seq"}
+    assert set(m["in_nelems"]) == {1024} and set(m["comm_dtype"]) == {"Float"} and set(m["group_size"]) == {4}
     stages = {s["stage"]: s for s in data["late_ranks"]["stages"]}
     assert set(stages) == {"forward", "backward"}
     back = stages["backward"]
@@ -346,6 +348,13 @@ def test_real_ddp_trace_as_two_ranks(tmp_path):
     assert run.match_warnings == []
     assert m["match"].nunique() == len(raw) == 21
     assert sorted(m[m["rank"] == 0]["collective"]) == names
+    comms = sorted((e for e in doc["traceEvents"] if e.get("name") == "record_param_comms"), key=lambda e: e["ts"])
+    for name in ("allreduce", "broadcast"):  # sizes and group from the record_param_comms that launched each kernel
+        args = [e["args"] for e in comms if e["args"]["Collective name"] == name]
+        mine = m[(m["rank"] == 0) & (m["collective"] == name)].sort_values("start_ns")
+        assert mine["in_nelems"].tolist() == [a["In msg nelems"] for a in args]
+        assert mine["comm_dtype"].tolist() == [a["dtype"] for a in args]
+    assert set(m["pg_name"]) == {"0"} and set(m["group_size"]) == {2} and set(m["seq_source"]) == {"order"}
     late_rows = m[m["is_last"]]
     assert late_rows["rank"].tolist() == [1] and late_rows["delay_ns"].tolist() == [int(shift_us * 1000)]
     waited = m[(m["rank"] == 0) & (m["match"] == late_rows["match"].iloc[0])]
