@@ -130,7 +130,7 @@ def _comm_op_of(ops: pd.DataFrame, launch_ops: np.ndarray) -> np.ndarray:
     order = np.argsort(index, kind="stable")
     index = index[order]
     parents = _ints(ops["parent_trace_index"])[order]
-    is_comm = (ops["name"].astype(str) == COMM_OP).to_numpy()[order]
+    is_comm = (ops["name"] == COMM_OP).to_numpy(dtype=bool)[order]  # categorical: compares codes
     found = np.full(len(launch_ops), NULL, dtype=np.int64)
     current = launch_ops.astype(np.int64).copy()
     for _ in range(MAX_OP_HOPS):
@@ -158,7 +158,7 @@ def _event_args(events: pd.DataFrame, trace_index: np.ndarray) -> dict[str, np.n
         text = column in TEXT_ARGS
         values = np.full(n, None if text else NULL, dtype=object if text else np.int64)
         if source in events.columns and valid.any():
-            got = events[source].to_numpy()[pos[valid]]
+            got = events[source].iloc[pos[valid]].to_numpy()  # only these rows: the columns are long
             if text:
                 values[valid] = [None if (v is None or (isinstance(v, float) and np.isnan(v))) else str(v) for v in got]
             else:
