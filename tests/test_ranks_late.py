@@ -261,6 +261,14 @@ def test_seq_matches_across_a_profiler_window_that_starts_later():
     assert by_order.loc[by_order["rank"] == 0, "start_ns"].tolist() == [1000, 2000]
 
 
+def test_a_seq_twice_on_one_rank_is_left_unmatched_with_a_warning():
+    matches, warnings = late.match([(0, _rows([10, 20, 30], [1, 2, 2])), (1, _rows([10, 25, 30], [1, 2, 3]))])
+    assert matches["seq"].unique().tolist() == [1]
+    assert warnings == [
+        "process group '0': 2 sequence numbers are not recorded exactly once on every rank (first: #2); left unmatched"
+    ]
+
+
 def test_waiting_is_clipped_to_the_kernel():
     """A kernel that ended before the last rank arrived (clock skew, or a lost record) waits its whole length."""
     matches, _ = late.match([(0, _rows([0], [1], dur=100)), (1, _rows([500], [1], dur=100))])

@@ -287,6 +287,10 @@ def match(per_rank: Iterable[tuple[int, pd.DataFrame]]) -> tuple[pd.DataFrame, l
         g = part.groupby("seq")
         complete = (g["rank"].transform("nunique") == len(members)) & (g["rank"].transform("size") == len(members))
         same_name = g["collective"].transform("nunique") == 1
+        if counts.nunique() == 1 and not complete.all():  # same counts, yet keys missing or twice on a rank
+            seqs = part.loc[~complete, "seq"]
+            warnings.append(f"{label}: {seqs.nunique()} sequence numbers are not recorded exactly once on every rank "
+                            f"(first: #{seqs.min()}); left unmatched")  # fmt: skip
         bad_names = part[complete & ~same_name]
         if len(bad_names):
             first = bad_names.sort_values(["seq", "rank"]).iloc[0]
