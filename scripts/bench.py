@@ -46,7 +46,7 @@ DOCS = REPO / "docs" / "performance.md"
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "v100_ns_resolution_5steps.json.gz"
 MB = 1_000_000
 PAGE = os.sysconf("SC_PAGE_SIZE")
-PSS_EVERY_S = 1.0
+PSS_EVERY_S = 0.5
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 DATA = re.compile(r"<!-- bench:data (.*?) -->", re.S)
@@ -72,6 +72,62 @@ from hta.trace_analysis import TraceAnalysis
 t = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
 print("rows", len(t.t.get_trace(0)), flush=True)
 """
+
+# HTA 0.6 ships as ``traceinsight`` (same API, new package name); it runs in its own venv (--hta06-python)
+HTA06_CODE = HTA_CODE.replace("from hta.trace_analysis", "from traceinsight.trace_analysis")
+
+# The decode limit: one typed msgspec decode of only the fields profparse reads (same structs as
+# profparse.trace.decode, float timestamps), single-threaded, cyclic GC off; no columns, no tables.
+DECODE_CODE = """
+import gc, sys, time
+import msgspec
+t0 = time.perf_counter()
+class Args(msgspec.Struct, gc=False, rename={"external_id": "External id", "sequence_number": "Sequence number",
+        "fwd_thread_id": "Fwd thread id", "mem_bytes": "Bytes", "total_allocated": "Total Allocated",
+        "total_reserved": "Total Reserved", "device_type": "Device Type", "device_id": "Device Id", "addr": "Addr",
+        "python_id": "Python id", "python_parent_id": "Python parent id"}):
+    correlation: int | None = None
+    external_id: int | None = None
+    sequence_number: int | None = None
+    fwd_thread_id: int | None = None
+    stream: int | None = None
+    device: int | None = None
+    bytes: int | None = None
+    mem_bytes: int | None = None
+    total_allocated: int | None = None
+    total_reserved: int | None = None
+    device_type: int | None = None
+    device_id: int | None = None
+    addr: int | None = None
+    python_id: int | None = None
+    python_parent_id: int | None = None
+    name: str | None = None
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    id: int | str | None = None
+    args: Args | None = None
+class Doc(msgspec.Struct, gc=False):
+    traceEvents: list[Event] = []
+gc.disable()
+with open(sys.argv[1], "rb") as f:
+    data = f.read()
+doc = msgspec.json.decode(data, type=Doc)
+print("events", len(doc.traceEvents), "decode_s", round(time.perf_counter() - t0, 3), flush=True)
+"""
+TOOLS = ("profparse", "hta", "hta06", "decode")
+LABELS = {
+    "profparse": "profparse parse (end to end)",
+    "hta": "HTA 0.5 TraceAnalysis (load)",
+    "hta06": "HTA 0.6 traceinsight (load)",
+    "decode": "decode only (msgspec, needed fields)",
+}
+PHASE = re.compile(r"^profparse-phase (.+) ([0-9.]+)$", re.M)
 
 
 # -- generation -----------------------------------------------------------------------------------------------
@@ -320,6 +376,7 @@ class Run:
     peak_pss: int  # bytes: largest sampled sum of PSS over the process tree (counts forked workers too)
     ok: bool
     reason: str = ""
+    phases: dict = field(default_factory=dict)  # profparse: phase -> seconds (PROFPARSE_PROFILE_PHASES)
 
 
 @dataclass
@@ -329,14 +386,18 @@ class Limits:
     min_free: int
 
 
-def measure(cmd: list[str], limits: Limits, log: Path) -> tuple[float, int, int, bool, str]:
+def measure(
+    cmd: list[str], limits: Limits, log: Path, env: dict[str, str] | None = None
+) -> tuple[float, int, int, bool, str]:
     """Run ``cmd`` in its own session under the watchdog: (seconds, peak RSS, peak tree PSS, finished, reason)."""
     reason = ""
     peak_pss = 0
     next_pss = 0.5
     with log.open("wb") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -371,8 +432,8 @@ def profparse_cmd(trace: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "profparse.cli.main", "parse", str(trace), "-o", str(out), "--force", "--quiet"]
 
 
-def hta_cmd(trace: Path, as_limit_gb: float | None) -> list[str]:
-    cmd = [sys.executable, "-c", HTA_CODE, str(trace)]
+def hta_cmd(trace: Path, as_limit_gb: float | None, python: str = sys.executable, code: str = HTA_CODE) -> list[str]:
+    cmd = [python, "-c", code, str(trace)]
     if as_limit_gb and shutil.which("prlimit"):  # a hard cap on address space, besides the watchdog
         cmd = ["prlimit", f"--as={int(as_limit_gb * 2**30)}", "--", *cmd]
     return cmd
@@ -419,7 +480,7 @@ class SizeResult:
 
 def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> SizeResult:
     res = SizeResult(size=size, bytes=info["bytes"], events=info["events"], runs=0, load=load)
-    for tool in ("profparse", "hta"):
+    for tool in TOOLS:
         mine = [r for r in runs if r.tool == tool]
         if not mine:
             continue
@@ -434,11 +495,21 @@ def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> Size
             "reason": "; ".join(sorted({r.reason for r in mine if not r.ok})),
             "finished": f"{len(done)}/{len(mine)}",
         }
+        phases = sorted({k for r in done for k in r.phases}, key=lambda k: min(_phase_order(r, k) for r in done))
+        if phases:
+            res.tools[tool]["phases"] = {
+                k: statistics.median(r.phases[k] for r in done if k in r.phases) for k in phases
+            }
         res.runs = max(res.runs, len(mine))
     return res
 
 
 GIB = 2**30
+
+
+def _phase_order(run: Run, key: str) -> int:
+    keys = list(run.phases)
+    return keys.index(key) if key in keys else len(keys)
 
 
 def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
@@ -460,6 +531,16 @@ def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
     ]
 
 
+def _ratio(res: SizeResult, slow: str, fast: str) -> str:
+    """``slow``'s median seconds over ``fast``'s, bold; '-' if either did not run or finish."""
+    a, b = res.tools.get(slow), res.tools.get(fast)
+    if not (a and b and b["ok"]):
+        return "-"
+    if not a["ok"]:
+        return f"> {max(a['all_seconds']) / b['seconds']:.1f}x (did not finish)"
+    return f"**{a['seconds'] / b['seconds']:.1f}x**"
+
+
 def table(results: list[SizeResult]) -> str:
     head = [
         "JSON",
@@ -475,23 +556,40 @@ def table(results: list[SizeResult]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = [
-        "| JSON | throughput profparse / HTA | peak RSS profparse / HTA | runs finished | load avg (before, after) |",
-        "|---|---|---|---|---|",
+        "| JSON | HTA 0.5 / profparse | HTA 0.6 / profparse | profparse / decode only | runs finished "
+        "| load avg (before, after) |",
+        "|---|---|---|---|---|---|",
     ]
     for res in sorted(results, key=lambda r: r.bytes):
-        for tool, label in (("profparse", "profparse parse (end to end)"), ("hta", "HTA TraceAnalysis (load)")):
-            row = [f"{res.bytes / MB:,.0f} MB", f"{res.events / 1e6:.2f} M", label] + _fmt_tool(res, tool)
+        for tool in TOOLS:
+            if tool not in res.tools:
+                continue
+            row = [f"{res.bytes / MB:,.0f} MB", f"{res.events / 1e6:.2f} M", LABELS[tool]] + _fmt_tool(res, tool)
             lines.append("| " + " | ".join(row) + " |")
-        p, h = res.tools.get("profparse"), res.tools.get("hta")
-        both = bool(p and h and p["ok"] and h["ok"])
-        speed = f"**{h['seconds'] / p['seconds']:.1f}x**" if both else "-"
-        rss = f"{p['peak_rss'] / h['peak_rss']:.2f}" if both else "-"
-        if p and h and p["ok"] and not h["ok"]:
-            speed = f"> {h['all_seconds'][0] / p['seconds']:.1f}x (HTA did not finish)"
         fin = ", ".join(f"{k} {v['finished']}" for k, v in res.tools.items())
         load = ", ".join(f"{x:.1f}" for x in res.load)
-        ratios.append(f"| {res.bytes / MB:,.0f} MB | {speed} | {rss} | {fin} | {load} |")
+        ratios.append(
+            f"| {res.bytes / MB:,.0f} MB | {_ratio(res, 'hta', 'profparse')} | {_ratio(res, 'hta06', 'profparse')} "
+            f"| {_ratio(res, 'profparse', 'decode')} | {fin} | {load} |"
+        )
     return "\n".join(lines) + "\n\n" + "\n".join(ratios)
+
+
+def phase_table(results: list[SizeResult]) -> str:
+    """profparse's per-phase seconds (medians; PROFPARSE_PROFILE_PHASES), next to the decode-only time."""
+    rows = []
+    for res in sorted(results, key=lambda r: r.bytes):
+        p = res.tools.get("profparse")
+        if not p or not p.get("phases"):
+            continue
+        d = res.tools.get("decode")
+        decode = f"{d['seconds']:.2f}" if d and d["ok"] else "-"
+        phases = " / ".join(f"{k} {v:.2f}" for k, v in p["phases"].items())
+        rows.append(f"| {res.bytes / MB:,.0f} MB | {p['seconds']:.2f} | {phases} | {decode} |")
+    if not rows:
+        return ""
+    head = "| JSON | profparse s | phases, s (median of runs) | decode only s |\n|---|---|---|---|"
+    return head + "\n" + "\n".join(rows)
 
 
 def scaling(results: list[SizeResult]) -> str:
@@ -545,6 +643,11 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
             "",
             scaling(merged),
             "",
+            "profparse per phase (`PROFPARSE_PROFILE_PHASES=1`: startup+imports is process creation to the start "
+            "of reading; tables and parquet are summed over the two writing threads):",
+            "",
+            phase_table(merged),
+            "",
             *sorted(machines),
             "",
             f"<!-- bench:data {json.dumps(stored)} -->",
@@ -561,7 +664,9 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="real Kineto trace to tile (.json[.gz])")
+    ap.add_argument(
+        "--trace", "--source", dest="source", type=Path, default=DEFAULT_SOURCE, help="real Kineto trace to tile"
+    )
     ap.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size("100MB")], help="e.g. 100MB 500MB 2GB")
     ap.add_argument("--runs", type=int, default=3, help="runs per tool and size, alternating (default 3)")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/bench"), help="where traces and outputs go")
@@ -570,7 +675,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit-gb", type=float, default=20, help="kill a run whose process tree passes this RSS")
     ap.add_argument("--hta-as-gb", type=float, default=20, help="address-space cap for HTA via prlimit (0: none)")
     ap.add_argument("--min-free-gb", type=float, default=1.0, help="kill a run when the machine has less available")
-    ap.add_argument("--tools", nargs="+", choices=("profparse", "hta"), default=["profparse", "hta"])
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="default: all four")
+    ap.add_argument(
+        "--hta06-python",
+        default="/tmp/perf-ti/bin/python",
+        help="python of a venv with traceinsight (HTA 0.6); HTA 0.6 is skipped if it does not exist",
+    )
     ap.add_argument("--skip-hta-after-fail", action="store_true", help="no more HTA runs at a size once one failed")
     ap.add_argument("--generate-only", action="store_true", help="only write the traces")
     ap.add_argument("--clean", action="store_true", help="delete each generated trace after its runs")
@@ -579,10 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    limits = {
-        "profparse": Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB)),
-        "hta": Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB)),
-    }
+    mine = Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
+    peer = Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
+    limits = {"profparse": mine, "decode": mine, "hta": peer, "hta06": peer}
+    if "hta06" in args.tools and not Path(args.hta06_python).exists():
+        print(f"no {args.hta06_python}: HTA 0.6 skipped (see --hta06-python)", file=sys.stderr)
+        args.tools = [t for t in args.tools if t != "hta06"]
     cache: dict = {}
     results: list[SizeResult] = []
     for target in args.sizes:
@@ -591,21 +703,31 @@ def main(argv: list[str] | None = None) -> int:
         if args.generate_only:
             continue
         runs: list[Run] = []
-        hta_failed = False
+        hta_failed: set[str] = set()
         load = [os.getloadavg()[0]]
         for k in range(args.runs):
             for tool in args.tools:
-                if tool == "hta" and hta_failed and args.skip_hta_after_fail:
+                if tool in hta_failed and args.skip_hta_after_fail:
                     continue
                 out = args.work_dir / f"out_{label}"
-                cmd = profparse_cmd(trace, out) if tool == "profparse" else hta_cmd(trace, args.hta_as_gb)
+                env = None
+                if tool == "profparse":
+                    cmd, env = profparse_cmd(trace, out), {"PROFPARSE_PROFILE_PHASES": "1"}
+                elif tool == "hta":
+                    cmd = hta_cmd(trace, args.hta_as_gb)
+                elif tool == "hta06":
+                    cmd = hta_cmd(trace, args.hta_as_gb, args.hta06_python, HTA06_CODE)
+                else:
+                    cmd = [sys.executable, "-c", DECODE_CODE, str(trace)]
                 log = args.work_dir / f"{tool}_{label}_{k}.log"
-                seconds, peak, pss, ok, reason = measure(cmd, limits[tool], log)
-                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason))
-                hta_failed |= tool == "hta" and not ok
+                seconds, peak, pss, ok, reason = measure(cmd, limits[tool], log, env)
+                phases = {m.group(1): float(m.group(2)) for m in PHASE.finditer(log.read_text(errors="replace"))}
+                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason, phases))
+                if tool.startswith("hta") and not ok:
+                    hta_failed.add(tool)
                 status = "ok" if ok else f"did not finish ({reason})"
                 print(
-                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.1f} s"
+                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.2f} s"
                     f"  {info['bytes'] / MB / seconds:6.0f} MB/s  peak RSS {peak / GIB:5.2f} GiB"
                     f"  PSS {pss / GIB:5.2f} GiB  {status}",
                     file=sys.stderr,
@@ -623,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print()
     print(scaling(results))
+    print()
+    print(phase_table(results))
     print()
     print(machine_text(m))
     if args.json:

@@ -1,0 +1,72 @@
+"""Per-phase wall times of the data path, printed to stderr when ``PROFPARSE_PROFILE_PHASES`` is set.
+
+Used by ``scripts/bench.py``: one line per phase, ``profparse-phase NAME SECONDS``. Off by default; when off,
+:func:`phase` costs one attribute lookup. Phases that run in two threads at once (the tables and their Parquet
+encoding, see ``outputs/parquet.py``) are summed over the threads with :func:`add`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+ENV = "PROFPARSE_PROFILE_PHASES"
+ENABLED = bool(os.environ.get(ENV, "").strip())
+
+
+def _since_process_start() -> float | None:
+    """Seconds since this process was created (Linux: /proc), i.e. interpreter start-up plus imports so far."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def emit(name: str, seconds: float) -> None:
+    """Print one phase's time (only when enabled)."""
+    if ENABLED:
+        print(f"profparse-phase {name} {seconds:.4f}", file=sys.stderr, flush=True)
+
+
+def startup() -> None:
+    """Print the time from process creation to now (call where the work starts)."""
+    if ENABLED:
+        since = _since_process_start()
+        if since is not None:
+            emit("startup+imports", since)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time the block as phase ``name``."""
+    if not ENABLED:
+        yield
+        return
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        emit(name, time.perf_counter() - t0)
+
+
+class Totals:
+    """Seconds summed per phase over calls and threads (``+=`` on a float under the GIL is enough here)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        if ENABLED:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def emit(self) -> None:
+        for name, seconds in self.seconds.items():
+            emit(name, seconds)
+        self.seconds.clear()
