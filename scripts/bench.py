@@ -127,7 +127,7 @@ LABELS = {
     "hta06": "HTA 0.6 traceinsight (load)",
     "decode": "decode only (msgspec, needed fields)",
 }
-PHASE = re.compile(r"^profparse-phase (.+) ([0-9.]+)$", re.M)
+PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?$", re.M)
 
 
 # -- generation -----------------------------------------------------------------------------------------------
@@ -377,6 +377,7 @@ class Run:
     ok: bool
     reason: str = ""
     phases: dict = field(default_factory=dict)  # profparse: phase -> seconds (PROFPARSE_PROFILE_PHASES)
+    cpu: float = 0.0  # user + system seconds of the process and its children (wait4), steadier than wall under load
 
 
 @dataclass
@@ -388,8 +389,9 @@ class Limits:
 
 def measure(
     cmd: list[str], limits: Limits, log: Path, env: dict[str, str] | None = None
-) -> tuple[float, int, int, bool, str]:
-    """Run ``cmd`` in its own session under the watchdog: (seconds, peak RSS, peak tree PSS, finished, reason)."""
+) -> tuple[float, int, int, bool, str, float]:
+    """Run ``cmd`` in its own session under the watchdog: (seconds, peak RSS, peak tree PSS, finished, reason,
+    CPU seconds)."""
     reason = ""
     peak_pss = 0
     next_pss = 0.5
@@ -425,7 +427,7 @@ def measure(
         reason = f"exit {proc.returncode}: {lines[-1][:160] if lines else ''}"
         if proc.returncode in (-9, 137, -11) or "MemoryError" in (lines[-1] if lines else ""):
             reason = f"killed or out of memory ({reason})"
-    return seconds, peak, max(peak_pss, 0), not reason, reason
+    return seconds, peak, max(peak_pss, 0), not reason, reason, usage.ru_utime + usage.ru_stime
 
 
 def profparse_cmd(trace: Path, out: Path) -> list[str]:
@@ -489,6 +491,7 @@ def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> Size
         res.tools[tool] = {
             "ok": bool(done),
             "seconds": statistics.median(r.seconds for r in done) if done else None,
+            "cpu": statistics.median(r.cpu for r in done) if done else None,
             "all_seconds": [round(r.seconds, 2) for r in mine],
             "peak_rss": max(r.peak_rss for r in pick),
             "peak_pss": max(r.peak_pss for r in pick),
@@ -520,8 +523,9 @@ def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
         return [f"did not finish ({t['reason']})", "", "", f"{t['peak_rss'] / GIB:.2f} GiB at stop", "", "", ""]
     s = t["seconds"]
     spread = f" ({min(t['all_seconds']):.1f}-{max(t['all_seconds']):.1f})" if len(t["all_seconds"]) > 1 else ""
+    cpu = f"; CPU {t['cpu']:.1f}" if t.get("cpu") else ""
     return [
-        f"{s:.1f}{spread}",
+        f"{s:.1f}{spread}{cpu}",
         f"{res.bytes / MB / s:.0f}",
         f"{res.events / s / 1e6:.3f} M",
         f"{t['peak_rss'] / GIB:.2f} GiB",
@@ -532,13 +536,15 @@ def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
 
 
 def _ratio(res: SizeResult, slow: str, fast: str) -> str:
-    """``slow``'s median seconds over ``fast``'s, bold; '-' if either did not run or finish."""
+    """``slow``'s median seconds over ``fast``'s, bold, then the same for CPU seconds; '-' if either did not run
+    or finish."""
     a, b = res.tools.get(slow), res.tools.get(fast)
     if not (a and b and b["ok"]):
         return "-"
     if not a["ok"]:
         return f"> {max(a['all_seconds']) / b['seconds']:.1f}x (did not finish)"
-    return f"**{a['seconds'] / b['seconds']:.1f}x**"
+    cpu = f" (CPU {a['cpu'] / b['cpu']:.1f}x)" if a.get("cpu") and b.get("cpu") else ""
+    return f"**{a['seconds'] / b['seconds']:.1f}x**{cpu}"
 
 
 def table(results: list[SizeResult]) -> str:
@@ -546,7 +552,7 @@ def table(results: list[SizeResult]) -> str:
         "JSON",
         "events",
         "tool",
-        "seconds, median (min-max)",
+        "seconds, median (min-max); CPU s",
         "MB/s",
         "events/s",
         "peak RSS",
@@ -575,21 +581,29 @@ def table(results: list[SizeResult]) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(ratios)
 
 
+PHASES = ("startup+imports", "read", "link", "attribute", "tables+parquet")
+
+
 def phase_table(results: list[SizeResult]) -> str:
-    """profparse's per-phase seconds (medians; PROFPARSE_PROFILE_PHASES), next to the decode-only time."""
+    """profparse's per-phase seconds, wall (CPU), medians of the runs, next to the decode-only time."""
     rows = []
     for res in sorted(results, key=lambda r: r.bytes):
         p = res.tools.get("profparse")
         if not p or not p.get("phases"):
             continue
+        ph = p["phases"]
+        cells = [f"{ph[k]:.2f} ({ph.get(k + ' cpu', 0):.2f})" if k in ph else "-" for k in PHASES]
+        threads = f"{ph.get('tables', 0):.2f} / {ph.get('parquet', 0):.2f}"
         d = res.tools.get("decode")
-        decode = f"{d['seconds']:.2f}" if d and d["ok"] else "-"
-        phases = " / ".join(f"{k} {v:.2f}" for k, v in p["phases"].items())
-        rows.append(f"| {res.bytes / MB:,.0f} MB | {p['seconds']:.2f} | {phases} | {decode} |")
+        decode = f"{d['seconds']:.2f} ({d.get('cpu') or 0:.2f})" if d and d["ok"] else "-"
+        total = f"{p['seconds']:.2f} ({p.get('cpu') or 0:.2f})"
+        rows.append(f"| {res.bytes / MB:,.0f} MB | {total} | " + " | ".join(cells) + f" | {threads} | {decode} |")
     if not rows:
         return ""
-    head = "| JSON | profparse s | phases, s (median of runs) | decode only s |\n|---|---|---|---|"
-    return head + "\n" + "\n".join(rows)
+    head = (
+        "| JSON | profparse end to end | " + " | ".join(PHASES) + " | tables / parquet (thread sums) | decode only |"
+    )
+    return head + "\n|" + "---|" * (len(PHASES) + 4) + "\n" + "\n".join(rows)
 
 
 def scaling(results: list[SizeResult]) -> str:
@@ -643,8 +657,9 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
             "",
             scaling(merged),
             "",
-            "profparse per phase (`PROFPARSE_PROFILE_PHASES=1`: startup+imports is process creation to the start "
-            "of reading; tables and parquet are summed over the two writing threads):",
+            "profparse per phase, seconds wall (CPU), medians (`PROFPARSE_PROFILE_PHASES=1`; startup+imports is "
+            "process creation to the start of reading; CPU includes the decoding workers; tables and parquet are "
+            "summed over the two writing threads):",
             "",
             phase_table(merged),
             "",
@@ -720,14 +735,18 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     cmd = [sys.executable, "-c", DECODE_CODE, str(trace)]
                 log = args.work_dir / f"{tool}_{label}_{k}.log"
-                seconds, peak, pss, ok, reason = measure(cmd, limits[tool], log, env)
-                phases = {m.group(1): float(m.group(2)) for m in PHASE.finditer(log.read_text(errors="replace"))}
-                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason, phases))
+                seconds, peak, pss, ok, reason, cpu = measure(cmd, limits[tool], log, env)
+                phases = {}
+                for m in PHASE.finditer(log.read_text(errors="replace")):
+                    phases[m.group(1)] = float(m.group(2))
+                    if m.group(3):
+                        phases[m.group(1) + " cpu"] = float(m.group(3))
+                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason, phases, cpu))
                 if tool.startswith("hta") and not ok:
                     hta_failed.add(tool)
                 status = "ok" if ok else f"did not finish ({reason})"
                 print(
-                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.2f} s"
+                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.2f} s (cpu {cpu:6.2f} s)"
                     f"  {info['bytes'] / MB / seconds:6.0f} MB/s  peak RSS {peak / GIB:5.2f} GiB"
                     f"  PSS {pss / GIB:5.2f} GiB  {status}",
                     file=sys.stderr,

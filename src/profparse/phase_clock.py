@@ -1,6 +1,8 @@
 """Per-phase wall times of the data path, printed to stderr when ``PROFPARSE_PROFILE_PHASES`` is set.
 
-Used by ``scripts/bench.py``: one line per phase, ``profparse-phase NAME SECONDS``. Off by default; when off,
+Used by ``scripts/bench.py``: one line per phase, ``profparse-phase NAME SECONDS CPU_SECONDS`` (CPU: this
+process's threads plus its finished child processes, e.g. the decoding workers; on a loaded machine it moves much
+less than wall time). Off by default; when off,
 :func:`phase` costs one attribute lookup. Phases that run in two threads at once (the tables and their Parquet
 encoding, see ``outputs/parquet.py``) are summed over the threads with :func:`add`.
 """
@@ -29,10 +31,17 @@ def _since_process_start() -> float | None:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def emit(name: str, seconds: float) -> None:
+def cpu() -> float:
+    """CPU seconds used so far by this process and its waited-for children."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def emit(name: str, seconds: float, cpu_seconds: float | None = None) -> None:
     """Print one phase's time (only when enabled)."""
     if ENABLED:
-        print(f"profparse-phase {name} {seconds:.4f}", file=sys.stderr, flush=True)
+        extra = "" if cpu_seconds is None else f" {cpu_seconds:.4f}"
+        print(f"profparse-phase {name} {seconds:.4f}{extra}", file=sys.stderr, flush=True)
 
 
 def startup() -> None:
@@ -40,7 +49,7 @@ def startup() -> None:
     if ENABLED:
         since = _since_process_start()
         if since is not None:
-            emit("startup+imports", since)
+            emit("startup+imports", since, cpu())
 
 
 @contextmanager
@@ -49,11 +58,11 @@ def phase(name: str) -> Iterator[None]:
     if not ENABLED:
         yield
         return
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     try:
         yield
     finally:
-        emit(name, time.perf_counter() - t0)
+        emit(name, time.perf_counter() - t0, cpu() - c0)
 
 
 class Totals:
