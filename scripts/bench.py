@@ -73,8 +73,9 @@ t = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
 print("rows", len(t.t.get_trace(0)), flush=True)
 """
 
-# HTA 0.6 ships as ``traceinsight`` (same API, new package name); it runs in its own venv (--hta06-python)
-HTA06_CODE = HTA_CODE.replace("from hta.trace_analysis", "from traceinsight.trace_analysis")
+# HTA 0.6 ships on PyPI as ``traceinsight`` (0.6.x; still the ``hta`` module, same API); it runs in its own venv
+# (--hta06-python) since it pins other versions of pandas and friends
+HTA06_CODE = HTA_CODE
 
 # The decode limit: one typed msgspec decode of only the fields profparse reads (same structs as
 # profparse.trace.decode, float timestamps), single-threaded, cyclic GC off; no columns, no tables.
@@ -127,7 +128,7 @@ LABELS = {
     "hta06": "HTA 0.6 traceinsight (load)",
     "decode": "decode only (msgspec, needed fields)",
 }
-PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?$", re.M)
+PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?(?: ([0-9]+))?$", re.M)
 
 
 # -- generation -----------------------------------------------------------------------------------------------
@@ -470,6 +471,14 @@ def machine() -> dict:
     }
 
 
+def _version_in(python: str, package: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip() or "-"
+    except (OSError, subprocess.SubprocessError):
+        return "-"
+
+
 @dataclass
 class SizeResult:
     size: str
@@ -478,10 +487,11 @@ class SizeResult:
     runs: int
     tools: dict = field(default_factory=dict)  # tool -> {seconds, all_seconds, peak_rss, peak_pss, ok, reason}
     load: list = field(default_factory=list)  # 1-minute load average before and after the runs
+    source: str = ""  # the trace that was tiled
 
 
-def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> SizeResult:
-    res = SizeResult(size=size, bytes=info["bytes"], events=info["events"], runs=0, load=load)
+def summarize(size: str, info: dict, runs: list[Run], load: list[float], source: str = "") -> SizeResult:
+    res = SizeResult(size=size, bytes=info["bytes"], events=info["events"], runs=0, load=load, source=source)
     for tool in TOOLS:
         mine = [r for r in runs if r.tool == tool]
         if not mine:
@@ -535,6 +545,10 @@ def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
     ]
 
 
+def _json(res: SizeResult) -> str:
+    return f"{res.source} {res.bytes / MB:,.0f} MB" if res.source else f"{res.bytes / MB:,.0f} MB"
+
+
 def _ratio(res: SizeResult, slow: str, fast: str) -> str:
     """``slow``'s median seconds over ``fast``'s, bold, then the same for CPU seconds; '-' if either did not run
     or finish."""
@@ -566,16 +580,16 @@ def table(results: list[SizeResult]) -> str:
         "| load avg (before, after) |",
         "|---|---|---|---|---|---|",
     ]
-    for res in sorted(results, key=lambda r: r.bytes):
+    for res in sorted(results, key=lambda r: (r.source, r.bytes)):
         for tool in TOOLS:
             if tool not in res.tools:
                 continue
-            row = [f"{res.bytes / MB:,.0f} MB", f"{res.events / 1e6:.2f} M", LABELS[tool]] + _fmt_tool(res, tool)
+            row = [_json(res), f"{res.events / 1e6:.2f} M", LABELS[tool]] + _fmt_tool(res, tool)
             lines.append("| " + " | ".join(row) + " |")
         fin = ", ".join(f"{k} {v['finished']}" for k, v in res.tools.items())
         load = ", ".join(f"{x:.1f}" for x in res.load)
         ratios.append(
-            f"| {res.bytes / MB:,.0f} MB | {_ratio(res, 'hta', 'profparse')} | {_ratio(res, 'hta06', 'profparse')} "
+            f"| {_json(res)} | {_ratio(res, 'hta', 'profparse')} | {_ratio(res, 'hta06', 'profparse')} "
             f"| {_ratio(res, 'profparse', 'decode')} | {fin} | {load} |"
         )
     return "\n".join(lines) + "\n\n" + "\n".join(ratios)
@@ -592,12 +606,15 @@ def phase_table(results: list[SizeResult]) -> str:
         if not p or not p.get("phases"):
             continue
         ph = p["phases"]
-        cells = [f"{ph[k]:.2f} ({ph.get(k + ' cpu', 0):.2f})" if k in ph else "-" for k in PHASES]
+        cells = [
+            f"{ph[k]:.2f} ({ph.get(k + ' cpu', 0):.2f}); {ph.get(k + ' peak MB', 0):.0f} MB" if k in ph else "-"
+            for k in PHASES
+        ]
         threads = f"{ph.get('tables', 0):.2f} / {ph.get('parquet', 0):.2f}"
         d = res.tools.get("decode")
         decode = f"{d['seconds']:.2f} ({d.get('cpu') or 0:.2f})" if d and d["ok"] else "-"
         total = f"{p['seconds']:.2f} ({p.get('cpu') or 0:.2f})"
-        rows.append(f"| {res.bytes / MB:,.0f} MB | {total} | " + " | ".join(cells) + f" | {threads} | {decode} |")
+        rows.append(f"| {_json(res)} | {total} | " + " | ".join(cells) + f" | {threads} | {decode} |")
     if not rows:
         return ""
     head = (
@@ -614,7 +631,7 @@ def scaling(results: list[SizeResult]) -> str:
         if not p or not p["ok"]:
             continue
         rows.append(
-            f"| {res.bytes / MB:,.0f} MB | {res.events / 1e6:.2f} M | {p['seconds'] / res.events * 1e6:.2f} | "
+            f"| {_json(res)} | {res.events / 1e6:.2f} M | {p['seconds'] / res.events * 1e6:.2f} | "
             f"{p['peak_rss'] / res.events:.0f} | {p['peak_rss'] / res.bytes:.2f} |"
         )
     return "\n".join(rows)
@@ -636,12 +653,13 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
     found = DATA.search(text)
     stored = json.loads(found.group(1)) if found else {"results": {}}
     for res in results:
-        stored["results"][res.size] = {**asdict(res), "machine": m, "source": source}
+        stored["results"][f"{res.source} {res.size}"] = {**asdict(res), "machine": m}
     merged = [
-        SizeResult(**{k: v for k, v in r.items() if k not in ("machine", "source")}) for r in stored["results"].values()
+        SizeResult(**{k: v for k, v in r.items() if k != "machine"} | {"source": r.get("source", "").split(".")[0]})
+        for r in stored["results"].values()
     ]
     machines = {machine_text(r["machine"]) for r in stored["results"].values()}
-    sources = sorted({r["source"] for r in stored["results"].values()})
+    sources = sorted({r.get("source", "") for r in stored["results"].values()})
     block = "\n".join(
         [
             BEGIN,
@@ -657,9 +675,9 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
             "",
             scaling(merged),
             "",
-            "profparse per phase, seconds wall (CPU), medians (`PROFPARSE_PROFILE_PHASES=1`; startup+imports is "
-            "process creation to the start of reading; CPU includes the decoding workers; tables and parquet are "
-            "summed over the two writing threads):",
+            "profparse per phase: seconds wall (CPU); peak RSS of the main process at the phase's end; medians "
+            "(`PROFPARSE_PROFILE_PHASES=1`; startup+imports is process creation to the start of reading; CPU "
+            "includes the decoding workers; tables and parquet are summed over the two writing threads):",
             "",
             phase_table(merged),
             "",
@@ -741,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
                     phases[m.group(1)] = float(m.group(2))
                     if m.group(3):
                         phases[m.group(1) + " cpu"] = float(m.group(3))
+                    if m.group(4):
+                        phases[m.group(1) + " peak MB"] = float(m.group(4))
                 runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason, phases, cpu))
                 if tool.startswith("hta") and not ok:
                     hta_failed.add(tool)
@@ -754,13 +774,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
             shutil.rmtree(args.work_dir / f"out_{label}", ignore_errors=True)
         load.append(os.getloadavg()[0])
-        results.append(summarize(label, info, runs, load))
+        results.append(summarize(label, info, runs, load, args.source.name.split(".")[0]))
         if args.clean:
             trace.unlink(missing_ok=True)
             trace.with_suffix(".meta.json").unlink(missing_ok=True)
     if args.generate_only:
         return 0
     m = machine()
+    if "hta06" in args.tools:
+        m["versions"]["traceinsight"] = _version_in(args.hta06_python, "traceinsight")
     print(table(results))
     print()
     print(scaling(results))

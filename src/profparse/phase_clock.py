@@ -1,8 +1,9 @@
 """Per-phase wall times of the data path, printed to stderr when ``PROFPARSE_PROFILE_PHASES`` is set.
 
-Used by ``scripts/bench.py``: one line per phase, ``profparse-phase NAME SECONDS CPU_SECONDS`` (CPU: this
-process's threads plus its finished child processes, e.g. the decoding workers; on a loaded machine it moves much
-less than wall time). Off by default; when off,
+Used by ``scripts/bench.py``: one line per phase, ``profparse-phase NAME SECONDS CPU_SECONDS PEAK_RSS_MB`` (CPU:
+this process's threads plus its finished child processes, e.g. the decoding workers; on a loaded machine it moves
+much less than wall time. Peak RSS: this process's high-water mark so far, so the phase where it rises is the one
+that sets the peak). Off by default; when off,
 :func:`phase` costs one attribute lookup. Phases that run in two threads at once (the tables and their Parquet
 encoding, see ``outputs/parquet.py``) are summed over the threads with :func:`add`.
 """
@@ -10,6 +11,7 @@ encoding, see ``outputs/parquet.py``) are summed over the threads with :func:`ad
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -41,7 +43,8 @@ def emit(name: str, seconds: float, cpu_seconds: float | None = None) -> None:
     """Print one phase's time (only when enabled)."""
     if ENABLED:
         extra = "" if cpu_seconds is None else f" {cpu_seconds:.4f}"
-        print(f"profparse-phase {name} {seconds:.4f}{extra}", file=sys.stderr, flush=True)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        print(f"profparse-phase {name} {seconds:.4f}{extra} {peak_mb:.0f}", file=sys.stderr, flush=True)
 
 
 def startup() -> None:
@@ -77,5 +80,5 @@ class Totals:
 
     def emit(self) -> None:
         for name, seconds in self.seconds.items():
-            emit(name, seconds)
+            emit(name, seconds, 0.0)  # summed over threads: no CPU figure of their own
         self.seconds.clear()
