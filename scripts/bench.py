@@ -77,8 +77,8 @@ print("rows", len(t.t.get_trace(0)), flush=True)
 # (--hta06-python) since it pins other versions of pandas and friends
 HTA06_CODE = HTA_CODE
 
-# The decode limit: one typed msgspec decode of only the fields profparse reads (same structs as
-# profparse.trace.decode, float timestamps), single-threaded, cyclic GC off; no columns, no tables.
+# The decode limit: one typed msgspec decode of only the fields profparse reads (the structs of
+# profparse.trace.decode, float timestamps, text args as msgspec.Raw), single-threaded, cyclic GC off; no columns.
 DECODE_CODE = """
 import gc, sys, time
 import msgspec
@@ -86,7 +86,11 @@ t0 = time.perf_counter()
 class Args(msgspec.Struct, gc=False, rename={"external_id": "External id", "sequence_number": "Sequence number",
         "fwd_thread_id": "Fwd thread id", "mem_bytes": "Bytes", "total_allocated": "Total Allocated",
         "total_reserved": "Total Reserved", "device_type": "Device Type", "device_id": "Device Id", "addr": "Addr",
-        "python_id": "Python id", "python_parent_id": "Python parent id"}):
+        "python_id": "Python id", "python_parent_id": "Python parent id", "comm_in_nelems": "In msg nelems",
+        "comm_out_nelems": "Out msg nelems", "comm_group_size": "Group size", "comm_seq": "Seq",
+        "input_dims": "Input Dims", "input_types": "Input type", "concrete_inputs": "Concrete Inputs",
+        "collective": "Collective name", "comm_dtype": "dtype", "pg_name": "Process Group Name",
+        "pg_desc": "Process Group Description", "pg_ranks": "Process Group Ranks"}):
     correlation: int | None = None
     external_id: int | None = None
     sequence_number: int | None = None
@@ -102,7 +106,19 @@ class Args(msgspec.Struct, gc=False, rename={"external_id": "External id", "sequ
     addr: int | None = None
     python_id: int | None = None
     python_parent_id: int | None = None
+    comm_in_nelems: int | None = None
+    comm_out_nelems: int | None = None
+    comm_group_size: int | None = None
+    comm_seq: int | None = None
     name: str | None = None
+    input_dims: msgspec.Raw = None
+    input_types: msgspec.Raw = None
+    concrete_inputs: msgspec.Raw = None
+    collective: msgspec.Raw = None
+    comm_dtype: msgspec.Raw = None
+    pg_name: msgspec.Raw = None
+    pg_desc: msgspec.Raw = None
+    pg_ranks: msgspec.Raw = None
 class Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
