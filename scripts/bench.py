@@ -633,9 +633,7 @@ def phase_table(results: list[SizeResult]) -> str:
         rows.append(f"| {_json(res)} | {total} | " + " | ".join(cells) + f" | {threads} | {decode} |")
     if not rows:
         return ""
-    head = (
-        "| JSON | profparse end to end | " + " | ".join(PHASES) + " | tables / parquet (thread sums) | decode only |"
-    )
+    head = "| JSON | profparse end to end | " + " | ".join(PHASES) + " | tables / parquet (thread sums) | decode only |"
     return head + "\n|" + "---|" * (len(PHASES) + 4) + "\n" + "\n".join(rows)
 
 
@@ -735,7 +733,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clean", action="store_true", help="delete each generated trace after its runs")
     ap.add_argument("--write-docs", action="store_true", help=f"put the results into {DOCS.relative_to(REPO)}")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument(
+        "--docs-from", nargs="+", type=Path, metavar="JSON", help="put earlier --json results into the docs"
+    )
     args = ap.parse_args(argv)
+    if args.docs_from:
+        for path in args.docs_from:
+            saved = json.loads(path.read_text())
+            results = [SizeResult(**r) for r in saved["results"]]
+            write_docs(results, saved["machine"], results[0].source if results else "")
+        return 0
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     mine = Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
