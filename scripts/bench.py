@@ -78,7 +78,8 @@ print("rows", len(t.t.get_trace(0)), flush=True)
 HTA06_CODE = HTA_CODE
 
 # The decode limit: one typed msgspec decode of only the fields profparse reads (the structs of
-# profparse.trace.decode, float timestamps, text args as msgspec.Raw), single-threaded, cyclic GC off; no columns.
+# profparse.trace.decode, float timestamps, text args as msgspec.Raw; integer args may also be strings, as in ROCm
+# traces, where profparse falls back per event), single-threaded, cyclic GC off; no columns.
 DECODE_CODE = """
 import gc, sys, time
 import msgspec
@@ -91,25 +92,25 @@ class Args(msgspec.Struct, gc=False, rename={"external_id": "External id", "sequ
         "input_dims": "Input Dims", "input_types": "Input type", "concrete_inputs": "Concrete Inputs",
         "collective": "Collective name", "comm_dtype": "dtype", "pg_name": "Process Group Name",
         "pg_desc": "Process Group Description", "pg_ranks": "Process Group Ranks"}):
-    correlation: int | None = None
-    external_id: int | None = None
-    sequence_number: int | None = None
-    fwd_thread_id: int | None = None
-    stream: int | None = None
-    device: int | None = None
-    bytes: int | None = None
-    mem_bytes: int | None = None
-    total_allocated: int | None = None
-    total_reserved: int | None = None
-    device_type: int | None = None
-    device_id: int | None = None
-    addr: int | None = None
-    python_id: int | None = None
-    python_parent_id: int | None = None
-    comm_in_nelems: int | None = None
-    comm_out_nelems: int | None = None
-    comm_group_size: int | None = None
-    comm_seq: int | None = None
+    correlation: int | str | None = None
+    external_id: int | str | None = None
+    sequence_number: int | str | None = None
+    fwd_thread_id: int | str | None = None
+    stream: int | str | None = None
+    device: int | str | None = None
+    bytes: int | str | None = None
+    mem_bytes: int | str | None = None
+    total_allocated: int | str | None = None
+    total_reserved: int | str | None = None
+    device_type: int | str | None = None
+    device_id: int | str | None = None
+    addr: int | str | None = None
+    python_id: int | str | None = None
+    python_parent_id: int | str | None = None
+    comm_in_nelems: int | str | None = None
+    comm_out_nelems: int | str | None = None
+    comm_group_size: int | str | None = None
+    comm_seq: int | str | None = None
     name: str | None = None
     input_dims: msgspec.Raw = None
     input_types: msgspec.Raw = None
