@@ -3,9 +3,9 @@
 Used by ``scripts/bench.py``: one line per phase, ``profparse-phase NAME SECONDS CPU_SECONDS PEAK_RSS_MB`` (CPU:
 this process's threads plus its finished child processes, e.g. the decoding workers; on a loaded machine it moves
 much less than wall time. Peak RSS: this process's high-water mark so far, so the phase where it rises is the one
-that sets the peak). Off by default; when off,
-:func:`phase` costs a few microseconds.  Phases that run in two threads at once (the tables and their Parquet
-encoding, see ``outputs/parquet.py``) are summed over the threads with :func:`add`.
+that sets the peak). Off by default; when off, :func:`phase` costs a few microseconds. Phases that run in two
+threads at once (the tables and their Parquet encoding, see ``outputs/parquet.py``) are summed over the threads
+with :class:`Totals`.
 """
 
 from __future__ import annotations
