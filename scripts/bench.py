@@ -47,7 +47,7 @@ DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "v100_ns_resolution_5steps.
 MB = 1_000_000
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PSS_EVERY_S = 0.5
-SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 DATA = re.compile(r"<!-- bench:data (.*?) -->", re.S)
 
@@ -152,7 +152,7 @@ PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?(?: ([0-9]+)
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]B)", text.strip().upper())
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]?B)", text.strip().upper())
     if not m:
         raise argparse.ArgumentTypeError(f"size like 100MB or 2GB expected, got {text!r}")
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
@@ -313,14 +313,34 @@ def generate(tiler: Tiler, target_bytes: int, path: Path) -> dict:
     return info
 
 
-def ensure_trace(source: Path, target: int, out_dir: Path, tiler_cache: dict) -> tuple[Path, dict]:
-    stem = source.name.split(".")[0]
-    path = out_dir / f"{stem}_x_{size_label(target)}.json"
+def _existing(path: Path) -> dict | None:
     meta = path.with_suffix(".meta.json")
     if path.exists() and meta.exists():
         info = json.loads(meta.read_text())
         if info.get("bytes") == path.stat().st_size:
-            return path, info
+            return info
+    return None
+
+
+def ensure_trace(
+    source: Path, target: int, out_dir: Path, tiler_cache: dict, in_child: bool = False
+) -> tuple[Path, dict]:
+    """The tiled trace of ``source`` at about ``target`` bytes, generated if missing. ``in_child``: generate it in a
+    child process, so that this process stays small: Linux carries a process's RSS at fork into its children's
+    ``ru_maxrss``, so a bench process holding the tiler (hundreds of MB for a big source) would inflate the peak RSS
+    of every tool it runs afterwards."""
+    stem = source.name.split(".")[0]
+    path = out_dir / f"{stem}_x_{size_label(target)}.json"
+    info = _existing(path)
+    if info is not None:
+        return path, info
+    if in_child:
+        cmd = [sys.executable, __file__, "--generate-only", "--trace", str(source), "--work-dir", str(out_dir)]
+        subprocess.run([*cmd, "--sizes", f"{target}B"], check=True)
+        info = _existing(path)
+        if info is None:
+            raise SystemExit(f"bench: generating {path} failed")
+        return path, info
     if "tiler" not in tiler_cache:
         tiler_cache["tiler"] = build_tiler(source)
     print(f"generating {path} (~{size_label(target)}) ...", file=sys.stderr, flush=True)
@@ -756,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[SizeResult] = []
     for target in args.sizes:
         label = size_label(target)
-        trace, info = ensure_trace(args.source, target, args.work_dir, cache)
+        trace, info = ensure_trace(args.source, target, args.work_dir, cache, in_child=not args.generate_only)
         if args.generate_only:
             continue
         runs: list[Run] = []
