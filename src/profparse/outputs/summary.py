@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis import report as analysis_report
+from profparse.analysis.runtime import top_calls as runtime_top_calls
 from profparse.marks import STAGES
 from profparse.outputs.formats import display, md_code, md_table, render_as
 from profparse.outputs.formats import text_table as _table
@@ -106,6 +107,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "top_ops": _top(ops, "self_ns", top),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
+        "runtime_calls": runtime_top_calls(parsed.runtime_calls, top),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analysis_report.summary_sections(parsed),
         "report": {
@@ -195,6 +197,7 @@ def render_text(data: dict[str, Any]) -> str:
                     f"{_shorten(display(item['name']))}\n"
                 )
     out.write(analysis_report.render_text(data.get("analyses")))
+    out.write(_runtime_calls_text(data.get("runtime_calls") or {}))
     if data["warnings"]:
         out.write("\nChecks\n")
         for w in data["warnings"]:
@@ -209,6 +212,23 @@ def render_text(data: dict[str, Any]) -> str:
             headers = headers[:2]
         out.write(_table(headers, rows) + "\n")
     return out.getvalue()
+
+
+def _runtime_calls_text(top_calls: dict[str, list[dict[str, Any]]]) -> str:
+    """The "Runtime calls" section: per stage the CUDA/HIP calls the host spent most time in."""
+    if not any(top_calls.values()):
+        return ""
+    lines = ["", "Runtime calls per stage (host time, share of the stage's host wall)"]
+    for stage in STAGES:
+        items = top_calls.get(stage) or []
+        lines += [f"  {stage}"] if items else []
+        for item in items:
+            share = "-" if item["share"] is None else f"{item['share']:.1%}"
+            lines.append(
+                f"    {_ms(item['total_ns']):>10} ms {share:>6} {item['count']:>6}x  "
+                f"{_shorten(display(item['name']))} ({item['call_class']})"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(data: dict[str, Any]) -> str:
