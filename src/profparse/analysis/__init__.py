@@ -28,8 +28,8 @@ TABLES = (
     "memory",
     "memory_by_stage",
     "runtime_calls",
-    # "collectives",
-    # "comm_exposure",
+    "collectives",
+    "comm_exposure",
 )
 
 

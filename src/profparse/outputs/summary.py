@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis import report as analysis_report
+from profparse.analysis.comm import summary as comm_summary
 from profparse.analysis.runtime import top_calls as runtime_top_calls
 from profparse.marks import STAGES
 from profparse.outputs.formats import display, md_code, md_table, render_as
@@ -108,6 +109,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "runtime_calls": runtime_top_calls(parsed.runtime_calls, top),
+        "communication": comm_summary(parsed._analysis.collectives, parsed._analysis.comm_exposure),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analysis_report.summary_sections(parsed),
         "report": {
@@ -198,6 +200,7 @@ def render_text(data: dict[str, Any]) -> str:
                 )
     out.write(analysis_report.render_text(data.get("analyses")))
     out.write(_runtime_calls_text(data.get("runtime_calls") or {}))
+    out.write(_communication_text(data.get("communication") or {}))
     if data["warnings"]:
         out.write("\nChecks\n")
         for w in data["warnings"]:
@@ -229,6 +232,31 @@ def _runtime_calls_text(top_calls: dict[str, list[dict[str, Any]]]) -> str:
                 f"{_shorten(display(item['name']))} ({item['call_class']})"
             )
     return "\n".join(lines) + "\n"
+
+
+def _communication_text(comm: dict[str, list[dict[str, Any]]]) -> str:
+    """The "Communication" section: collectives per stage and kind, and how much of their time is exposed."""
+    if not comm.get("by_stage"):
+        return ""
+
+    def gbps(v: Any) -> str:
+        return "-" if v is None else f"{v:,.2f}"
+
+    rows = [
+        [r["stage"], r["kind"], display(r["pg"]), f"{r['count']:,}",
+         "unknown" if r["bytes"] is None else _bytes(r["bytes"]) + ("" if not r["unknown_bytes_count"] else "+?"),
+         _ms(r["time_ns"]), gbps(r["algbw_gbps"]), gbps(r["busbw_gbps"]), _ms(r["exposed_ns"])]
+        for r in comm["by_stage"]
+    ]  # fmt: skip
+    headers = ["stage", "collective", "group", "count", "bytes", "time ms", "algbw GB/s", "busbw GB/s", "exposed ms"]
+    text = "\nCommunication per stage (collective kernels; exposed = not overlapped by other GPU work)\n"
+    text += _table(headers, rows) + "\n"
+    rows = [
+        [r["stage"], _ms(r["comm_ns"]), _ms(r["overlapped_ns"]), _ms(r["exposed_ns"]),
+         "-" if r["overlap_pct"] is None else f"{r['overlap_pct']:.1f}%"]
+        for r in comm["exposure"]
+    ]  # fmt: skip
+    return text + _table(["stage", "comm ms", "overlapped ms", "exposed ms", "overlap"], rows) + "\n"
 
 
 def render_markdown(data: dict[str, Any]) -> str:
