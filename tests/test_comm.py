@@ -17,7 +17,6 @@ import profparse
 from profparse.analysis import comm
 from profparse.outputs.summary import render_summary
 from profparse.outputs.views import communication as view
-from profparse.trace.events import NULL
 
 A100 = SHARED_TRACES / "a100_ddp_rank0_nccl.json.gz"
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
@@ -224,29 +223,9 @@ def _args_trace(tmp_path: Path) -> tuple[Path, list[dict]]:
     return b.write(tmp_path / "args.json"), [op_args, kernel_args]
 
 
-def _with_arg_columns(p: profparse.api.ParsedTrace, path: Path) -> profparse.api.ParsedTrace:
-    """Where the decoder does not give the collective arg columns yet, add them as it will (categorical text,
-    int64 with NULL) from the file's args, so the analysis is tested on the agreed columns either way."""
-    events = p.raw.events
-    if "collective" in events.columns:
-        return p
-    import json
-
-    raw = json.loads(path.read_text())["traceEvents"]
-    rows = [raw[i].get("args", {}) for i in events["trace_index"].to_numpy()]
-    text = {"collective": "Collective name", "comm_dtype": "dtype", "pg_name": "Process Group Name",
-            "pg_desc": "Process Group Description", "pg_ranks": "Process Group Ranks"}  # fmt: skip
-    ints = {"comm_in_nelems": "In msg nelems", "comm_out_nelems": "Out msg nelems", "comm_group_size": "Group size"}
-    for column, key in text.items():
-        events[column] = pd.Categorical([a.get(key) for a in rows])
-    for column, key in ints.items():
-        events[column] = np.array([a.get(key, NULL) for a in rows], dtype=np.int64)
-    return p
-
-
 def test_bytes_and_bandwidth_from_args(tmp_path: Path) -> None:
     path, _ = _args_trace(tmp_path)
-    p = _with_arg_columns(profparse.load(path), path)
+    p = profparse.load(path)
     table = p.collectives.set_index("kind")
     ar = table.loc["all_reduce"]
     assert ar["bytes"] == 2_048_000 * 2 and ar["args_from"] == "op_args" and ar["group_size"] == 4
@@ -265,8 +244,7 @@ def test_bytes_and_bandwidth_from_args(tmp_path: Path) -> None:
 def test_unknown_bytes_are_never_zero(tmp_path: Path) -> None:
     """Without collective args: kind from the kernel name, bytes null, and the summary says unknown."""
     p = profparse.load(_overlap_trace(tmp_path))
-    if "collective" in p.raw.events.columns:
-        assert p.raw.events["collective"].isna().all()
+    assert p.raw.events["collective"].isna().all()
     table = p.collectives
     assert table["bytes"].isna().all() and (table["args_from"] == "unknown").all()
     assert table["algbw_gbps"].isna().all() and table["busbw_gbps"].isna().all()
@@ -279,7 +257,7 @@ def test_unknown_bytes_are_never_zero(tmp_path: Path) -> None:
 
 def test_summary_aggregates_per_stage_and_kind(tmp_path: Path) -> None:
     path, _ = _args_trace(tmp_path)
-    p = _with_arg_columns(profparse.load(path), path)
+    p = profparse.load(path)
     data = profparse.outputs.summary.summary_data(p)["communication"]
     rows = {(r["stage"], r["kind"]): r for r in data["by_stage"]}
     assert set(rows) == {("forward", "broadcast"), ("backward", "all_reduce"), ("backward", "all_gather")}
@@ -333,9 +311,14 @@ def test_a100_ddp_all_reduce_in_backward() -> None:
     backward = x[(x["scope"] == "total") & (x["stage"] == "backward")].iloc[0]
     assert backward["comm_ns"] == table.loc[table["kind"] == "all_reduce", "dur_ns"].sum()
     assert 0 < backward["overlapped_ns"] < backward["comm_ns"]
-    if "collective" not in p.raw.events.columns:
-        pytest.skip("bytes need the decoder's collective arg columns (commit 'decode: op shapes and collective args')")
     ar = table[table["kind"] == "all_reduce"]
-    assert (ar["args_from"] == "op_args").all() and (ar["group_size"] == 2).all()
+    assert ar["args_from"].isin(["kernel_args", "op_args"]).all() and (ar["group_size"] == 2).all()
     assert (ar["bytes"] == ar["in_nelems"] * 4).all() and (ar["dtype"] == "Float").all()
     assert (ar["busbw_gbps"] > 0).all() and (ar["pg_desc"] == "default_pg").all()
+    assert (ar["busbw_gbps"] == ar["algbw_gbps"]).all()  # all_reduce over 2 ranks: 2(n-1)/n = 1
+    # the sizes are those of the launching record_param_comms (the kernel repeats them in this trace)
+    ops = p.events.set_index("trace_index").loc[ar["op_trace_index"].to_numpy()]
+    assert (ops["name"] == "record_param_comms").all()
+    launcher = p.raw.events.set_index("trace_index").loc[ar["op_trace_index"].to_numpy()]
+    assert launcher["comm_in_nelems"].tolist() == ar["in_nelems"].tolist()
+    assert set(launcher["collective"].astype(str)) == {"allreduce"}
