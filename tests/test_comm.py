@@ -322,3 +322,26 @@ def test_a100_ddp_all_reduce_in_backward() -> None:
     launcher = p.raw.events.set_index("trace_index").loc[ar["op_trace_index"].to_numpy()]
     assert launcher["comm_in_nelems"].tolist() == ar["in_nelems"].tolist()
     assert set(launcher["collective"].astype(str)) == {"allreduce"}
+
+
+@pytest.mark.skipif(not A100.exists(), reason="a100 DDP trace not present")
+def test_a100_overlap_matches_hta() -> None:
+    """HTA's ``get_comm_comp_overlap`` (compute kernels only, whole rank, nanosecond times kept) gives the same
+    overlap % as profparse's sweep restricted to kernels."""
+    pytest.importorskip("hta")
+    from hta_oracle import hta_loaded
+
+    hta = hta_loaded(A100, no_rounding=True).get_comm_comp_overlap(visualize=False)
+    p = parsed(A100)
+    table = p.collectives
+    start = table["ts_ns"].to_numpy()
+    end = start + table["dur_ns"].to_numpy()
+    _, ps, pe = comm._group_union(np.zeros(len(start), dtype=np.int64), start, end)
+    device = np.zeros(len(ps), dtype=np.int64)
+    rows = comm.collective_rows(p.raw.events)
+    covered = comm._covered_by_compute(p.raw.events, rows, device, ps, pe, kinds=frozenset({"kernel"}))
+    ours = 100 * covered.sum() / (pe - ps).sum()
+    assert ours == pytest.approx(float(hta["comp_comm_overlap_pctg"].iloc[0]), abs=0.005)  # HTA rounds to 0.01
+    x = p.comm_exposure
+    total = x[x["scope"] == "total"]
+    assert 100 * total["overlapped_ns"].sum() / total["comm_ns"].sum() >= ours  # memcpy/memset hide some more

@@ -234,12 +234,18 @@ def _on_one_line(device: np.ndarray, s: np.ndarray, e: np.ndarray, base: int, sp
 
 
 def _covered_by_compute(
-    events: pd.DataFrame, comm_rows: np.ndarray, device: np.ndarray, start: np.ndarray, end: np.ndarray
+    events: pd.DataFrame,
+    comm_rows: np.ndarray,
+    device: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    kinds: frozenset[str] = GPU_ACTIVITY_KINDS,
 ) -> np.ndarray:
-    """Per interval [start, end) on ``device``: how much of it other (non-collective) GPU activity covers."""
-    if not len(comm_rows):
+    """Per interval [start, end) on ``device``: how much of it other (non-collective) GPU activity of ``kinds``
+    covers (``{"kernel"}``: compute kernels only, as HTA's ``get_comm_comp_overlap`` counts)."""
+    if not len(start):
         return np.zeros(0, dtype=np.int64)
-    other = kind_mask(events, GPU_ACTIVITY_KINDS)
+    other = kind_mask(events, kinds)
     other[comm_rows] = False
     rows = np.flatnonzero(other)
     s = events["ts_ns"].to_numpy()[rows]
