@@ -110,6 +110,21 @@ class ParsedTrace:
         return _public(self._analysis.memory_by_stage)
 
     @cached_property
+    def runtime_calls(self) -> pd.DataFrame:
+        """Per (step, stage, call name): count, time and share of host wall of CUDA/HIP runtime and driver calls."""
+        return _public(self._analysis.runtime_calls)
+
+    @cached_property
+    def collectives(self) -> pd.DataFrame:
+        """One row per collective kernel: kind, stage, bytes, algorithm/bus bandwidth, process group, exposed time."""
+        return _public(self._analysis.collectives)
+
+    @cached_property
+    def comm_exposure(self) -> pd.DataFrame:
+        """Per (step, stage, device): collective time, the part not overlapped by other GPU activity, overlap %."""
+        return _public(self._analysis.comm_exposure)
+
+    @cached_property
     def warnings(self) -> pd.DataFrame:
         """Quality checks that found something: check, severity, count, value, message."""
         from profparse.quality import quality_checks

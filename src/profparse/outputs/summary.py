@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis import report as analysis_report
+from profparse.analysis.comm import summary as comm_summary
+from profparse.analysis.runtime import top_calls as runtime_top_calls
 from profparse.marks import STAGES
 from profparse.outputs.formats import (
     Column,
@@ -137,6 +139,8 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "top_ops": _top(ops, "self_ns", top, kernel=False),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
+        "runtime_calls": runtime_top_calls(parsed.runtime_calls, top),
+        "communication": comm_summary(parsed._analysis.collectives, parsed._analysis.comm_exposure),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analysis_report.summary_sections(parsed),
         "report": {
@@ -278,6 +282,86 @@ def _rules_tables(data: dict[str, Any]) -> list[Table]:
     return [Table("Which rules decided", columns, rows, note=note)]
 
 
+def _runtime_calls_tables(data: dict[str, Any]) -> list[Table]:
+    """The "Runtime calls" section: per stage the CUDA/HIP runtime and driver calls the host spent most time in."""
+    top_calls = data.get("runtime_calls") or {}
+    rows = [
+        {"stage": stage, **item, "label": f"{item['name']} ({item['call_class']})"}
+        for stage in STAGES
+        for item in top_calls.get(stage) or []
+    ]
+    if not rows:
+        return []
+    columns = [
+        Column("stage", "stage"),
+        Column("total_ns", "ms", _ms),
+        Column("share", "share", lambda x: "-" if x is None else _share(x)),
+        Column("count", "calls", lambda n: f"{n:,}"),
+        Column("label", "call", code=True),
+    ]
+    records = [
+        {"stage": r["stage"], "name": r["name"], "column": c, "value": r[c]}
+        for r in rows
+        for c in ("call_class", "total_ns", "share", "count")
+    ]
+    note = "host time per stage; share: of the stage's host wall"
+    return [Table("Runtime calls", columns, rows, note=note, index=1, last_left=True, group=True, records=records)]
+
+
+def _gbps(v: Any) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def _communication_tables(data: dict[str, Any]) -> list[Table]:
+    """The "Communication" section: collectives per stage and kind, and how much of their time is exposed."""
+    comm = data.get("communication") or {}
+    if not comm.get("by_stage"):
+        return []
+
+    def size(row: dict[str, Any]) -> str:
+        if row["bytes"] is None:
+            return "unknown"
+        return _bytes(row["bytes"]) + ("" if not row["unknown_bytes_count"] else "+?")
+
+    by_stage = [{**r, "size": r} for r in comm["by_stage"]]
+    columns = [
+        Column("stage", "stage"),
+        Column("kind", "collective"),
+        Column("pg", "group", lambda v: display(v)),
+        Column("count", "count", lambda n: f"{n:,}"),
+        Column("size", "bytes", size),
+        Column("time_ns", "time ms", _ms),
+        Column("algbw_gbps", "algbw GB/s", _gbps),
+        Column("busbw_gbps", "busbw GB/s", _gbps),
+        Column("exposed_ns", "exposed ms", _ms),
+    ]
+    records = [
+        {"stage": r["stage"], "name": f"{r['kind']} {r['pg']}", "column": c, "value": r[c]}
+        for r in comm["by_stage"]
+        for c in ("count", "bytes", "time_ns", "algbw_gbps", "busbw_gbps", "exposed_ns")
+    ]
+    tables = [
+        Table(
+            "Communication",
+            columns,
+            by_stage,
+            note="collective kernels; exposed = not overlapped by other GPU work",
+            index=3,
+            group=True,
+            records=records,
+        )
+    ]
+    exposure = [
+        Column("stage", "stage"),
+        Column("comm_ns", "comm ms", _ms),
+        Column("overlapped_ns", "overlapped ms", _ms),
+        Column("exposed_ns", "exposed ms", _ms),
+        Column("overlap_pct", "overlap", lambda v: "-" if v is None else f"{v:.1f}%"),
+    ]
+    tables.append(Table("Communication exposed per stage", exposure, comm["exposure"], note="all steps"))
+    return tables
+
+
 #: The summary's sections in the order shown: each turns the summary data into tables (none: nothing to show).
 #: ``analysis_report.tables`` holds the analyses' sections (their own registry, ``analysis/report.py``).
 SECTIONS = (
@@ -286,6 +370,8 @@ SECTIONS = (
     _top_tables("top_kernels", "Top kernels", kernel=True),
     _top_tables("top_ops", "Top ops", kernel=False),
     lambda data: analysis_report.tables(data.get("analyses")),
+    _runtime_calls_tables,
+    _communication_tables,
     _checks_tables,
     _rules_tables,
 )

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from profparse.outputs.views import layers, load, memory, stages, timeline, top_kernels, top_ops, top_runtime
+from profparse.outputs.views import (
+    communication,
+    layers,
+    load,
+    memory,
+    stages,
+    timeline,
+    top_kernels,
+    top_ops,
+    top_runtime,
+)
 
 #: The registry: kind -> view module, in the order plots are listed and report sections appear.
 VIEWS: dict[str, ModuleType] = {
@@ -21,6 +31,7 @@ VIEWS: dict[str, ModuleType] = {
         top_kernels,
         top_ops,
         top_runtime,
+        communication,
         memory,
         layers,
         load,
