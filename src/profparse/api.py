@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse import tables
+from profparse import phase_clock, tables
 from profparse.analysis import Analyses
 from profparse.errors import TraceFormatError
 from profparse.stages.attribute import Attribution, attribute
@@ -48,6 +48,9 @@ class _CachedAnalyses(Analyses):
     modules = _cached_table(Analyses.modules.func, "analysis.modules")
     memory = _cached_table(Analyses.memory.func, "analysis.memory")
     memory_by_stage = _cached_table(Analyses.memory_by_stage.func, "analysis.memory_by_stage")
+    runtime_calls = _cached_table(Analyses.runtime_calls.func, "analysis.runtime_calls")
+    collectives = _cached_table(Analyses.collectives.func, "analysis.collectives")
+    comm_exposure = _cached_table(Analyses.comm_exposure.func, "analysis.comm_exposure")
 
 
 @dataclass(repr=False)
@@ -138,6 +141,21 @@ class ParsedTrace:
         """Per (step, stage, device): allocated at start/end, peak, bytes allocated and freed."""
         return _public(self._analysis.memory_by_stage)
 
+    @cached_property
+    def runtime_calls(self) -> pd.DataFrame:
+        """Per (step, stage, call name): count, time and share of host wall of CUDA/HIP runtime and driver calls."""
+        return _public(self._analysis.runtime_calls)
+
+    @cached_property
+    def collectives(self) -> pd.DataFrame:
+        """One row per collective kernel: kind, stage, bytes, algorithm/bus bandwidth, process group, exposed time."""
+        return _public(self._analysis.collectives)
+
+    @cached_property
+    def comm_exposure(self) -> pd.DataFrame:
+        """Per (step, stage, device): collective time, the part not overlapped by other GPU activity, overlap %."""
+        return _public(self._analysis.comm_exposure)
+
     @_cached_table
     def warnings(self) -> pd.DataFrame:
         """Quality checks that found something: check, severity, count, value, message."""
@@ -199,17 +217,21 @@ def parse(
     progress: Any = None,
 ) -> ParsedTrace:
     """Read, link and attribute one trace file."""
+    phase_clock.startup()
     try:
-        raw = read_trace(path, strict=strict, progress=progress)
+        with phase_clock.phase("read"):
+            raw = read_trace(path, strict=strict, progress=progress)
     except RecursionError:
         raise TraceFormatError(f"{path}: JSON nested too deeply (corrupt or hostile input)") from None
     phase = getattr(progress, "phase", None)  # a progress bar may also show the phases after reading
     if phase is not None:
         phase("linking")
-    links = link(raw.events)
+    with phase_clock.phase("link"):
+        links = link(raw.events)
     if phase is not None:
         phase("attributing stages")
-    attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
+    with phase_clock.phase("attribute"):
+        attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
     return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})
 
 
@@ -235,17 +257,21 @@ def load(
 
     store = Cache.open(**({"notify": notify} if notify else {}), inputs=[path], outputs=outputs)
     options = {"include_marks": include_marks, "strict": strict}
-    key = store.key(path, options) if store is not None else None
+    with phase_clock.phase("cache.key"):
+        key = store.key(path, options) if store is not None else None
     if store is None or key is None:
         return parse(path, include_marks=include_marks, strict=strict, progress=progress)
     name, stat_id = key
-    hit = store.get(name, path)
+    with phase_clock.phase("cache.read"):
+        hit = store.get(name, path)
     if hit is not None:
+        phase_clock.startup()  # (includes cache.key and cache.read: on a miss parse() says it)
         (raw, links, attribution), entry = hit
         return ParsedTrace(
             raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks}, cache=entry
         )
     parsed = parse(path, include_marks=include_marks, strict=strict, progress=progress)
     if store.unchanged(path, stat_id):  # not a file rewritten while it was parsed
-        parsed.cache = store.put(name, parsed)
+        with phase_clock.phase("cache.store"):
+            parsed.cache = store.put(name, parsed)
     return parsed

@@ -24,6 +24,7 @@ from profparse.trace.link import kind_mask
 
 COLUMNS = ("check", "severity", "count", "value", "message")
 OTHER_SHARE_WARN = 0.05
+RUNTIME_SHARE_WARN = 0.01  # allocator or sync calls taking >= 1% of the steps' wall time are a warning, else info
 
 
 def _row(check: str, severity: str, count: int, value: float, message: str) -> dict[str, Any]:
@@ -146,6 +147,43 @@ def _gpu_inference_rows(
     return rows
 
 
+def _in_step_calls(parsed: Any, call_class: str) -> tuple[int, int, float, str]:
+    """(count, ns, share of the steps' wall, top names) of runtime calls of one class inside step windows."""
+    calls = parsed._analysis.runtime_calls
+    calls = calls[(calls["scope"] == "step") & (calls["call_class"] == call_class).to_numpy()]
+    if calls.empty:
+        return 0, 0, 0.0, ""
+    steps = parsed.steps
+    wall = int((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else 0
+    by_name = calls.groupby("name", observed=True)["count"].sum().sort_values(ascending=False, kind="stable")
+    names = ", ".join(f"{name} x{int(n)}" for name, n in by_name.head(3).items())
+    total = int(calls["total_ns"].sum())
+    return int(calls["count"].sum()), total, (total / wall if wall else 0.0), names
+
+
+def _allocator_churn_row(parsed: Any) -> list[dict[str, Any]]:
+    """Device malloc/free calls inside steps: the caching allocator is giving memory back and asking again."""
+    count, ns, share, names = _in_step_calls(parsed, "malloc")
+    free_count, free_ns, free_share, free_names = _in_step_calls(parsed, "free")
+    count, ns, share = count + free_count, ns + free_ns, share + free_share
+    if not count:
+        return []
+    severity = "warning" if share >= RUNTIME_SHARE_WARN else "info"
+    listed = "; ".join(n for n in (names, free_names) if n)
+    message = f"allocator churn: {count} malloc/free calls inside steps took {ns / 1e6:,.2f} ms ({share:.1%}; {listed})"
+    return [_row("allocator_churn", severity, count, ns, message)]
+
+
+def _sync_in_step_row(parsed: Any) -> list[dict[str, Any]]:
+    """Host-blocking synchronize calls inside steps (``.item()``, ``.cpu()``, explicit syncs)."""
+    count, ns, share, names = _in_step_calls(parsed, "sync")
+    if not count:
+        return []
+    severity = "warning" if share >= RUNTIME_SHARE_WARN else "info"
+    message = f"{count} synchronize calls inside steps blocked the host {ns / 1e6:,.2f} ms ({share:.1%}; {names})"
+    return [_row("sync_in_step", severity, count, ns, message)]
+
+
 def quality_checks(parsed: Any) -> pd.DataFrame:
     """Run every check on a parsed trace; one row per finding."""
     events = parsed.raw.events
@@ -177,6 +215,8 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
         )
 
     rows.extend(_gpu_inference_rows(activity, links.launch, attribution, dur, gpu_total))
+    rows.extend(_allocator_churn_row(parsed))
+    rows.extend(_sync_in_step_row(parsed))
 
     window = _profiled_window(events, links.host)
     if window is not None and activity.any():

@@ -3,7 +3,9 @@
 - :mod:`~profparse.analysis.load`: loading sub-steps (rules in :mod:`~profparse.analysis.load_rules`);
 - :mod:`~profparse.analysis.levels`: the stage x level matrix (Python, ops, runtime, device, launch latency);
 - :mod:`~profparse.analysis.modules`: forward/backward time per ``nn.Module`` instance;
-- :mod:`~profparse.analysis.memory`: allocator timeline and memory per stage and step.
+- :mod:`~profparse.analysis.memory`: allocator timeline and memory per stage and step;
+- :mod:`~profparse.analysis.runtime`: runtime/driver calls per stage and step;
+- :mod:`~profparse.analysis.comm`: collectives and exposed communication per stage and step.
 
 :class:`Analyses` computes each on first use and keeps it; ``ParsedTrace`` exposes the public (nullable) versions
 and the Parquet writer the internal ones.
@@ -19,7 +21,16 @@ import pandas as pd
 
 from profparse.trace.events import NULL
 
-TABLES = ("load_breakdown", "stage_levels", "modules", "memory", "memory_by_stage")
+TABLES = (
+    "load_breakdown",
+    "stage_levels",
+    "modules",
+    "memory",
+    "memory_by_stage",
+    "runtime_calls",
+    "collectives",
+    "comm_exposure",
+)
 
 
 class Analyses:
@@ -70,6 +81,24 @@ class Analyses:
         from profparse.analysis.memory import memory_by_stage
 
         return memory_by_stage(self.memory)
+
+    @cached_property
+    def runtime_calls(self) -> pd.DataFrame:
+        from profparse.analysis.runtime import runtime_calls
+
+        return runtime_calls(*self._inputs, self.parsed._stage_summary)
+
+    @cached_property
+    def collectives(self) -> pd.DataFrame:
+        from profparse.analysis.comm import collectives
+
+        return collectives(*self._inputs, self.parsed.header)
+
+    @cached_property
+    def comm_exposure(self) -> pd.DataFrame:
+        from profparse.analysis.comm import comm_exposure
+
+        return comm_exposure(self.parsed.raw.events, self.collectives, self.parsed.attribution)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every analysis table by name (internal NULL sentinels), for writers."""
