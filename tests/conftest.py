@@ -26,6 +26,16 @@ if not SHARED_TRACES.is_dir():
     SHARED_TRACES = REPO_GPU_TRACES
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets an empty cache folder of its own (docs/cache.md): never the user's ~/.cache, and no
+    test reads what another one parsed. CLI runs in subprocesses inherit it through the environment."""
+    folder = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("PROFPARSE_CACHE_DIR", str(folder))
+    monkeypatch.delenv("PROFPARSE_CACHE_MAX_BYTES", raising=False)
+    return folder
+
+
 @functools.lru_cache(maxsize=16)
 def parsed(path: Path, include_marks: bool = True):
     """Parse once per test session (tests must not modify what they get)."""

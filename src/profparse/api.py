@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -14,10 +15,42 @@ import numpy as np
 import pandas as pd
 
 from profparse import phase_clock, tables
+from profparse.analysis import Analyses
 from profparse.errors import TraceFormatError
 from profparse.stages.attribute import Attribution, attribute
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RawTrace, read_trace
 from profparse.trace.link import Links, link
+
+
+def _cached_table(compute: Callable[[Any], pd.DataFrame], name: str | None = None) -> cached_property:
+    """A lazily computed table that is read from the trace's cache entry when stored there, and stored there
+    once computed (so the next verb on the same trace reads it instead of computing it: profparse.cache)."""
+    key = name or compute.__name__
+
+    def get(self: Any) -> pd.DataFrame:
+        entry = getattr(self, "cache", None) or getattr(getattr(self, "parsed", None), "cache", None)
+        frame = entry.table(key) if entry is not None else None
+        if frame is None:
+            frame = compute(self)
+            if entry is not None:
+                entry.put_table(key, frame)
+        return frame
+
+    get.__name__, get.__doc__ = compute.__name__, compute.__doc__
+    return cached_property(get)
+
+
+class _CachedAnalyses(Analyses):
+    """The analysis tables, read from and stored in the trace's cache entry."""
+
+    load_breakdown = _cached_table(Analyses.load_breakdown.func, "analysis.load_breakdown")
+    stage_levels = _cached_table(Analyses.stage_levels.func, "analysis.stage_levels")
+    modules = _cached_table(Analyses.modules.func, "analysis.modules")
+    memory = _cached_table(Analyses.memory.func, "analysis.memory")
+    memory_by_stage = _cached_table(Analyses.memory_by_stage.func, "analysis.memory_by_stage")
+    runtime_calls = _cached_table(Analyses.runtime_calls.func, "analysis.runtime_calls")
+    collectives = _cached_table(Analyses.collectives.func, "analysis.collectives")
+    comm_exposure = _cached_table(Analyses.comm_exposure.func, "analysis.comm_exposure")
 
 
 @dataclass(repr=False)
@@ -28,6 +61,7 @@ class ParsedTrace:
     links: Links
     attribution: Attribution
     options: dict[str, Any] = field(default_factory=dict)
+    cache: Any = None  # the profparse.cache.Entry this trace was read from or stored in, if any
 
     @property
     def path(self) -> str:
@@ -53,23 +87,23 @@ class ParsedTrace:
         """One row per trace event, with nesting, launch links, ``stage``, ``stage_rule``, ``step``, ``substage``."""
         return _public(self._analysis.add_substage(self._events))
 
-    @cached_property
+    @_cached_table
     def kernels(self) -> pd.DataFrame:
         """GPU activity (kernels, memcpy, memset) with stage and launching runtime call / CPU op."""
         return _public(tables.kernel_table(self.raw.events, self.links, self.attribution))
 
-    @cached_property
+    @_cached_table
     def ops(self) -> pd.DataFrame:
         """CPU ops with self time, stage, step and the GPU time they launched."""
         return _public(tables.op_table(self.raw.events, self.links, self.attribution))
 
-    @cached_property
+    @_cached_table
     def _host_time(self) -> pd.DataFrame:
         """Host wall and levels per (scope, step, stage): computed once for the stage summary and the levels
         (it was half of the tables' time on a 100 MB trace when each computed it)."""
         return tables.host_time(self.raw.events, self.links, self.attribution)
 
-    @cached_property
+    @_cached_table
     def _stage_summary(self) -> pd.DataFrame:
         return tables.stage_summary(self.raw.events, self.links, self.attribution, self._host_time)
 
@@ -80,9 +114,7 @@ class ParsedTrace:
 
     @cached_property
     def _analysis(self) -> Any:
-        from profparse.analysis import Analyses
-
-        return Analyses(self)
+        return _CachedAnalyses(self)
 
     @cached_property
     def load_breakdown(self) -> pd.DataFrame:
@@ -124,7 +156,7 @@ class ParsedTrace:
         """Per (step, stage, device): collective time, the part not overlapped by other GPU activity, overlap %."""
         return _public(self._analysis.comm_exposure)
 
-    @cached_property
+    @_cached_table
     def warnings(self) -> pd.DataFrame:
         """Quality checks that found something: check, severity, count, value, message."""
         from profparse.quality import quality_checks
@@ -203,6 +235,43 @@ def parse(
     return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})
 
 
-def load(path: str | Path, **kwargs: Any) -> ParsedTrace:
-    """Load a trace (``.json``/``.json.gz``) for analysis with pandas. Same options as :func:`parse`."""
-    return parse(path, **kwargs)
+def load(
+    path: str | Path,
+    *,
+    cache: bool = True,
+    include_marks: bool = True,
+    strict: bool = False,
+    progress: Any = None,
+    notify: Callable[[str], None] | None = None,
+    outputs: tuple[str | Path, ...] = (),
+) -> ParsedTrace:
+    """Load a trace (``.json``/``.json.gz``) for analysis with pandas. Same options as :func:`parse`.
+
+    With ``cache`` (default) the parsed trace comes from, or goes into, the user's cache folder
+    (``docs/cache.md``): a second load of the same file content reads Arrow files instead of the JSON.
+    ``notify`` receives the cache's notes and warnings (default: stderr); ``outputs``: folders the cache must
+    not lie in."""
+    if not cache:
+        return parse(path, include_marks=include_marks, strict=strict, progress=progress)
+    from profparse.cache import Cache
+
+    store = Cache.open(**({"notify": notify} if notify else {}), inputs=[path], outputs=outputs)
+    options = {"include_marks": include_marks, "strict": strict}
+    with phase_clock.phase("cache.key"):
+        key = store.key(path, options) if store is not None else None
+    if store is None or key is None:
+        return parse(path, include_marks=include_marks, strict=strict, progress=progress)
+    name, stat_id = key
+    with phase_clock.phase("cache.read"):
+        hit = store.get(name, path)
+    if hit is not None:
+        phase_clock.startup()  # (includes cache.key and cache.read: on a miss parse() says it)
+        (raw, links, attribution), entry = hit
+        return ParsedTrace(
+            raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks}, cache=entry
+        )
+    parsed = parse(path, include_marks=include_marks, strict=strict, progress=progress)
+    if store.unchanged(path, stat_id):  # not a file rewritten while it was parsed
+        with phase_clock.phase("cache.store"):
+            parsed.cache = store.put(name, parsed)
+    return parsed

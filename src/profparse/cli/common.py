@@ -93,6 +93,15 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strict", action="store_true", help="treat a truncated trace as an error")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
+    add_cache_option(parser)
+
+
+def add_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="read the JSON even when this trace's parsed tables are in the cache, and store nothing (docs/cache.md)",
+    )
 
 
 def progress_bar(path: str, quiet: bool) -> Any:
@@ -138,12 +147,21 @@ def note(message: str, quiet: bool) -> None:
 
 
 def parse_input(args: argparse.Namespace) -> Any:
-    """Run the library's data path on ``args.trace`` with the common options."""
-    from profparse.api import parse
+    """Run the library's data path on ``args.trace`` with the common options (through the cache, docs/cache.md)."""
+    from profparse.api import load
 
     progress = progress_bar(args.trace, args.quiet)
+    out = getattr(args, "out", None)
     try:
-        parsed = parse(args.trace, include_marks=not args.no_marks, strict=args.strict, progress=progress)
+        parsed = load(
+            args.trace,
+            cache=not getattr(args, "no_cache", False),
+            include_marks=not args.no_marks,
+            strict=args.strict,
+            progress=progress,
+            notify=lambda message: note(message, args.quiet),
+            outputs=(out,) if out else (),
+        )
     finally:
         if progress is not None:
             progress.close()

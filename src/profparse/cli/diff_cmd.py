@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 
-from profparse.cli.common import emit, int_option, parse_input
+from profparse.cli.common import add_cache_option, emit, int_option, parse_input
 from profparse.diff import FORMATS, TOP_N, render_diff
 
 
@@ -23,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--strict", action="store_true", help="treat a truncated trace as an error")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
+    add_cache_option(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     p.add_argument("--top", type=int_option(0), default=TOP_N, help=f"kernels and ops listed (default: {TOP_N})")
     p.add_argument(
