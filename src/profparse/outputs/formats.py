@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import re
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,12 +88,26 @@ def render_as(data: dict[str, Any], fmt: str, renderers: Mapping[str, Renderer])
     raise ValueError(f"unknown format {fmt!r}; expected one of {choices}")
 
 
+TEXT_WIDTH = 100  # a summary line fits a terminal of this width (a longer last, left-aligned column wraps)
+
+
 def text_table(headers: list[str], rows: list[list[str]], align_left: int = 1, *, last_left: bool = False) -> str:
     """A plain text table: the first ``align_left`` columns (and the last, with ``last_left``) left-aligned, the
-    rest right-aligned; cells shown through :func:`display`, so a name cannot break a row or reach a terminal."""
+    rest right-aligned; cells shown through :func:`display`, so a name cannot break a row or reach a terminal.
+    With ``last_left``, a last column that would pass :data:`TEXT_WIDTH` wraps onto continuation lines."""
     headers = [display(h) for h in headers]
     rows = [[display(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    if last_left and len(widths) > 1:
+        room = max(30, TEXT_WIDTH - 2 - sum(widths[:-1]) - 2 * (len(widths) - 1))
+        if widths[-1] > room:
+            widths[-1] = max(room, len(headers[-1]))
+            wrapped = []
+            for r in rows:
+                pieces = textwrap.wrap(r[-1], widths[-1], break_long_words=True) or [""]
+                wrapped.append([*r[:-1], pieces[0]])
+                wrapped += [["" for _ in r[:-1]] + [piece] for piece in pieces[1:]]
+            rows = wrapped
     left = set(range(align_left)) | ({len(headers) - 1} if last_left else set())
     lines = []
     for row in [headers, *rows]:

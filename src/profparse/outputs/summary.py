@@ -305,7 +305,8 @@ def _runtime_calls_tables(data: dict[str, Any]) -> list[Table]:
         for c in ("call_class", "total_ns", "share", "count")
     ]
     note = "host time per stage; share: of the stage's host wall"
-    return [Table("Runtime calls", columns, rows, note=note, index=1, last_left=True, group=True, records=records)]
+    title = "Runtime calls per stage"
+    return [Table(title, columns, rows, note=note, index=1, last_left=True, group=True, records=records)]
 
 
 def _gbps(v: Any) -> str:
@@ -342,7 +343,7 @@ def _communication_tables(data: dict[str, Any]) -> list[Table]:
     ]
     tables = [
         Table(
-            "Communication",
+            "Communication per stage",
             columns,
             by_stage,
             note="collective kernels; exposed = not overlapped by other GPU work",
