@@ -110,6 +110,26 @@ class ParsedTrace:
         return _public(self._analysis.memory_by_stage)
 
     @cached_property
+    def flops(self) -> pd.DataFrame:
+        """FLOPs, bytes, GPU time and achieved TFLOP/s per counted op; uncounted ops with their time ("status")."""
+        return _public(self._analysis.flops)
+
+    @cached_property
+    def efficiency(self) -> pd.DataFrame:
+        """FLOPs, achieved TFLOP/s, MFU and HFU per (step, stage), step, stage and module (``scope``)."""
+        return _public(self._analysis.efficiency)
+
+    @cached_property
+    def gemms(self) -> pd.DataFrame:
+        """Matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak."""
+        return _public(self._analysis.gemms)
+
+    @property
+    def peak(self) -> Any:
+        """The peak that MFU is measured against: ``tflops`` (NaN if unknown), ``dtype``, ``device``, ``note``."""
+        return self._analysis.peak
+
+    @cached_property
     def warnings(self) -> pd.DataFrame:
         """Quality checks that found something: check, severity, count, value, message."""
         from profparse.quality import quality_checks
@@ -148,6 +168,7 @@ class ParsedTrace:
             f"  devices:  {', '.join(devices)}" + (f"; rank {self.rank}" if self.rank is not None else ""),
             f"  warnings: {len(self.warnings)} (see .warnings)",
             "  tables:   .events .kernels .ops .stage_summary .stage_levels .modules .memory .load_breakdown",
+            "            .flops .efficiency .gemms",
         ]
         return "\n".join(lines)
 
@@ -168,8 +189,10 @@ def parse(
     include_marks: bool = True,
     strict: bool = False,
     progress: Any = None,
+    peak_tflops: float | None = None,
 ) -> ParsedTrace:
-    """Read, link and attribute one trace file."""
+    """Read, link and attribute one trace file. ``peak_tflops``: the peak MFU is measured against (default: the
+    device's dense peak for the dominant dtype, from :mod:`profparse.analysis.peaks`)."""
     try:
         raw = read_trace(path, strict=strict, progress=progress)
     except RecursionError:
@@ -181,7 +204,8 @@ def parse(
     if phase is not None:
         phase("attributing stages")
     attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
-    return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})
+    options = {"include_marks": include_marks, "peak_tflops": peak_tflops}
+    return ParsedTrace(raw=raw, links=links, attribution=attribution, options=options)
 
 
 def load(path: str | Path, **kwargs: Any) -> ParsedTrace:

@@ -2,8 +2,9 @@
 
 :func:`op_cost` is a pure function of the op's name and the three arg texts. The built-in table below covers the
 matmul family, convolution, attention (forward and backward), norms, softmax, embedding, elementwise ops and
-reductions, so the core works without torch; where torch is importable, ``torch.utils.flop_counter``'s formula
-is used for the ops it knows (its count wins; tests check both agree). Conventions:
+reductions, so the core works without torch; where torch is loaded (or ``PROFPARSE_TORCH_FLOPS=1``),
+``torch.utils.flop_counter``'s formula is used for the ops it knows (its count wins; tests check both agree).
+Conventions:
 
 - a multiply-add is 2 FLOPs (``2*M*N*K`` for a matmul); bias adds are not counted (as in torch's counter);
 - attention counts its two matmuls (``4*b*h*s_q*s_k*d``), its backward five (2.5x); causal masks are ignored;
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import sys
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -370,9 +373,21 @@ def builtin_cost(name: str, dims: list[Any], types: list[Any], concrete: list[An
     return _vector_cost(name, dims, types)
 
 
-@lru_cache(maxsize=1)
+TORCH_ENV = "PROFPARSE_TORCH_FLOPS"  # "1": import torch for its formulas even when the process has not loaded it
+
+
 def _torch_registry() -> dict[str, Any]:
-    """torch's flop formulas by aten name (those that take shapes), or {} without torch."""
+    """torch's flop formulas by aten name (those that take shapes); {} without torch.
+
+    Used when torch is already loaded (a notebook, a training script) or ``PROFPARSE_TORCH_FLOPS=1``: importing
+    torch only for this costs 5-15 s per CLI run, and the built-in table gives the same counts (tests check it)."""
+    if "torch" not in sys.modules and os.environ.get(TORCH_ENV) != "1":
+        return {}
+    return _load_torch_registry()
+
+
+@lru_cache(maxsize=1)
+def _load_torch_registry() -> dict[str, Any]:
     try:
         from torch.utils.flop_counter import flop_registry
     except Exception:  # torch absent or broken: the built-in table stands alone
@@ -430,3 +445,24 @@ ATTENTION_BACKWARD_FACTOR = 2.5  # five matmuls against the forward's two
 def backward_factor(family: str) -> float:
     """Backward FLOPs per forward FLOP for a linked autograd node whose own ops recorded no shapes."""
     return ATTENTION_BACKWARD_FACTOR if family == "attention" else MATMUL_BACKWARD_FACTOR
+
+
+TENSOR_FAMILIES = frozenset({"matmul", "conv", "attention"})  # tensor-core work: counted at the innermost such op
+
+
+def gemm_dims(name: str, dims_text: Any, types_text: Any) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a matmul-family op from its recorded shapes, or None."""
+    name = base_name(name)
+    shapes = [s for s, _ in _tensors(parse_args(dims_text), parse_args(types_text))]
+    if name in ("addmm", "baddbmm", "addbmm") and len(shapes) >= 3:
+        shapes = shapes[1:3]
+    if len(shapes) < 2 or not shapes[0] or not shapes[1]:
+        return None
+    a, b = shapes[0], shapes[1]
+    if name == "linear":
+        return (1, _numel(a[:-1]), b[0], a[-1]) if len(b) == 2 and a[-1] == b[1] else None
+    a2, b2 = ([1, *a] if len(a) == 1 else a), ([*b, 1] if len(b) == 1 else b)
+    batch = _broadcast(a2[:-2], b2[:-2])
+    if batch is None or a2[-1] != b2[-2]:
+        return None
+    return _numel(batch), a2[-2], b2[-1], a2[-1]

@@ -1,0 +1,387 @@
+"""FLOPs per op, achieved TFLOP/s, MFU and HFU per step x stage and per module, and the GEMM shape table.
+
+Each CPU op's cost comes from :func:`profparse.analysis.flops.op_cost` on its recorded shapes. Counting once:
+
+- matmul, convolution and attention ops ("tensor" formulas) count at the innermost such op: ``aten::linear`` ->
+  ``aten::addmm`` counts at ``addmm``, and any tensor-formula op around it counts nothing;
+- norms, softmax, elementwise ops and reductions ("vector" formulas) count at the innermost op with a formula,
+  unless they run inside a counted tensor op (a ``copy_`` inside ``addmm`` is part of the ``addmm``);
+- a backward node (``autograd::engine::evaluate_function: MmBackward0``) with no counted op inside gets its
+  forward op's FLOPs (same sequence number) times 2 (2.5 for attention); one with counted ops inside
+  (``aten::mm`` under ``MmBackward0``) is counted through them only.
+
+GPU time of an op = the kernels launched by it or by ops inside it (down to the next counted op). Kernels launched
+by no counted op are "not counted" time, listed per op with ``status`` saying why. Model FLOPs leave out ops
+recomputed in backward (activation checkpointing: ops under an ``nn.Module`` call that runs in backward);
+hardware FLOPs include them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profparse import tables
+from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, op_cost
+from profparse.analysis.modules import MODULE_EVENT, _backward, _levels, _roll_up
+from profparse.analysis.peaks import device_peaks
+from profparse.marks import STAGES
+from profparse.stages.attribute import Attribution
+from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
+
+SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
+STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded", "around counted ops")
+BACKWARD = STAGES.index("backward")
+FLOP_COLUMNS = (
+    "trace_index", "name", "stage", "step", "status", "family", "dtype", "source", "recompute", "flops", "bytes",
+    "gpu_ns", "kernel_count", "host_ns", "achieved_tflops", "intensity", "forward_trace_index",
+)  # fmt: skip
+
+
+@dataclass
+class Counts:
+    """Per event row: FLOPs, bytes, status code (-1: covered by a counted op or not a CPU op), owner of kernels."""
+
+    flops: np.ndarray  # float64
+    nbytes: np.ndarray  # float64
+    status: np.ndarray  # int8 index into STATUS, -1 none
+    costs: dict[int, OpCost]  # row -> its formula's cost (counted rows)
+    owner: np.ndarray  # counted row whose FLOPs each event's GPU work belongs to (-1 none)
+    recompute: np.ndarray  # bool
+    forward: np.ndarray  # linked backward node -> its forward op row (-1)
+
+
+def _costs(events: pd.DataFrame, rows: np.ndarray) -> dict[int, OpCost]:
+    """op_cost per row, computed once per distinct (name, dims, types, concrete) combination."""
+    if not all(c in events.columns for c in SHAPE_COLUMNS) or rows.size == 0:
+        return {}
+    cols = [events["name"], *(events[c] for c in SHAPE_COLUMNS)]
+    codes = np.stack([c.cat.codes.to_numpy()[rows].astype(np.int64) for c in cols], axis=1)
+    has_dims = codes[:, 1] >= 0
+    codes, rows = codes[has_dims], rows[has_dims]
+    distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
+    cats = [c.cat.categories for c in cols]
+
+    def text(i: int, code: int) -> Any:
+        return None if code < 0 else cats[i][code]
+
+    found = [op_cost(*(text(i, int(c)) for i, c in enumerate(combo))) for combo in distinct]
+    return {int(r): found[int(k)] for r, k in zip(rows, inverse.ravel(), strict=True) if found[int(k)] is not None}
+
+
+def _has_descendant(parent: np.ndarray, depth: np.ndarray, inner: np.ndarray, outer: np.ndarray) -> np.ndarray:
+    """Rows in ``outer`` with a row of ``inner`` somewhere below them (the nearest ``outer`` above each inner row)."""
+    out = np.zeros(len(parent), dtype=bool)
+    above = innermost_ancestor_of_kind(parent, depth, outer)[np.flatnonzero(inner)]
+    out[above[above >= 0]] = True
+    return out
+
+
+def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) -> Counts:
+    """Decide, for every CPU op, whether and how its FLOPs count (see the module docstring)."""
+    n = len(events)
+    parent, depth = links.parent, links.depth
+    op = kind_mask(events, {"cpu_op"}) & links.host
+    costs = _costs(events, np.flatnonzero(op))
+    tensor, vector = np.zeros(n, bool), np.zeros(n, bool)
+    for row, cost in costs.items():
+        (tensor if cost.family in TENSOR_FAMILIES else vector)[row] = True
+    tensor &= ~_has_descendant(parent, depth, tensor, tensor)
+    vector &= ~_has_descendant(parent, depth, tensor | vector, vector)
+    vector &= innermost_ancestor_of_kind(parent, depth, tensor) < 0
+    counted = tensor | vector
+    flops, nbytes = np.zeros(n), np.zeros(n)
+    counted_rows = np.flatnonzero(counted)
+    flops[counted_rows] = [costs[r].flops for r in counted_rows]
+    nbytes[counted_rows] = [costs[r].bytes for r in counted_rows]
+
+    # backward nodes with nothing counted inside: their forward op's FLOPs times the backward factor
+    forward = np.full(n, -1, dtype=np.int64)
+    seq, fwd_tid = events["sequence_number"].to_numpy(), events["fwd_thread_id"].to_numpy()
+    has_seq = op & (seq != NULL)
+    is_bwd = has_seq & (fwd_tid != NULL) & (fwd_tid > 0)
+    node = is_bwd & ~((parent >= 0) & is_bwd[np.maximum(parent, 0)])  # outermost event of each node
+    node &= ~_has_descendant(parent, depth, counted, node) & ~counted
+    node_rows = np.flatnonzero(node)
+    if node_rows.size and counted_rows.size:
+        fwd_op = has_seq & ~is_bwd
+        creator = np.where(fwd_op, np.arange(n), innermost_ancestor_of_kind(parent, depth, fwd_op))[counted_rows]
+        ok = creator >= 0
+        factors = np.array([backward_factor(costs[r].family) for r in counted_rows[ok]])
+        by_seq: dict[tuple[int, int], tuple[float, float, int]] = {}
+        pid = pd.factorize(events["pid"].to_numpy())[0]
+        for c, r, f in zip(creator[ok], counted_rows[ok], factors, strict=True):
+            key = (int(pid[c]), int(seq[c]))
+            before = by_seq.get(key, (0.0, 0.0, int(c)))
+            by_seq[key] = (before[0] + f * flops[r], before[1] + 2 * nbytes[r], before[2])
+        for row in node_rows:
+            hit = by_seq.get((int(pid[row]), int(seq[row])))
+            if hit is not None and hit[0] > 0:
+                flops[row], nbytes[row], forward[row] = hit[0], hit[1], hit[2]
+    linked = forward >= 0
+    counted |= linked
+    status = np.full(n, -1, dtype=np.int8)
+    status[op] = np.where(events["input_dims"].cat.codes.to_numpy()[op] >= 0, 2, 3) if "input_dims" in events else 3
+    covered = innermost_ancestor_of_kind(parent, depth, counted) >= 0
+    status[covered & op] = -1
+    status[op & _has_descendant(parent, depth, counted, op) & (status >= 0)] = 4
+    status[counted] = 0
+    status[linked] = 1
+    owner = np.where(counted, np.arange(n), innermost_ancestor_of_kind(parent, depth, counted))
+    owner = np.where(owner >= 0, owner, np.where(op, np.arange(n), -1))  # uncounted ops own their own kernels
+    modules = _module_calls(events, links)
+    call = innermost_ancestor_of_kind(parent, depth, modules)
+    recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
+    return Counts(flops, nbytes, status, {r: costs[r] for r in counted_rows}, owner, recompute, forward)
+
+
+def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Kernel time and count per owner row (the counted op, or the uncounted op, that launched them)."""
+    n = len(events)
+    kernels = np.flatnonzero(kind_mask(events, {"kernel"}) & (links.launch_op >= 0))
+    who = owner[links.launch_op[kernels]]
+    ok = who >= 0
+    dur = events["dur_ns"].to_numpy()[kernels[ok]]
+    return (
+        np.bincount(who[ok], weights=dur, minlength=n).astype(np.int64),
+        np.bincount(who[ok], minlength=n).astype(np.int64),
+    )
+
+
+def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, counts: Counts) -> pd.DataFrame:
+    """One row per counted op, and per uncounted op with time of its own ("not counted"), in trace order."""
+    gpu_ns, kernel_count = _kernel_time(events, links, counts.owner)
+    counted = counts.status >= 0
+    counted &= counts.status <= 1
+    host_ns = np.where(counted, events["dur_ns"].to_numpy(), links.self_ns)
+    on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())
+    timed = gpu_ns > 0 if on_gpu else host_ns > 0
+    rows = np.flatnonzero((counts.status >= 0) & (counted | timed))
+    costs = [counts.costs.get(int(r)) for r in rows]
+    flops, nbytes = counts.flops[rows], counts.nbytes[rows]
+    time = (gpu_ns if on_gpu else host_ns)[rows].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        achieved = np.where(time > 0, flops / time / 1e3, np.nan)
+        intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
+    trace_index = events["trace_index"].to_numpy()
+    fwd = counts.forward[rows]
+    forward_ti = np.where(fwd >= 0, trace_index[np.maximum(fwd, 0)], NULL)
+    linked_family = ["matmul" if f >= 0 else "" for f in fwd]
+    return pd.DataFrame(
+        {
+            "trace_index": trace_index[rows],
+            "name": tables._take_categorical(events["name"], rows),
+            "stage": tables.stage_categorical(attribution.stage[rows]),
+            "step": attribution.step[rows],
+            "status": pd.Categorical.from_codes(counts.status[rows], categories=list(STATUS)),
+            "family": [c.family if c else lf for c, lf in zip(costs, linked_family, strict=True)],
+            "dtype": [c.dtype if c else "" for c in costs],
+            "source": [c.source if c else ("forward op" if f >= 0 else "") for c, f in zip(costs, fwd, strict=True)],
+            "recompute": counts.recompute[rows],
+            "flops": flops,
+            "bytes": nbytes,
+            "gpu_ns": gpu_ns[rows],
+            "kernel_count": kernel_count[rows],
+            "host_ns": host_ns[rows].astype(np.int64),
+            "achieved_tflops": achieved,
+            "intensity": intensity,
+            "forward_trace_index": forward_ti.astype(np.int64),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class PeakChoice:
+    """The peak MFU is measured against: TFLOP/s (NaN when none), the dtype, device and a note saying why."""
+
+    tflops: float
+    dtype: str
+    device: str
+    note: str
+    memory_gbps: float = float("nan")
+
+
+def choose_peak(
+    header: dict[str, Any], events: pd.DataFrame, flops: pd.DataFrame, override: float | None
+) -> PeakChoice:
+    """The dense peak of the busiest device for the dtype with the most counted FLOPs (``override`` wins)."""
+    counted = flops[flops["status"] == "counted"]
+    by_dtype = counted.groupby("dtype")["flops"].sum()
+    by_dtype = by_dtype[by_dtype.index != ""]
+    dtype = str(by_dtype.idxmax()) if len(by_dtype) else "fp32"
+    kernels = kind_mask(events, {"kernel"})
+    if override is not None:
+        return PeakChoice(float(override), dtype, "", f"--peak-tflops {override:g}")
+    if not kernels.any():
+        return PeakChoice(float("nan"), dtype, "", "no MFU: CPU-only trace (no GPU kernels), FLOPs still counted")
+    device = events["device"].to_numpy()[kernels]
+    dur = events["dur_ns"].to_numpy()[kernels]
+    busiest = pd.Series(dur).groupby(device).sum().idxmax()
+    peaks = device_peaks(header)
+    name, peak = peaks.get(int(busiest), peaks.get(min(peaks), ("", None)) if peaks else ("", None))
+    if peak is None:
+        why = f"device {name!r} is not in the peak table" if name else "the trace names no device"
+        return PeakChoice(float("nan"), dtype, name, f"no MFU: {why}; pass --peak-tflops")
+    value = peak.tflops_for(dtype)
+    note = f"{name} = {peak.device}, {dtype} dense peak {value:g} TFLOP/s ({peak.source})"
+    return PeakChoice(float(value) if value else float("nan"), dtype, name, note, peak.memory_gbps)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / den, np.nan)
+
+
+def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
+    """Rows per (step, stage) (``scope`` stage), per step (``step``), per stage over the trace (``total``) and per
+    module x stage (``module``): FLOPs, model FLOPs, bytes, counted and not counted GPU time, achieved TFLOP/s,
+    intensity, MFU and HFU against ``peak``."""
+    f = flops.assign(
+        model=np.where(flops["recompute"].to_numpy(), 0.0, flops["flops"].to_numpy()),
+        counted_gpu=np.where(flops["status"].isin(STATUS[:2]), flops["gpu_ns"], 0),
+        uncounted_gpu=np.where(flops["status"].isin(STATUS[:2]), 0, flops["gpu_ns"]),
+    )
+    sums = {"flops": "sum", "model": "sum", "bytes": "sum", "counted_gpu": "sum", "uncounted_gpu": "sum"}
+    by_stage = f.groupby(["step", "stage"], observed=False).agg(sums).reset_index()
+    by_step = f.groupby("step").agg(sums).reset_index()
+    by_total = f.groupby("stage", observed=False).agg(sums).reset_index()
+    summary = parsed._stage_summary
+    steps = parsed.steps
+    busy = summary[summary["scope"] != "total"].groupby(["step", "stage"], observed=False)["gpu_busy_ns"].sum()
+    total_busy = summary[summary["scope"] == "total"].set_index("stage")["gpu_busy_ns"]
+    step_wall = pd.Series((steps["end_ns"] - steps["start_ns"]).to_numpy(), index=steps["step"].to_numpy())
+    frames = []
+    for scope, frame, time in (
+        ("stage", by_stage, busy.reindex(pd.MultiIndex.from_frame(by_stage[["step", "stage"]])).to_numpy()),
+        ("step", by_step.assign(stage=pd.NA), step_wall.reindex(by_step["step"]).to_numpy()),
+        ("total", by_total.assign(step=NULL), total_busy.reindex(by_total["stage"]).to_numpy()),
+    ):
+        frames.append(
+            frame.assign(scope=scope, module="", recompute=False, time_ns=np.nan_to_num(time).astype(np.int64))
+        )
+    frames.append(_module_rows(parsed, flops))
+    out = pd.concat(frames, ignore_index=True)
+    out = out[(out["flops"] > 0) | (out["uncounted_gpu"] > 0) | (out["scope"] == "step")]
+    out = out[~((out["scope"] == "step") & (out["step"] == NULL))]
+    hw, model = out["flops"].to_numpy(float), out["model"].to_numpy(float)
+    time = out["time_ns"].to_numpy(float)
+    counted_gpu = out["counted_gpu"].to_numpy(float)
+    peak_per_ns = peak.tflops * 1e3  # FLOPs per ns at peak
+    result = pd.DataFrame(
+        {
+            "scope": out["scope"].to_numpy(),
+            "step": out["step"].to_numpy(np.int64),
+            "stage": pd.Categorical(out["stage"].astype(object).where(out["stage"].notna(), None), categories=STAGES),
+            "module": out["module"].to_numpy(),
+            "recompute": out["recompute"].to_numpy(bool),
+            "flops": hw,
+            "model_flops": model,
+            "bytes": out["bytes"].to_numpy(float),
+            "counted_gpu_ns": counted_gpu.astype(np.int64),
+            "not_counted_gpu_ns": out["uncounted_gpu"].to_numpy(np.int64),
+            "time_ns": time.astype(np.int64),
+            "achieved_tflops": _ratio(hw, counted_gpu) / 1e3,
+            "intensity": _ratio(hw, out["bytes"].to_numpy(float)),
+            "mfu": _ratio(model, time * peak_per_ns),
+            "hfu": _ratio(hw, time * peak_per_ns),
+            "dtype": peak.dtype,
+            "peak_tflops": peak.tflops,
+        }
+    )
+    return result.reset_index(drop=True)
+
+
+def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
+    """FLOPs and counted GPU time per (module, stage, recompute), inclusive of sub-modules (as ``modules``).
+
+    Forward ops count for the innermost ``nn.Module`` call around them; ops inside a backward node for the call
+    around the node's forward op (same sequence number), as :mod:`profparse.analysis.modules` does for time."""
+    events, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
+    n = len(events)
+    module = _module_calls(events, links)
+    calls = np.flatnonzero(module)
+    columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu"]
+    if calls.size == 0 or flops.empty:
+        return pd.DataFrame({c: [] for c in columns})
+    parent, depth = links.parent, links.depth
+    enclosing = innermost_ancestor_of_kind(parent, depth, module)
+    inner = np.where(module, np.arange(n), enclosing)
+    call_pos = np.full(n, -1, dtype=np.int64)
+    call_pos[calls] = np.arange(len(calls))
+    up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
+    level = _levels(up)
+    none = np.zeros(0, dtype=np.int64)
+    node_rows, node_call, _ = _backward(events, links, inner, call_pos, none, none, none)
+    node = np.zeros(n, dtype=bool)
+    node[node_rows] = True
+    node_pos = np.full(n, -1, dtype=np.int64)
+    node_pos[node_rows] = np.arange(len(node_rows))
+    within = np.where(node, np.arange(n), innermost_ancestor_of_kind(parent, depth, node))
+
+    rows = np.searchsorted(events["trace_index"].to_numpy(), flops["trace_index"].to_numpy())
+    counted = flops["status"].isin(STATUS[:2]).to_numpy()
+    rows, f = rows[counted], flops[counted]
+    fwd_call = np.where(inner[rows] >= 0, call_pos[np.maximum(inner[rows], 0)], -1)
+    in_node = (fwd_call < 0) & (within[rows] >= 0)
+    bwd_call = np.full(len(rows), -1, dtype=np.int64)
+    bwd_call[in_node] = node_call[node_pos[within[rows[in_node]]]]
+
+    def per_call(target: np.ndarray, values: np.ndarray) -> np.ndarray:
+        ok = target >= 0
+        return np.bincount(target[ok], weights=values[ok], minlength=len(calls)).astype(np.int64)
+
+    measures = {"flops": f["flops"].to_numpy(float), "bytes": f["bytes"].to_numpy(float),
+                "counted_gpu": f["gpu_ns"].to_numpy(float)}  # fmt: skip
+    fwd = _roll_up({k: per_call(fwd_call, v) for k, v in measures.items()}, up, level)
+    bwd = _roll_up({k: per_call(bwd_call, v) for k, v in measures.items()}, up, level)
+    names = events["name"].cat.categories[events["name"].cat.codes.to_numpy()[calls]]
+    names = np.asarray(pd.Index(names).astype(str).str.removeprefix("nn.Module: "), dtype=object)
+    call_stage = attribution.stage[calls].astype(np.int64)
+    frames = [
+        pd.DataFrame({"module": names, "stage": call_stage, "recompute": call_stage == BACKWARD, **fwd}),
+        pd.DataFrame({"module": names, "stage": BACKWARD, "recompute": False, **bwd}),
+    ]
+    rows_out = pd.concat(frames, ignore_index=True)
+    rows_out = rows_out[(rows_out["flops"] > 0) | (rows_out["counted_gpu"] > 0)]
+    out = rows_out.groupby(["module", "stage", "recompute"], sort=False).sum().reset_index()
+    out["model"] = np.where(out["recompute"], 0, out["flops"])
+    return out.assign(
+        step=NULL,
+        stage=tables.stage_categorical(out["stage"].to_numpy()),
+        uncounted_gpu=0,
+        scope="module",
+        time_ns=out["counted_gpu"],
+    )
+
+
+def _module_calls(events: pd.DataFrame, links: Links) -> np.ndarray:
+    """Rows that are ``nn.Module: ...`` calls."""
+    categories = events["name"].cat.categories
+    hit = np.fromiter((MODULE_EVENT.match(str(c)) is not None for c in categories), bool, len(categories))
+    return hit[events["name"].cat.codes.to_numpy()] & links.host if len(events) else np.zeros(0, bool)
+
+
+def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
+    """Counted matmul-family ops grouped by (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s, % of peak."""
+    columns = ["batch", "m", "n", "k", "dtype", "count", "flops", "gpu_ns", "achieved_tflops", "pct_of_peak"]
+    mm = flops[(flops["status"] == "counted") & (flops["family"] == "matmul")]
+    if mm.empty or "input_dims" not in events.columns:
+        return pd.DataFrame({c: [] for c in columns})
+    rows = np.searchsorted(events["trace_index"].to_numpy(), mm["trace_index"].to_numpy())
+    names, dims, types = (events[c].to_numpy()[rows] for c in ("name", "input_dims", "input_types"))
+    cache: dict[tuple, tuple | None] = {}
+    shapes = []
+    for key in zip(names, dims, types, strict=True):
+        if key not in cache:
+            cache[key] = gemm_dims(*key)
+        shapes.append(cache[key] or (NULL,) * 4)
+    shape = np.array(shapes, dtype=np.int64).reshape(-1, 4)
+    g = mm.assign(batch=shape[:, 0], m=shape[:, 1], n=shape[:, 2], k=shape[:, 3], count=1)
+    out = g.groupby(["batch", "m", "n", "k", "dtype"], sort=False)[["count", "flops", "gpu_ns"]].sum().reset_index()
+    out["achieved_tflops"] = _ratio(out["flops"].to_numpy(float), out["gpu_ns"].to_numpy(float)) / 1e3
+    out["pct_of_peak"] = 100 * out["achieved_tflops"] / peak.tflops
+    return out.sort_values(["gpu_ns", "flops"], ascending=False, kind="stable")[columns].reset_index(drop=True)
