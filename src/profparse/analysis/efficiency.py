@@ -53,6 +53,7 @@ class Counts:
     owner: np.ndarray  # counted row whose FLOPs each event's GPU work belongs to (-1 none)
     recompute: np.ndarray  # bool
     forward: np.ndarray  # linked backward node -> its forward op row (-1)
+    linked_family: dict[int, str]  # linked node -> family of its forward op's largest FLOPs
 
 
 def _costs(events: pd.DataFrame, rows: np.ndarray) -> dict[int, OpCost]:
@@ -101,6 +102,7 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
 
     # backward nodes with nothing counted inside: their forward op's FLOPs times the backward factor
     forward = np.full(n, -1, dtype=np.int64)
+    linked_family: dict[int, str] = {}
     seq, fwd_tid = events["sequence_number"].to_numpy(), events["fwd_thread_id"].to_numpy()
     has_seq = op & (seq != NULL)
     is_bwd = has_seq & (fwd_tid != NULL) & (fwd_tid > 0)
@@ -112,16 +114,19 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
         creator = np.where(fwd_op, np.arange(n), innermost_ancestor_of_kind(parent, depth, fwd_op))[counted_rows]
         ok = creator >= 0
         factors = np.array([backward_factor(costs[r].family) for r in counted_rows[ok]])
-        by_seq: dict[tuple[int, int], tuple[float, float, int]] = {}
+        by_seq: dict[tuple[int, int], list] = {}  # (pid, seq) -> [FLOPs, bytes, forward row, family, its FLOPs]
         pid = pd.factorize(events["pid"].to_numpy())[0]
         for c, r, f in zip(creator[ok], counted_rows[ok], factors, strict=True):
-            key = (int(pid[c]), int(seq[c]))
-            before = by_seq.get(key, (0.0, 0.0, int(c)))
-            by_seq[key] = (before[0] + f * flops[r], before[1] + 2 * nbytes[r], before[2])
+            entry = by_seq.setdefault((int(pid[c]), int(seq[c])), [0.0, 0.0, int(c), "", -1.0])
+            entry[0] += f * flops[r]
+            entry[1] += 2 * nbytes[r]  # read the forward's inputs and the output gradient, write the gradients
+            if flops[r] > entry[4]:
+                entry[3], entry[4] = costs[r].family, flops[r]
         for row in node_rows:
             hit = by_seq.get((int(pid[row]), int(seq[row])))
             if hit is not None and hit[0] > 0:
                 flops[row], nbytes[row], forward[row] = hit[0], hit[1], hit[2]
+                linked_family[int(row)] = hit[3]
     linked = forward >= 0
     counted |= linked
     status = np.full(n, -1, dtype=np.int8)
@@ -136,7 +141,8 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     modules = _module_calls(events, links)
     call = innermost_ancestor_of_kind(parent, depth, modules)
     recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
-    return Counts(flops, nbytes, status, {r: costs[r] for r in counted_rows}, owner, recompute, forward)
+    kept = {r: costs[r] for r in counted_rows}
+    return Counts(flops, nbytes, status, kept, owner, recompute, forward, linked_family)
 
 
 def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -170,7 +176,7 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
     trace_index = events["trace_index"].to_numpy()
     fwd = counts.forward[rows]
     forward_ti = np.where(fwd >= 0, trace_index[np.maximum(fwd, 0)], NULL)
-    linked_family = ["matmul" if f >= 0 else "" for f in fwd]
+    linked_family = [counts.linked_family.get(int(r), "") for r in rows]
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],

@@ -169,8 +169,8 @@ def _tensors(dims: list[Any], types: list[Any]) -> list[tuple[list[int], str]]:
     out = []
     for i, shape in enumerate(dims):
         t = types[i] if i < len(types) and isinstance(types[i], str) else ""
-        if t in ("", "Scalar", "ScalarList", "GenericList", "None"):
-            continue
+        if t in ("", "Scalar", "ScalarList", "GenericList", "None") or (shape == [] and t not in DTYPE_BYTES):
+            continue  # scalars and lists (legacy traces name them Int, Bool, Double, with dims [])
         if t == "TensorList" and isinstance(shape, list):
             out.extend((s, "") for s in shape if _ints(s) is not None)
         elif _ints(shape) is not None:
@@ -240,9 +240,9 @@ def _conv_geometry(
 ) -> tuple[list[int], list[int], list[int], bool] | None:
     """Input, weight and output shapes of a forward convolution, and whether it is transposed."""
     x, w = (_ints(dims[0]), _ints(dims[1])) if len(dims) >= 2 else (None, None)
-    if not x or not w or len(x) != len(w) or len(x) < 3:
-        return None
     _, s_at, p_at, d_at, tr_at, _ = CONV_ARGS.get(name, CONV_ARGS["convolution"])
+    if not x or not w or len(x) != len(w) or len(x) < 3 or len(concrete) <= max(s_at, p_at):
+        return None  # without ``Concrete Inputs`` (traces before 2022) stride and padding are unknown
     nd = len(x) - 2
 
     def arg(at: int, default: int) -> list[int]:
