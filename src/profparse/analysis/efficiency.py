@@ -391,3 +391,45 @@ def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> p
     out["achieved_tflops"] = _ratio(out["flops"].to_numpy(float), out["gpu_ns"].to_numpy(float)) / 1e3
     out["pct_of_peak"] = 100 * out["achieved_tflops"] / peak.tflops
     return out.sort_values(["gpu_ns", "flops"], ascending=False, kind="stable")[columns].reset_index(drop=True)
+
+
+def summary_section(parsed: Any, top: int = 5) -> dict[str, Any]:
+    """JSON-ready data for the summary's "Efficiency" section: per stage totals, MFU per step, the peak used, and
+    the ops whose GPU (or, on CPU traces, host) time has no FLOP formula."""
+    analysis = parsed._analysis
+    eff, flops, peak = analysis.efficiency, analysis.flops, analysis.peak
+    if flops.empty or not (flops["flops"] > 0).any():
+        return {}
+
+    def num(value: Any) -> float | None:
+        return None if value is None or pd.isna(value) else float(value)
+
+    totals = eff[eff["scope"] == "total"]
+    steps = eff[eff["scope"] == "step"]
+    on_gpu = bool((flops["gpu_ns"] > 0).any())
+    uncounted = flops[~flops["status"].isin(STATUS[:2])]
+    time = "gpu_ns" if on_gpu else "host_ns"
+    worst = uncounted.groupby("name", observed=True)[time].agg(["sum", "size"]).sort_values("sum", ascending=False)
+    return {
+        "peak": {"tflops": num(peak.tflops), "dtype": peak.dtype, "device": peak.device, "note": peak.note},
+        "stages": [
+            {
+                "stage": str(r.stage),
+                "flops": float(r.flops),
+                "model_flops": float(r.model_flops),
+                "achieved_tflops": num(r.achieved_tflops),
+                "mfu": num(r.mfu),
+                "hfu": num(r.hfu),
+                "counted_gpu_ns": int(r.counted_gpu_ns),
+                "not_counted_gpu_ns": int(r.not_counted_gpu_ns),
+            }
+            for r in totals.itertuples()
+        ],
+        "steps": [{"step": int(r.step), "flops": float(r.flops), "mfu": num(r.mfu)} for r in steps.itertuples()],
+        "not_counted": [
+            {"name": str(name), "count": int(row["size"]), "time_ns": int(row["sum"])}
+            for name, row in worst.head(top).iterrows()
+            if row["sum"] > 0
+        ],
+        "not_counted_basis": "GPU time" if on_gpu else "host self time",
+    }

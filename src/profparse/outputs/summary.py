@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis import report as analysis_report
+from profparse.analysis.efficiency import summary_section as efficiency_section
 from profparse.marks import STAGES
 from profparse.outputs.formats import display, md_code, md_table, render_as
 from profparse.outputs.formats import text_table as _table
@@ -108,6 +109,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analysis_report.summary_sections(parsed),
+        "efficiency": efficiency_section(parsed),
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),
@@ -195,6 +197,7 @@ def render_text(data: dict[str, Any]) -> str:
                     f"{_shorten(display(item['name']))}\n"
                 )
     out.write(analysis_report.render_text(data.get("analyses")))
+    out.write(_efficiency_text(data.get("efficiency")))
     if data["warnings"]:
         out.write("\nChecks\n")
         for w in data["warnings"]:
@@ -209,6 +212,34 @@ def render_text(data: dict[str, Any]) -> str:
             headers = headers[:2]
         out.write(_table(headers, rows) + "\n")
     return out.getvalue()
+
+
+def _efficiency_text(section: dict[str, Any] | None) -> str:
+    """The "Efficiency" section: FLOPs, achieved TFLOP/s, MFU/HFU per stage, MFU per step, what was not counted."""
+    if not section:
+        return ""
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    def tf(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.2f}"
+
+    rows = [
+        [r["stage"], f"{r['flops'] / 1e12:,.3f}", tf(r["achieved_tflops"]), pct(r["mfu"]), pct(r["hfu"]),
+         _ms(r["counted_gpu_ns"]), _ms(r["not_counted_gpu_ns"])]
+        for r in section["stages"]
+    ]  # fmt: skip
+    headers = ["stage", "TFLOPs", "TFLOP/s", "MFU", "HFU", "counted GPU", "not counted GPU"]
+    text = f"\nEfficiency ({display(section['peak']['note'])}; GPU ms)\n" + _table(headers, rows) + "\n"
+    steps = [f"{s['step']}: {pct(s['mfu'])}" for s in section["steps"]]
+    if steps and any(s["mfu"] is not None for s in section["steps"]):
+        text += "  MFU per step (step window): " + ", ".join(steps) + "\n"
+    if section["not_counted"]:
+        text += f"  Not counted (no FLOP formula or no shapes; {section['not_counted_basis']}):\n"
+        for r in section["not_counted"]:
+            text += f"    {_ms(r['time_ns']):>10} ms {r['count']:>6}x  {_shorten(display(r['name']))}\n"
+    return text
 
 
 def render_markdown(data: dict[str, Any]) -> str:
