@@ -212,6 +212,7 @@ def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
 
 def _matmul_cost(name: str, shapes: list[list[int]], t: str) -> tuple[int, int] | None:
     """FLOPs and bytes of mm, addmm, bmm, baddbmm, matmul, linear."""
+    read = sum(_numel(s) for s in shapes)  # every input, the bias of addmm/linear included
     if name in ("addmm", "baddbmm", "addbmm") and len(shapes) >= 3:
         shapes = shapes[1:3]
     if name == "linear" and len(shapes) >= 2:
@@ -232,7 +233,7 @@ def _matmul_cost(name: str, shapes: list[list[int]], t: str) -> tuple[int, int] 
         flops, out = found
     else:
         return None
-    return flops, (sum(_numel(s) for s in shapes) + _numel(out)) * _size(t)
+    return flops, (read + _numel(out)) * _size(t)
 
 
 def _conv_geometry(
