@@ -60,6 +60,18 @@ class Args(
         "addr": "Addr",
         "python_id": "Python id",
         "python_parent_id": "Python parent id",
+        "comm_in_nelems": "In msg nelems",
+        "comm_out_nelems": "Out msg nelems",
+        "comm_group_size": "Group size",
+        "comm_seq": "Seq",
+        "input_dims": "Input Dims",
+        "input_types": "Input type",
+        "concrete_inputs": "Concrete Inputs",
+        "collective": "Collective name",
+        "comm_dtype": "dtype",
+        "pg_name": "Process Group Name",
+        "pg_desc": "Process Group Description",
+        "pg_ranks": "Process Group Ranks",
     },
 ):
     """The ``args`` keys profparse reads; all others are skipped without being materialised."""
@@ -79,7 +91,33 @@ class Args(
     addr: int | None = None
     python_id: int | None = None
     python_parent_id: int | None = None
+    comm_in_nelems: int | None = None
+    comm_out_nelems: int | None = None
+    comm_group_size: int | None = None
+    comm_seq: int | None = None
     name: str | None = None
+    # kept as the JSON text as written (msgspec.Raw: a slice of the input, no Python objects built), None when
+    # absent; turned into categorical string columns by events.chunk_columns (shapes repeat: few distinct values)
+    input_dims: msgspec.Raw = None  # type: ignore[assignment]
+    input_types: msgspec.Raw = None  # type: ignore[assignment]
+    concrete_inputs: msgspec.Raw = None  # type: ignore[assignment]
+    collective: msgspec.Raw = None  # type: ignore[assignment]
+    comm_dtype: msgspec.Raw = None  # type: ignore[assignment]
+    pg_name: msgspec.Raw = None  # type: ignore[assignment]
+    pg_desc: msgspec.Raw = None  # type: ignore[assignment]
+    pg_ranks: msgspec.Raw = None  # type: ignore[assignment]
+
+
+TEXT_ARG_FIELDS = (
+    "input_dims",
+    "input_types",
+    "concrete_inputs",
+    "collective",
+    "comm_dtype",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+)
 
 
 class Event(msgspec.Struct, gc=False):
@@ -207,6 +245,37 @@ def _integer(value: Any) -> int | None:
     return None
 
 
+_TEXT_KEYS = (b'"Input Dims"', b'"Collective name"', b'"Process Group ')  # where text args usually are
+
+
+def _holds_text_args(buf: bytearray, start: int, stop: int) -> bool:
+    """Whether ``buf[start:stop]`` likely holds text ``args`` (bytearray.find: memchr speed, no copy)."""
+    return any(buf.find(key, start, stop) >= 0 for key in _TEXT_KEYS)
+_GET_TEXT_ARGS = attrgetter(*TEXT_ARG_FIELDS)
+_NO_TEXT = (None,) * len(TEXT_ARG_FIELDS)
+
+
+def _own_text_args(events: list[Any]) -> None:
+    """Replace each text ``args`` field (a msgspec.Raw: a view into the chunk's buffer, which is reused or
+    released after decoding) by its own bytes. Only chunks that hold such a key get here (one regex search)."""
+    for event in events:
+        args = event.args
+        if args is None or _GET_TEXT_ARGS(args) == _NO_TEXT:
+            continue
+        for field_name in TEXT_ARG_FIELDS:
+            value = getattr(args, field_name)
+            if value is not None:
+                setattr(args, field_name, bytes(value))
+
+
+def _raw_json(value: Any) -> msgspec.Raw | None:
+    """A loosely decoded value as JSON text again (a text ``args`` field), or None when it cannot be encoded."""
+    try:
+        return msgspec.Raw(msgspec.json.encode(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def coerce_event(loose: LooseEvent, report: DecodeReport) -> Event | None:
     """Repair an event with odd field types, or drop it (counted in ``report``) when it cannot be used."""
     ph = loose.ph if isinstance(loose.ph, str) else ""
@@ -225,7 +294,12 @@ def coerce_event(loose: LooseEvent, report: DecodeReport) -> Event | None:
             key = Args.__struct_encode_fields__[Args.__struct_fields__.index(field_name)]
             if key in loose.args:
                 raw = loose.args[key]
-                clean[field_name] = raw if field_name == "name" and isinstance(raw, str) else _integer(raw)
+                if field_name in TEXT_ARG_FIELDS:
+                    clean[field_name] = _raw_json(raw)
+                elif field_name == "name":
+                    clean[field_name] = raw if isinstance(raw, str) else None
+                else:
+                    clean[field_name] = _integer(raw)
         args = Args(**clean)
     pid = loose.pid if isinstance(loose.pid, int | str) and not isinstance(loose.pid, bool) else None
     tid = loose.tid if isinstance(loose.tid, int | str) and not isinstance(loose.tid, bool) else None
@@ -799,15 +873,17 @@ class TraceDecoder:
         items: list[Decoded] = []
         if not isinstance(buf, bytearray):
             buf = bytearray(buf) + b" "  # writable, with a spare byte after the end: see _decode_span
+        copy_texts = True  # one copy of the region at most: never one per error (linear in damaged input)
         while True:
             pos = _after_separator(buf, pos, stop)
             if pos >= stop:
                 return items, stop
             try:
-                items.append(self._decode_span(buf, pos, stop))
+                items.append(self._decode_span(buf, pos, stop, copy_texts))
                 return items, stop
             except msgspec.DecodeError as exc:
                 err = self._error_offset(buf, pos, stop, exc)
+            copy_texts = False
             if err is None:  # ``stop`` is inside a value: keep the whole events before it
                 ends, _ = _event_ends(buf, pos, stop)
                 good = int(ends[-1]) if ends.size else pos
@@ -839,19 +915,38 @@ class TraceDecoder:
                 self.report.malformed_at_byte = where
             pos = resume
 
-    def _decode_span(self, buf: bytearray, pos: int, stop: int) -> Decoded:
+    def _decode_span(self, buf: bytearray, pos: int, stop: int, copy_texts: bool = True) -> Decoded:
         """:meth:`_decode` of ``buf[pos:stop]`` without copying it: the bytes just before and after are set to
         ``[`` and ``]`` for the call, then restored. A decode that fails after a few bytes then costs a few bytes,
-        not a copy of the rest of the chunk (garbage with an error every few bytes stays linear)."""
+        not a copy of the rest of the chunk (garbage with an error every few bytes stays linear).
+
+        Text ``args`` (shapes, collective args) decode as msgspec.Raw views into the decoded buffer, which is
+        reused afterwards: with ``copy_texts`` a span that holds them is decoded from a copy (one memcpy per chunk;
+        v100_resnet50_legacy2021, 76k events, best of 6: 0.54 s before these columns, 0.49 s with the copy, 0.87 s
+        when each Raw was copied on its own after decoding).
+        """
         if pos < 1 or stop >= len(buf):
             return self._decode(bytes(buf[pos:stop]))
         before, after = buf[pos - 1], buf[stop]
         buf[pos - 1], buf[stop] = 91, 93
-        view = memoryview(buf)[pos - 1 : stop + 1]
         try:
-            events, text = self._decode_data(view)
+            if copy_texts and _holds_text_args(buf, pos, stop):
+                data = bytes(buf[pos - 1 : stop + 1])
+                events, text = self._decode_data(data)
+                return events, (None if text is None else data)
+            view = memoryview(buf)[pos - 1 : stop + 1]
+            decoded: Decoded | None = None
+            try:
+                decoded = self._decode_data(view)
+            finally:
+                try:
+                    view.release()
+                except BufferError:  # text args still view the buffer: give them their own bytes
+                    if decoded is not None:
+                        _own_text_args(decoded[0])
+                    view.release()
+            events, text = decoded
         finally:
-            view.release()
             buf[pos - 1], buf[stop] = before, after
         return events, (None if text is None else bytes(buf[pos:stop]).join((b"[", b"]")))
 

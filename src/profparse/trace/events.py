@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from msgspec.structs import astuple
 
 from profparse.trace.decode import (
     BYTES_PER_EVENT,
+    TEXT_ARG_FIELDS,
     Args,
     DecodeReport,
     Event,
@@ -115,14 +116,24 @@ INT_ARG_COLUMNS: tuple[tuple[str, str], ...] = (
     ("mem_addr", "addr"),
     ("python_id", "python_id"),
     ("python_parent_id", "python_parent_id"),
+    ("comm_in_nelems", "comm_in_nelems"),
+    ("comm_out_nelems", "comm_out_nelems"),
+    ("comm_group_size", "comm_group_size"),
+    ("comm_seq", "comm_seq"),
 )
+#: ``args`` kept as text (decode.TEXT_ARG_FIELDS): categorical string columns of the same names, NaN where absent
+TEXT_ARG_COLUMNS: tuple[str, ...] = TEXT_ARG_FIELDS
 
 _EMPTY_ARGS = Args()
-_ARG_KEYS = frozenset(column for column, _ in INT_ARG_COLUMNS)
+_ARG_KEYS = frozenset(column for column, _ in INT_ARG_COLUMNS) | frozenset(TEXT_ARG_FIELDS)
 _EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id", "args")
 _GET = {name: attrgetter(name) for name in (*FastEvent.__struct_fields__, *Args.__struct_fields__)}
 assert Event.__struct_fields__ == FastEvent.__struct_fields__ == _EVENT_FIELDS  # chunk_columns unpacks by position
-_ARGS_ARROW = pa.struct([(f, pa.string() if f == "name" else pa.int64()) for f in Args.__struct_fields__])
+_STRUCT_ARGS = tuple(f for f in Args.__struct_fields__ if f not in TEXT_ARG_FIELDS)
+_GET_STRUCT_ARGS = attrgetter(*_STRUCT_ARGS)
+_GET_TEXT_ARGS = attrgetter(*TEXT_ARG_FIELDS)
+_NO_TEXT = (None,) * len(TEXT_ARG_FIELDS)
+_ARGS_ARROW = pa.struct([(f, pa.string() if f == "name" else pa.int64()) for f in _STRUCT_ARGS])
 _LEGACY_RANGE = re.compile(r"^(ProfilerStep#\d+|Optimizer\.(step|zero_grad)#|enumerate\(DataLoader\)#|##)")
 _EXACT_TS_LIMIT_US = float(2**42)  # beyond this a float64 of microseconds cannot hold whole nanoseconds
 
@@ -132,6 +143,15 @@ class _TsText(msgspec.Struct):
 
 
 _TS_TEXT = msgspec.json.Decoder(list[_TsText], float_hook=str)
+
+
+def _code_dtype(categories: int) -> type:
+    """The smallest signed integer type that holds codes for ``categories`` values and -1."""
+    if categories < 127:
+        return np.int8
+    if categories < 32767:
+        return np.int16
+    return np.int32
 
 
 def _all_null(n: int) -> np.ndarray:
@@ -298,7 +318,7 @@ def _arg_columns(args: tuple[Any, ...]) -> dict[str, np.ndarray | None]:
     """The integer ``args`` columns of a chunk (``NULL`` where missing; None where all are missing)."""
     present = [_EMPTY_ARGS if a is None else a for a in args]
     try:  # one pass in C over all fields
-        table = pa.array(list(map(astuple, present)), type=_ARGS_ARROW)
+        table = pa.array(list(map(_GET_STRUCT_ARGS, present)), type=_ARGS_ARROW)
     except (pa.ArrowException, OverflowError, UnicodeError):  # an int beyond int64, a surrogate in a name
         return {column: _int_array(list(map(_GET[attr], present))) for column, attr in INT_ARG_COLUMNS}
     del present
@@ -309,6 +329,42 @@ def _arg_columns(args: tuple[Any, ...]) -> dict[str, np.ndarray | None]:
             out[column] = None  # all missing (most args in most chunks): nothing to build, send or copy
         else:
             out[column] = pc.fill_null(values, NULL).to_numpy()
+    return out
+
+
+def _json_text(raw: Any) -> str:
+    """A text ``args`` value (msgspec.Raw) as a string: a JSON string unquoted, anything else as written."""
+    data = bytes(raw)
+    if data[:1] == b'"':
+        try:
+            value = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            value = None
+        if isinstance(value, str):
+            return value
+    return data.decode("utf-8", "replace")
+
+
+def _text_arg_columns(args: tuple[Any, ...]) -> dict[str, tuple[list[str], np.ndarray]]:
+    """The text ``args`` of a chunk: per field present, (distinct strings, int64 code per row, ``NULL`` where absent).
+
+    Most events have none of these fields: one C-level attrgetter per event finds the few rows that do, and only
+    those are converted (the shapes of a record_shapes trace repeat, so the distinct texts are few).
+    """
+    texts = [_NO_TEXT if a is None else _GET_TEXT_ARGS(a) for a in args]
+    rows = [i for i, t in enumerate(texts) if t != _NO_TEXT]
+    out: dict[str, tuple[list[str], np.ndarray]] = {}
+    if not rows:
+        return out
+    for j, field_name in enumerate(TEXT_ARG_FIELDS):
+        hits = [i for i in rows if texts[i][j] is not None]
+        if not hits:
+            continue
+        distinct: dict[bytes, int] = {}
+        local = [distinct.setdefault(bytes(texts[i][j]), len(distinct)) for i in hits]
+        codes = np.full(len(args), NULL, dtype=np.int64)
+        codes[np.asarray(hits, dtype=np.int64)] = np.asarray(local, dtype=np.int64)
+        out[field_name] = ([_json_text(b) for b in distinct], codes)
     return out
 
 
@@ -324,6 +380,7 @@ class ChunkColumns:
     pid_labels: dict[int, str]
     tid_labels: dict[int, str]
     metadata: list[tuple[str, int, int, str]]  # (event name, pid, tid, args.name) of "M" events with a name
+    texts: dict[str, list[str]] = field(default_factory=dict)  # text args column -> its chunk-local values
 
 
 def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None = None) -> ChunkColumns:
@@ -365,6 +422,12 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     cols["tid"] = _ids(tid, tid_labels)
     del pid, tid
     cols.update(_arg_columns(args))
+    texts = {}
+    found = _text_arg_columns(args)
+    for column in TEXT_ARG_COLUMNS:  # every key, None where absent (like the int args: NULL-filled when stored)
+        values, cols[column] = found.get(column, ([], None))
+        if cols[column] is not None:
+            texts[column] = values
     cols["flow_id"] = _flow_ids(flow)
     metadata = []
     if "M" in ph_values:
@@ -372,7 +435,7 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
             a = args[i]
             if a is not None and a.name is not None:
                 metadata.append((name[i], int(cols["pid"][i]), int(cols["tid"][i]), a.name))
-    return ChunkColumns(n, cols, ph_values, cat_values, name_values, pid_labels, tid_labels, metadata)
+    return ChunkColumns(n, cols, ph_values, cat_values, name_values, pid_labels, tid_labels, metadata, texts)
 
 
 class EventTableBuilder:
@@ -381,6 +444,7 @@ class EventTableBuilder:
     def __init__(self, expected_rows: int = 0) -> None:
         self.expected_rows = expected_rows  # capacity to start with (an estimate from the input's size)
         self.names = _Interner()
+        self.texts = {column: _Interner() for column in TEXT_ARG_COLUMNS}
         self.cats = _Interner()
         self.phs = _Interner()
         self.pid_labels: dict[int, str] = {}
@@ -403,6 +467,10 @@ class EventTableBuilder:
         cols["ph_code"] = self.phs.remap(chunk.ph, cols["ph_code"])
         cols["cat_code"] = self.cats.remap(chunk.cat, cols["cat_code"])
         cols["name_code"] = self.names.remap(chunk.name, cols["name_code"])
+        for column, values in chunk.texts.items():
+            codes = cols[column]
+            present = codes != NULL
+            codes[present] = self.texts[column].remap(values, codes[present])
         self.pid_labels.update(chunk.pid_labels)
         self.tid_labels.update(chunk.tid_labels)
         for event_name, pid, tid, label in chunk.metadata:
@@ -467,6 +535,8 @@ class EventTableBuilder:
             # an args key absent from the whole trace (memory, Python ids in most traces): one NULL repeated
             # (read-only, no memory) instead of 8 bytes per row
             columns[column] = merged.pop(column) if column in self.seen else _all_null(self.rows)
+        for column in TEXT_ARG_COLUMNS:
+            columns[column] = self._text_column(merged.pop(column, None), column)
         columns["flow_id"] = merged.pop("flow_id")
         frame = pd.DataFrame(columns, copy=False)
         del columns
@@ -478,6 +548,15 @@ class EventTableBuilder:
         if invalid.any():
             frame = frame.loc[~invalid].reset_index(drop=True)
         return frame
+
+    def _text_column(self, codes: np.ndarray | None, column: str) -> pd.Categorical:
+        """Interned codes (``NULL`` where absent) -> a categorical of the column's strings, NaN where absent."""
+        categories = self.texts[column].values
+        if codes is None or column not in self.seen:
+            small = np.full(self.rows, -1, dtype=np.int8)
+            return pd.Categorical.from_codes(small, categories=categories)
+        small = np.where(codes == NULL, -1, codes).astype(_code_dtype(len(categories)))
+        return pd.Categorical.from_codes(small, categories=categories)
 
     def _kinds(self, ph_code: np.ndarray, cat_code: np.ndarray, name_code: np.ndarray) -> np.ndarray:
         ph_kind = np.full(len(self.phs.values), KIND_CODE["other"], dtype=np.int8)
@@ -519,6 +598,8 @@ def empty_event_frame() -> pd.DataFrame:
     }
     for column, _ in INT_ARG_COLUMNS:
         cols[column] = np.array([], np.int64)
+    for column in TEXT_ARG_COLUMNS:
+        cols[column] = pd.Categorical([])
     cols["flow_id"] = np.array([], np.int64)
     frame = pd.DataFrame(cols)
     frame.attrs.update(dropped_missing_ts=0, negative_dur=0)
