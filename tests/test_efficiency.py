@@ -197,6 +197,7 @@ def test_real_gpu_traces(name):
     assert p.peak.tflops > 0, p.peak.note
     eff = p.efficiency
     measured = eff[eff["scope"].isin(["stage", "step"]) & (eff["model_flops"] > 0)]
+    assert (measured["time_ns"] > 0).all()  # device FLOPs only: each counted op launched a kernel
     assert len(measured) and ((measured["mfu"] > 0) & (measured["mfu"] <= 1)).all()
     # every GEMM with shapes is counted (itself, or the matmul op inside it)
     f = p.flops

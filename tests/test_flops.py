@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from profparse.analysis.flops import builtin_cost, op_cost, torch_flops
+from profparse.analysis.flops import builtin_cost, has_formula, op_cost, torch_flops
 from profparse.analysis.peaks import PEAKS, find_peak
 
 BF16, F32 = "c10::BFloat16", "float"
@@ -189,12 +189,21 @@ def test_dtype_family_and_backward_flag():
         ("aten::bmm", [[2, 3, 4], [3, 4, 5]], [F32, F32]),  # batch sizes differ
         ("aten::mm", [[], []], [F32, F32]),  # shapes not recorded
         ("aten::_flash_attention_forward", [[10, 4, 8], [10, 4, 8], [10, 4, 8]], [BF16] * 3),  # nested (varlen)
-        ("aten::view", [[4, 4], []], [F32, "ScalarList"]),  # no formula
+        ("aten::_foreach_add_", [[], [], []], ["TensorList", "TensorList", "Scalar"]),  # no formula
+        ("my_lib::fused_op", [[4, 4]], [F32]),
         ("aten::linear", [[2, 64], [32, 63]], [F32, F32]),
     ],
 )
 def test_unfit_shapes_have_no_cost(name, dims, types):
     assert cost(name, dims, types) is None
+
+
+def test_views_cost_nothing_and_every_formula_is_known():
+    view = cost("aten::view", [[4, 4], []], [F32, "ScalarList"])
+    assert (view.flops, view.bytes, view.family) == (0, 0, "view")
+    for name, *_ in KNOWN:
+        assert has_formula(name), name
+    assert not has_formula("aten::_foreach_add_") and not has_formula("my_lib::fused_op")
 
 
 def test_malformed_texts_have_no_cost():

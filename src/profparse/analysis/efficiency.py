@@ -4,8 +4,9 @@ Each CPU op's cost comes from :func:`profparse.analysis.flops.op_cost` on its re
 
 - matmul, convolution and attention ops ("tensor" formulas) count at the innermost such op: ``aten::linear`` ->
   ``aten::addmm`` counts at ``addmm``, and any tensor-formula op around it counts nothing;
-- norms, softmax, elementwise ops and reductions ("vector" formulas) count at the innermost op with a formula,
-  unless they run inside a counted tensor op (a ``copy_`` inside ``addmm`` is part of the ``addmm``);
+- norms, softmax, elementwise ops and reductions ("vector" formulas) count at the outermost such op
+  (``layer_norm``, not the ``native_layer_norm`` inside; ``mul_``, not the scalar ``to`` inside), unless they run
+  inside a counted tensor op (a ``copy_`` inside ``addmm`` is part of the ``addmm``) or around one;
 - a backward node (``autograd::engine::evaluate_function: MmBackward0``) with no counted op inside gets its
   forward op's FLOPs (same sequence number) times 2 (2.5 for attention); one with counted ops inside
   (``aten::mm`` under ``MmBackward0``) is counted through them only.
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from profparse import tables
-from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, op_cost
+from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, has_formula, op_cost
 from profparse.analysis.modules import MODULE_EVENT, _backward, _levels, _roll_up
 from profparse.analysis.peaks import device_peaks
 from profparse.marks import STAGES
@@ -34,11 +35,11 @@ from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
-STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded", "around counted ops")
+STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded or unfit", "around counted ops")
 BACKWARD = STAGES.index("backward")
 FLOP_COLUMNS = (
     "trace_index", "name", "stage", "step", "status", "family", "dtype", "source", "recompute", "flops", "bytes",
-    "gpu_ns", "kernel_count", "host_ns", "achieved_tflops", "intensity", "forward_trace_index",
+    "gpu_ns", "kernel_count", "host_ns", "achieved_tflops", "intensity", "forward_trace_index", "on_device",
 )  # fmt: skip
 
 
@@ -74,11 +75,15 @@ def _costs(events: pd.DataFrame, rows: np.ndarray) -> dict[int, OpCost]:
     return {int(r): found[int(k)] for r, k in zip(rows, inverse.ravel(), strict=True) if found[int(k)] is not None}
 
 
-def _has_descendant(parent: np.ndarray, depth: np.ndarray, inner: np.ndarray, outer: np.ndarray) -> np.ndarray:
-    """Rows in ``outer`` with a row of ``inner`` somewhere below them (the nearest ``outer`` above each inner row)."""
+def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Every proper ancestor of the rows in ``mask`` (each row is marked once: O(n) plus one pass per level)."""
     out = np.zeros(len(parent), dtype=bool)
-    above = innermost_ancestor_of_kind(parent, depth, outer)[np.flatnonzero(inner)]
-    out[above[above >= 0]] = True
+    frontier = parent[mask]
+    while frontier.size:
+        frontier = np.unique(frontier[frontier >= 0])
+        frontier = frontier[~out[frontier]]
+        out[frontier] = True
+        frontier = parent[frontier]
     return out
 
 
@@ -91,9 +96,9 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     tensor, vector = np.zeros(n, bool), np.zeros(n, bool)
     for row, cost in costs.items():
         (tensor if cost.family in TENSOR_FAMILIES else vector)[row] = True
-    tensor &= ~_has_descendant(parent, depth, tensor, tensor)
-    vector &= ~_has_descendant(parent, depth, tensor | vector, vector)
-    vector &= innermost_ancestor_of_kind(parent, depth, tensor) < 0
+    tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
+    vector &= ~_above(parent, tensor) & (innermost_ancestor_of_kind(parent, depth, tensor) < 0)
+    vector &= innermost_ancestor_of_kind(parent, depth, vector) < 0  # outermost: layer_norm, not its parts
     counted = tensor | vector
     flops, nbytes = np.zeros(n), np.zeros(n)
     counted_rows = np.flatnonzero(counted)
@@ -107,7 +112,7 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     has_seq = op & (seq != NULL)
     is_bwd = has_seq & (fwd_tid != NULL) & (fwd_tid > 0)
     node = is_bwd & ~((parent >= 0) & is_bwd[np.maximum(parent, 0)])  # outermost event of each node
-    node &= ~_has_descendant(parent, depth, counted, node) & ~counted
+    node &= ~_above(parent, counted) & ~counted
     node_rows = np.flatnonzero(node)
     if node_rows.size and counted_rows.size:
         fwd_op = has_seq & ~is_bwd
@@ -130,10 +135,16 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     linked = forward >= 0
     counted |= linked
     status = np.full(n, -1, dtype=np.int8)
-    status[op] = np.where(events["input_dims"].cat.codes.to_numpy()[op] >= 0, 2, 3) if "input_dims" in events else 3
+    status[op] = 2  # no formula
+    if "input_dims" in events.columns:
+        names = events["name"].cat.categories
+        known = np.fromiter((has_formula(str(c)) for c in names), bool, len(names))[events["name"].cat.codes.to_numpy()]
+        status[op & (known | (events["input_dims"].cat.codes.to_numpy() < 0))] = 3  # shapes absent or unfit
+    else:
+        status[op] = 3
     covered = innermost_ancestor_of_kind(parent, depth, counted) >= 0
     status[covered & op] = -1
-    status[op & _has_descendant(parent, depth, counted, op) & (status >= 0)] = 4
+    status[op & _above(parent, counted) & (status >= 0)] = 4
     status[counted] = 0
     status[linked] = 1
     owner = np.where(counted, np.arange(n), innermost_ancestor_of_kind(parent, depth, counted))
@@ -166,7 +177,8 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
     host_ns = np.where(counted, events["dur_ns"].to_numpy(), links.self_ns)
     on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())
     timed = gpu_ns > 0 if on_gpu else host_ns > 0
-    rows = np.flatnonzero((counts.status >= 0) & (counted | timed))
+    worth = (counts.flops > 0) | (counts.nbytes > 0) | timed  # views with no time are no row
+    rows = np.flatnonzero((counts.status >= 0) & (counted | timed) & worth)
     costs = [counts.costs.get(int(r)) for r in rows]
     flops, nbytes = counts.flops[rows], counts.nbytes[rows]
     time = (gpu_ns if on_gpu else host_ns)[rows].astype(np.float64)
@@ -196,6 +208,7 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
             "achieved_tflops": achieved,
             "intensity": intensity,
             "forward_trace_index": forward_ti.astype(np.int64),
+            "on_device": gpu_ns[rows] > 0 if on_gpu else np.ones(len(rows), bool),
         }
     )
 
@@ -209,6 +222,7 @@ class PeakChoice:
     device: str
     note: str
     memory_gbps: float = float("nan")
+    source: str = ""  # the datasheet the peak comes from
 
 
 def choose_peak(
@@ -233,8 +247,8 @@ def choose_peak(
         why = f"device {name!r} is not in the peak table" if name else "the trace names no device"
         return PeakChoice(float("nan"), dtype, name, f"no MFU: {why}; pass --peak-tflops")
     value = peak.tflops_for(dtype)
-    note = f"{name} = {peak.device}, {dtype} dense peak {value:g} TFLOP/s ({peak.source})"
-    return PeakChoice(float(value) if value else float("nan"), dtype, name, note, peak.memory_gbps)
+    note = f"{name} = {peak.device}, {dtype} dense peak {value:g} TFLOP/s"
+    return PeakChoice(float(value) if value else float("nan"), dtype, name, note, peak.memory_gbps, peak.source)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -246,12 +260,18 @@ def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.D
     """Rows per (step, stage) (``scope`` stage), per step (``step``), per stage over the trace (``total``) and per
     module x stage (``module``): FLOPs, model FLOPs, bytes, counted and not counted GPU time, achieved TFLOP/s,
     intensity, MFU and HFU against ``peak``."""
+    device = flops["on_device"].to_numpy()  # on a GPU trace, ops that launched no kernel ran on the CPU: no MFU
     f = flops.assign(
-        model=np.where(flops["recompute"].to_numpy(), 0.0, flops["flops"].to_numpy()),
+        flops=np.where(device, flops["flops"], 0.0),
+        bytes=np.where(device, flops["bytes"], 0.0),
+        model=np.where(flops["recompute"].to_numpy() | ~device, 0.0, flops["flops"].to_numpy()),
         counted_gpu=np.where(flops["status"].isin(STATUS[:2]), flops["gpu_ns"], 0),
         uncounted_gpu=np.where(flops["status"].isin(STATUS[:2]), 0, flops["gpu_ns"]),
+        counted_host=np.where(flops["status"].isin(STATUS[:2]), flops["host_ns"], 0),
+        uncounted_host=np.where(flops["status"].isin(STATUS[:2]), 0, flops["host_ns"]),
     )
-    sums = {"flops": "sum", "model": "sum", "bytes": "sum", "counted_gpu": "sum", "uncounted_gpu": "sum"}
+    sums = dict.fromkeys(("flops", "model", "bytes", "counted_gpu", "uncounted_gpu", "counted_host", "uncounted_host"),
+                         "sum")  # fmt: skip
     by_stage = f.groupby(["step", "stage"], observed=False).agg(sums).reset_index()
     by_step = f.groupby("step").agg(sums).reset_index()
     by_total = f.groupby("stage", observed=False).agg(sums).reset_index()
@@ -269,13 +289,15 @@ def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.D
         frames.append(
             frame.assign(scope=scope, module="", recompute=False, time_ns=np.nan_to_num(time).astype(np.int64))
         )
-    frames.append(_module_rows(parsed, flops))
+    frames.append(_module_rows(parsed, f))
     out = pd.concat(frames, ignore_index=True)
     out = out[(out["flops"] > 0) | (out["uncounted_gpu"] > 0) | (out["scope"] == "step")]
     out = out[~((out["scope"] == "step") & (out["step"] == NULL))]
     hw, model = out["flops"].to_numpy(float), out["model"].to_numpy(float)
     time = out["time_ns"].to_numpy(float)
     counted_gpu = out["counted_gpu"].to_numpy(float)
+    counted_host = out["counted_host"].to_numpy(float)
+    on_gpu = bool((flops["gpu_ns"] > 0).any())  # a CPU-only trace: achieved TFLOP/s over the counted ops' host time
     peak_per_ns = peak.tflops * 1e3  # FLOPs per ns at peak
     result = pd.DataFrame(
         {
@@ -289,8 +311,10 @@ def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.D
             "bytes": out["bytes"].to_numpy(float),
             "counted_gpu_ns": counted_gpu.astype(np.int64),
             "not_counted_gpu_ns": out["uncounted_gpu"].to_numpy(np.int64),
+            "counted_host_ns": counted_host.astype(np.int64),
+            "not_counted_host_ns": out["uncounted_host"].to_numpy(np.int64),
             "time_ns": time.astype(np.int64),
-            "achieved_tflops": _ratio(hw, counted_gpu) / 1e3,
+            "achieved_tflops": _ratio(hw, counted_gpu if on_gpu else counted_host) / 1e3,
             "intensity": _ratio(hw, out["bytes"].to_numpy(float)),
             "mfu": _ratio(model, time * peak_per_ns),
             "hfu": _ratio(hw, time * peak_per_ns),
@@ -310,7 +334,8 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
     n = len(events)
     module = _module_calls(events, links)
     calls = np.flatnonzero(module)
-    columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu"]
+    columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu",
+               "counted_host", "uncounted_host"]  # fmt: skip
     if calls.size == 0 or flops.empty:
         return pd.DataFrame({c: [] for c in columns})
     parent, depth = links.parent, links.depth
@@ -341,7 +366,7 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
         return np.bincount(target[ok], weights=values[ok], minlength=len(calls)).astype(np.int64)
 
     measures = {"flops": f["flops"].to_numpy(float), "bytes": f["bytes"].to_numpy(float),
-                "counted_gpu": f["gpu_ns"].to_numpy(float)}  # fmt: skip
+                "counted_gpu": f["gpu_ns"].to_numpy(float), "counted_host": f["host_ns"].to_numpy(float)}  # fmt: skip
     fwd = _roll_up({k: per_call(fwd_call, v) for k, v in measures.items()}, up, level)
     bwd = _roll_up({k: per_call(bwd_call, v) for k, v in measures.items()}, up, level)
     names = events["name"].cat.categories[events["name"].cat.codes.to_numpy()[calls]]
@@ -352,13 +377,14 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
         pd.DataFrame({"module": names, "stage": BACKWARD, "recompute": False, **bwd}),
     ]
     rows_out = pd.concat(frames, ignore_index=True)
-    rows_out = rows_out[(rows_out["flops"] > 0) | (rows_out["counted_gpu"] > 0)]
+    rows_out = rows_out[(rows_out["flops"] > 0) | (rows_out["counted_gpu"] > 0) | (rows_out["counted_host"] > 0)]
     out = rows_out.groupby(["module", "stage", "recompute"], sort=False).sum().reset_index()
     out["model"] = np.where(out["recompute"], 0, out["flops"])
     return out.assign(
         step=NULL,
         stage=tables.stage_categorical(out["stage"].to_numpy()),
         uncounted_gpu=0,
+        uncounted_host=0,
         scope="module",
         time_ns=out["counted_gpu"],
     )
@@ -407,7 +433,7 @@ def summary_section(parsed: Any, top: int = 5) -> dict[str, Any]:
     totals = eff[eff["scope"] == "total"]
     steps = eff[eff["scope"] == "step"]
     on_gpu = bool((flops["gpu_ns"] > 0).any())
-    uncounted = flops[~flops["status"].isin(STATUS[:2])]
+    uncounted = flops[flops["status"].isin(STATUS[2:4])]  # no formula, no shapes (not the wrappers around ops)
     time = "gpu_ns" if on_gpu else "host_ns"
     worst = uncounted.groupby("name", observed=True)[time].agg(["sum", "size"]).sort_values("sum", ascending=False)
     return {
@@ -420,10 +446,11 @@ def summary_section(parsed: Any, top: int = 5) -> dict[str, Any]:
                 "achieved_tflops": num(r.achieved_tflops),
                 "mfu": num(r.mfu),
                 "hfu": num(r.hfu),
-                "counted_gpu_ns": int(r.counted_gpu_ns),
-                "not_counted_gpu_ns": int(r.not_counted_gpu_ns),
+                "counted_ns": int(r.counted_gpu_ns if on_gpu else r.counted_host_ns),
+                "not_counted_ns": int(r.not_counted_gpu_ns if on_gpu else r.not_counted_host_ns),
             }
             for r in totals.itertuples()
+            if r.flops > 0 or r.not_counted_gpu_ns > 0 or r.not_counted_host_ns > 0
         ],
         "steps": [{"step": int(r.step), "flops": float(r.flops), "mfu": num(r.mfu)} for r in steps.itertuples()],
         "not_counted": [
@@ -431,5 +458,5 @@ def summary_section(parsed: Any, top: int = 5) -> dict[str, Any]:
             for name, row in worst.head(top).iterrows()
             if row["sum"] > 0
         ],
-        "not_counted_basis": "GPU time" if on_gpu else "host self time",
+        "basis": "GPU" if on_gpu else "host",
     }

@@ -78,6 +78,16 @@ ELEMENTWISE = frozenset(
     "addcdiv reciprocal sign square erf native_dropout native_dropout_backward dropout hardtanh leaky_relu mse_loss "
     "mse_loss_backward maximum minimum eq ne lt le gt ge cos sin".split()
 )
+VIEWS = frozenset(  # no arithmetic and no data moved (metadata, allocation without writing)
+    "view reshape _reshape_alias _unsafe_view t transpose permute expand as_strided unsqueeze squeeze slice select "
+    "split split_with_sizes chunk narrow flatten unflatten detach alias empty empty_like empty_strided resize_ "
+    "lift_fresh result_type unbind numpy_T".split()
+)
+GATHER_SCATTER = frozenset(  # bytes ~ read and write the largest argument once; one FLOP per element of it
+    "nll_loss_backward embedding_dense_backward embedding_backward index_select gather scatter_add_ index_add_ "
+    "max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward adaptive_avg_pool2d "
+    "_adaptive_avg_pool2d _adaptive_avg_pool2d_backward".split()
+)
 REDUCTIONS = frozenset("sum mean amax amin max min norm linalg_vector_norm var std argmax prod nll_loss".split())
 ATTENTION_FWD = {  # name -> layout of q/k/v: "bhsd" or "bshd" (flash/efficient kernels take batch, seq, heads, dim)
     "scaled_dot_product_attention": "bhsd",
@@ -118,7 +128,7 @@ class OpCost:
     flops: int
     bytes: int
     dtype: str  # peak table key (fp32, bf16, ...); "" when unknown
-    family: str  # matmul, conv, attention, norm, softmax, embedding, elementwise, reduction
+    family: str  # matmul, conv, attention, norm, softmax, embedding, elementwise, reduction, gather, view
     backward: bool = False
     source: str = "builtin"  # or "torch" (torch.utils.flop_counter's formula)
 
@@ -314,6 +324,8 @@ def _attention_cost(layout: str, shapes: list[list[int]], t: str, backward: bool
 
 def _vector_cost(name: str, dims: list[Any], types: list[Any]) -> OpCost | None:
     """Norms, softmax, embedding, elementwise ops and reductions: bytes, and a few FLOPs per element."""
+    if name in VIEWS:
+        return OpCost(0, 0, dominant_dtype(types), "view")
     tensors = _tensors(dims, types)
     if not tensors:
         return None
@@ -348,7 +360,28 @@ def _vector_cost(name: str, dims: list[Any], types: list[Any]) -> OpCost | None:
         )
     if name in REDUCTIONS:
         return OpCost(_numel(shape), read, dtype, "reduction")
+    if name in GATHER_SCATTER:
+        largest = max(tensors, key=lambda st: _numel(st[0]))
+        return OpCost(_numel(largest[0]), 2 * _numel(largest[0]) * size, dtype, "gather", "backward" in name)
     return None
+
+
+def has_formula(name: str) -> bool:
+    """Whether the built-in table has a formula for op ``name`` (its shapes may still not fit it)."""
+    name = base_name(name)
+    known = (
+        VECTOR_FLOPS,
+        COPIES,
+        ELEMENTWISE,
+        REDUCTIONS,
+        ATTENTION_FWD,
+        ATTENTION_BWD,
+        CONV_ARGS,
+        VIEWS,
+        GATHER_SCATTER,
+    )
+    matmul = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution_backward", "embedding")
+    return name in matmul or any(name in table for table in known) or (name.endswith("_") and name[:-1] in ELEMENTWISE)
 
 
 def builtin_cost(name: str, dims: list[Any], types: list[Any], concrete: list[Any]) -> OpCost | None:

@@ -223,20 +223,21 @@ def _efficiency_text(section: dict[str, Any] | None) -> str:
         return "-" if x is None else f"{x:.1%}"
 
     def tf(x: float | None) -> str:
-        return "-" if x is None else f"{x:,.2f}"
+        return "-" if x is None else f"{x:,.3g}"
 
+    basis = section["basis"]
     rows = [
-        [r["stage"], f"{r['flops'] / 1e12:,.3f}", tf(r["achieved_tflops"]), pct(r["mfu"]), pct(r["hfu"]),
-         _ms(r["counted_gpu_ns"]), _ms(r["not_counted_gpu_ns"])]
+        [r["stage"], f"{r['flops'] / 1e9:,.1f}", tf(r["achieved_tflops"]), pct(r["mfu"]), pct(r["hfu"]),
+         _ms(r["counted_ns"]), _ms(r["not_counted_ns"])]
         for r in section["stages"]
     ]  # fmt: skip
-    headers = ["stage", "TFLOPs", "TFLOP/s", "MFU", "HFU", "counted GPU", "not counted GPU"]
-    text = f"\nEfficiency ({display(section['peak']['note'])}; GPU ms)\n" + _table(headers, rows) + "\n"
-    steps = [f"{s['step']}: {pct(s['mfu'])}" for s in section["steps"]]
-    if steps and any(s["mfu"] is not None for s in section["steps"]):
-        text += "  MFU per step (step window): " + ", ".join(steps) + "\n"
+    headers = ["stage", "GFLOPs", "TFLOP/s", "MFU", "HFU", f"counted {basis} ms", "not counted"]
+    text = f"\nEfficiency ({display(section['peak']['note'])})\n" + _table(headers, rows) + "\n"
+    if any(s["mfu"] is not None for s in section["steps"]):
+        text += "  MFU per step (step window): " + ", ".join(f"{s['step']}: {pct(s['mfu'])}" for s in section["steps"])
+        text += "\n"
     if section["not_counted"]:
-        text += f"  Not counted (no FLOP formula or no shapes; {section['not_counted_basis']}):\n"
+        text += f"  Not counted (no FLOP formula or no shapes; {basis} ms):\n"
         for r in section["not_counted"]:
             text += f"    {_ms(r['time_ns']):>10} ms {r['count']:>6}x  {_shorten(display(r['name']))}\n"
     return text
