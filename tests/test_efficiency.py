@@ -259,3 +259,24 @@ def test_cli_summary_section_and_parquet_tables(synthetic, tmp_path):
         frame = pd.read_parquet(tmp_path / "pq" / f"{table}.parquet")
         assert len(frame), table
     assert pd.read_parquet(tmp_path / "pq" / "flops.parquet")["flops"].sum() == FORWARD + BACKWARD_HW
+
+
+def test_roofline_view(synthetic, tmp_path):
+    from profparse.outputs.views import roofline
+
+    prepared, why = roofline.data(profparse.parse(synthetic))
+    assert why is None and prepared["peak_tflops"] == H100_BF16 and prepared["memory_gbps"] == 3350
+    points = prepared["points"].set_index(["name", "stage"])
+    addmm = points.loc[("aten::addmm", "forward")]
+    assert addmm["tflops"] == pytest.approx(ADDMM / 10_000 / 1e3)
+    assert addmm["intensity"] == pytest.approx(ADDMM / ((128 * 256 + 256 * 512 + 128 * 512 + 512) * 2))
+    assert points.loc[("aten::mm", "backward"), "count"] == 3  # two in AddmmBackward0, one recomputed
+    fig = roofline.draw(prepared)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert {"forward", "backward", f"peak {H100_BF16:g} TFLOP/s", "memory 3350 GB/s"} <= set(labels)
+    b = TraceBuilder()  # no shapes recorded: nothing to plot, and the reason says so
+    b.annotation("ProfilerStep#1", 0, 100)
+    b.op("aten::mm", 1, 10)
+    b.launch(2, 3, 5)
+    prepared, why = roofline.data(profparse.parse(b.write(tmp_path / "noshapes.json")))
+    assert prepared is None and "record_shapes" in why
