@@ -50,29 +50,63 @@ class Counts:
     flops: np.ndarray  # float64
     nbytes: np.ndarray  # float64
     status: np.ndarray  # int8 index into STATUS, -1 none
-    costs: dict[int, OpCost]  # row -> its formula's cost (counted rows)
+    costs: CostIndex  # each row's formula's cost (where it has one)
     owner: np.ndarray  # counted row whose FLOPs each event's GPU work belongs to (-1 none)
     recompute: np.ndarray  # bool
     forward: np.ndarray  # linked backward node -> its forward op row (-1)
     linked_family: dict[int, str]  # linked node -> family of its forward op's largest FLOPs
 
 
-def _costs(events: pd.DataFrame, rows: np.ndarray) -> dict[int, OpCost]:
-    """op_cost per row, computed once per distinct (name, dims, types, concrete) combination."""
-    if not all(c in events.columns for c in SHAPE_COLUMNS) or rows.size == 0:
-        return {}
-    cols = [events["name"], *(events[c] for c in SHAPE_COLUMNS)]
-    codes = np.stack([c.cat.codes.to_numpy()[rows].astype(np.int64) for c in cols], axis=1)
-    has_dims = codes[:, 1] >= 0
-    codes, rows = codes[has_dims], rows[has_dims]
-    distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
-    cats = [c.cat.categories for c in cols]
+@dataclass
+class CostIndex:
+    """op_cost of each distinct (name, dims, types, concrete) combination, and each row's combination (-1 none)."""
 
-    def text(i: int, code: int) -> Any:
-        return None if code < 0 else cats[i][code]
+    combo: np.ndarray  # per event row
+    flops: np.ndarray  # per combination (and below)
+    nbytes: np.ndarray
+    tensor: np.ndarray  # bool: a tensor-core formula (matmul, conv, attention)
+    factor: np.ndarray  # backward FLOPs per forward FLOP
+    family: np.ndarray  # object
+    dtype: np.ndarray  # object
+    source: np.ndarray  # object
 
-    found = [op_cost(*(text(i, int(c)) for i, c in enumerate(combo))) for combo in distinct]
-    return {int(r): found[int(k)] for r, k in zip(rows, inverse.ravel(), strict=True) if found[int(k)] is not None}
+
+def _costs(events: pd.DataFrame, rows: np.ndarray) -> CostIndex:
+    """op_cost per row, computed once per distinct combination (a few thousand in a 100 MB trace)."""
+    combo = np.full(len(events), -1, dtype=np.int64)
+    found: list[OpCost] = []
+    if all(c in events.columns for c in SHAPE_COLUMNS) and rows.size:
+        cols = [events["name"], *(events[c] for c in SHAPE_COLUMNS)]
+        codes = [c.cat.codes.to_numpy()[rows].astype(np.int64) + 1 for c in cols]  # 0 = missing
+        sizes = [len(c.cat.categories) + 1 for c in cols]
+        if np.prod(np.array(sizes, dtype=float)) < 2**62:  # one int64 key per row: a 1-D unique, not a row sort
+            key = codes[0]
+            for code, size in zip(codes[1:], sizes[1:], strict=True):
+                key = key * size + code
+            distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        else:
+            distinct, first, inverse = np.unique(
+                np.stack(codes, axis=1), axis=0, return_index=True, return_inverse=True
+            )
+        cats = [c.cat.categories for c in cols]
+        for i in first:
+            texts = [None if code[i] == 0 else cat[code[i] - 1] for code, cat in zip(codes, cats, strict=True)]
+            found.append(op_cost(*texts) if texts[1] is not None else None)
+        ok = np.array([f is not None for f in found], dtype=bool)
+        inverse = inverse.ravel()
+        combo[rows] = np.where(ok[inverse], inverse, -1)
+    none = OpCost(0, 0, "", "")
+    table = [f or none for f in found]
+    return CostIndex(
+        combo,
+        np.array([f.flops for f in table], dtype=np.float64),
+        np.array([f.bytes for f in table], dtype=np.float64),
+        np.array([f.family in TENSOR_FAMILIES for f in table], dtype=bool),
+        np.array([backward_factor(f.family) for f in table], dtype=np.float64),
+        np.array([f.family for f in table], dtype=object),
+        np.array([f.dtype for f in table], dtype=object),
+        np.array([f.source for f in table], dtype=object),
+    )
 
 
 def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -93,17 +127,18 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     parent, depth = links.parent, links.depth
     op = kind_mask(events, {"cpu_op"}) & links.host
     costs = _costs(events, np.flatnonzero(op))
-    tensor, vector = np.zeros(n, bool), np.zeros(n, bool)
-    for row, cost in costs.items():
-        (tensor if cost.family in TENSOR_FAMILIES else vector)[row] = True
+    has_cost = costs.combo >= 0
+    combo = np.maximum(costs.combo, 0)
+    tensor = has_cost & costs.tensor[combo] if len(costs.tensor) else np.zeros(n, bool)
+    vector = has_cost & ~tensor
     tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
     vector &= ~_above(parent, tensor) & (innermost_ancestor_of_kind(parent, depth, tensor) < 0)
     vector &= innermost_ancestor_of_kind(parent, depth, vector) < 0  # outermost: layer_norm, not its parts
     counted = tensor | vector
     flops, nbytes = np.zeros(n), np.zeros(n)
     counted_rows = np.flatnonzero(counted)
-    flops[counted_rows] = [costs[r].flops for r in counted_rows]
-    nbytes[counted_rows] = [costs[r].bytes for r in counted_rows]
+    flops[counted_rows] = costs.flops[combo[counted_rows]]
+    nbytes[counted_rows] = costs.nbytes[combo[counted_rows]]
 
     # backward nodes with nothing counted inside: their forward op's FLOPs times the backward factor
     forward = np.full(n, -1, dtype=np.int64)
@@ -118,20 +153,31 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
         fwd_op = has_seq & ~is_bwd
         creator = np.where(fwd_op, np.arange(n), innermost_ancestor_of_kind(parent, depth, fwd_op))[counted_rows]
         ok = creator >= 0
-        factors = np.array([backward_factor(costs[r].family) for r in counted_rows[ok]])
-        by_seq: dict[tuple[int, int], list] = {}  # (pid, seq) -> [FLOPs, bytes, forward row, family, its FLOPs]
         pid = pd.factorize(events["pid"].to_numpy())[0]
-        for c, r, f in zip(creator[ok], counted_rows[ok], factors, strict=True):
-            entry = by_seq.setdefault((int(pid[c]), int(seq[c])), [0.0, 0.0, int(c), "", -1.0])
-            entry[0] += f * flops[r]
-            entry[1] += 2 * nbytes[r]  # read the forward's inputs and the output gradient, write the gradients
-            if flops[r] > entry[4]:
-                entry[3], entry[4] = costs[r].family, flops[r]
-        for row in node_rows:
-            hit = by_seq.get((int(pid[row]), int(seq[row])))
-            if hit is not None and hit[0] > 0:
-                flops[row], nbytes[row], forward[row] = hit[0], hit[1], hit[2]
-                linked_family[int(row)] = hit[3]
+        r, c = counted_rows[ok], creator[ok]
+        contrib = pd.DataFrame(
+            {
+                "pid": pid[c],
+                "seq": seq[c],
+                "creator": c,
+                "flops": costs.factor[combo[r]] * flops[r],
+                "bytes": 2 * nbytes[r],  # read the forward's inputs and the output gradient, write the gradients
+                "own": flops[r],
+                "family": costs.family[combo[r]],
+            }
+        )
+        grouped = contrib.groupby(["pid", "seq"], sort=False)
+        per_seq = grouped[["flops", "bytes"]].sum()
+        biggest = contrib.loc[grouped["own"].idxmax(), ["pid", "seq", "creator", "family"]].set_index(["pid", "seq"])
+        per_seq = per_seq.join(biggest)
+        keys = pd.MultiIndex.from_arrays([pid[node_rows], seq[node_rows]], names=["pid", "seq"])
+        hit = per_seq.reindex(keys)
+        good = (hit["flops"] > 0).to_numpy()
+        rows_hit = node_rows[good]
+        flops[rows_hit] = hit["flops"].to_numpy()[good]
+        nbytes[rows_hit] = hit["bytes"].to_numpy()[good]
+        forward[rows_hit] = hit["creator"].to_numpy()[good].astype(np.int64)
+        linked_family = dict(zip(rows_hit.tolist(), hit["family"].to_numpy()[good].tolist(), strict=True))
     linked = forward >= 0
     counted |= linked
     status = np.full(n, -1, dtype=np.int8)
@@ -152,8 +198,7 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     modules = _module_calls(events, links)
     call = innermost_ancestor_of_kind(parent, depth, modules)
     recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
-    kept = {r: costs[r] for r in counted_rows}
-    return Counts(flops, nbytes, status, kept, owner, recompute, forward, linked_family)
+    return Counts(flops, nbytes, status, costs, owner, recompute, forward, linked_family)
 
 
 def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -179,16 +224,25 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
     timed = gpu_ns > 0 if on_gpu else host_ns > 0
     worth = (counts.flops > 0) | (counts.nbytes > 0) | timed  # views with no time are no row
     rows = np.flatnonzero((counts.status >= 0) & (counted | timed) & worth)
-    costs = [counts.costs.get(int(r)) for r in rows]
+    fwd = counts.forward[rows]
+    combo = counts.costs.combo[rows]
+    has = (combo >= 0) & (counts.status[rows] == 0)
+    pick = np.maximum(combo, 0)
+
+    def per_row(values: np.ndarray, default: np.ndarray) -> np.ndarray:
+        return np.where(has, values[pick] if len(values) else default, default)
+
+    linked_family = np.array([counts.linked_family.get(int(r), "") for r in rows[fwd >= 0]], dtype=object)
+    family = np.full(len(rows), "", dtype=object)
+    family[fwd >= 0] = linked_family
+    source = np.where(fwd >= 0, "forward op", "").astype(object)
     flops, nbytes = counts.flops[rows], counts.nbytes[rows]
     time = (gpu_ns if on_gpu else host_ns)[rows].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         achieved = np.where(time > 0, flops / time / 1e3, np.nan)
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
     trace_index = events["trace_index"].to_numpy()
-    fwd = counts.forward[rows]
     forward_ti = np.where(fwd >= 0, trace_index[np.maximum(fwd, 0)], NULL)
-    linked_family = [counts.linked_family.get(int(r), "") for r in rows]
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],
@@ -196,9 +250,9 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
             "stage": tables.stage_categorical(attribution.stage[rows]),
             "step": attribution.step[rows],
             "status": pd.Categorical.from_codes(counts.status[rows], categories=list(STATUS)),
-            "family": [c.family if c else lf for c, lf in zip(costs, linked_family, strict=True)],
-            "dtype": [c.dtype if c else "" for c in costs],
-            "source": [c.source if c else ("forward op" if f >= 0 else "") for c, f in zip(costs, fwd, strict=True)],
+            "family": per_row(counts.costs.family, family),
+            "dtype": per_row(counts.costs.dtype, np.full(len(rows), "", dtype=object)),
+            "source": per_row(counts.costs.source, source),
             "recompute": counts.recompute[rows],
             "flops": flops,
             "bytes": nbytes,
@@ -404,12 +458,14 @@ def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> p
     if mm.empty or "input_dims" not in events.columns:
         return pd.DataFrame({c: [] for c in columns})
     rows = np.searchsorted(events["trace_index"].to_numpy(), mm["trace_index"].to_numpy())
-    names, dims, types = (events[c].to_numpy()[rows] for c in ("name", "input_dims", "input_types"))
+    cols = [events[c] for c in ("name", "input_dims", "input_types")]
+    codes = zip(*(c.cat.codes.to_numpy()[rows].tolist() for c in cols), strict=True)
     cache: dict[tuple, tuple | None] = {}
     shapes = []
-    for key in zip(names, dims, types, strict=True):
+    for key in codes:  # a handful of distinct shapes: parse each once
         if key not in cache:
-            cache[key] = gemm_dims(*key)
+            texts = [None if k < 0 else c.cat.categories[k] for k, c in zip(key, cols, strict=True)]
+            cache[key] = gemm_dims(*texts)
         shapes.append(cache[key] or (NULL,) * 4)
     shape = np.array(shapes, dtype=np.int64).reshape(-1, 4)
     g = mm.assign(batch=shape[:, 0], m=shape[:, 1], n=shape[:, 2], k=shape[:, 3], count=1)
