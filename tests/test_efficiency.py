@@ -280,3 +280,28 @@ def test_roofline_view(synthetic, tmp_path):
     b.launch(2, 3, 5)
     prepared, why = roofline.data(profparse.parse(b.write(tmp_path / "noshapes.json")))
     assert prepared is None and "record_shapes" in why
+
+
+def test_nesting_rules_on_a_cpu_trace(tmp_path):
+    """Tensor formulas count at the innermost op, vector formulas at the outermost, views only alone."""
+    b = TraceBuilder(autograd_thread=False)
+    b.annotation("ProfilerStep#1", 0, 200)
+    f32 = ["float"] * 3
+    b.op("aten::linear", 1, 30, **shapes([[4, 64], [32, 64]], f32[:2]))
+    b.op("aten::matmul", 2, 25, **shapes([[4, 64], [64, 32]], f32[:2]))
+    b.op("aten::mm", 3, 20, **shapes([[4, 64], [64, 32]], f32[:2]))
+    b.op(
+        "aten::layer_norm", 40, 30, **shapes([[4, 64], [], [64], [64], []], ["float", "ScalarList", *f32[:2], "Scalar"])
+    )
+    b.op("aten::native_layer_norm", 41, 25, **shapes([[4, 64], [], [64], [64], []], ["float", "", *f32[:2], "Scalar"]))
+    b.op("aten::reshape", 80, 30, **shapes([[4, 64], []], ["float", "ScalarList"]))
+    b.op("aten::clone", 81, 20, **shapes([[4, 64], []], ["float", ""]))
+    b.op("aten::view", 120, 5, **shapes([[4, 64], []], ["float", "ScalarList"]))
+    f = profparse.parse(b.write(tmp_path / "cpu.json")).flops.set_index("name")
+    assert f.loc["aten::mm", "flops"] == 2 * 4 * 64 * 32 and f.loc["aten::mm", "status"] == "counted"
+    assert f.loc["aten::layer_norm", "flops"] == 7 * 256 and "aten::native_layer_norm" not in f.index
+    assert f.loc["aten::clone", "bytes"] == 2 * 256 * 4 and f.loc["aten::clone", "status"] == "counted"
+    assert f.loc["aten::reshape", "status"] == "around counted ops" and f.loc["aten::reshape", "flops"] == 0
+    assert (f.loc["aten::view", "status"], f.loc["aten::view", "bytes"]) == ("counted", 0)
+    assert f.loc["aten::linear", "status"] == "around counted ops" and "aten::matmul" in f.index
+    assert f["flops"].sum() == 2 * 4 * 64 * 32 + 7 * 256

@@ -130,11 +130,15 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     has_cost = costs.combo >= 0
     combo = np.maximum(costs.combo, 0)
     tensor = has_cost & costs.tensor[combo] if len(costs.tensor) else np.zeros(n, bool)
-    vector = has_cost & ~tensor
+    view = has_cost & (costs.family[combo] == "view") if len(costs.family) else np.zeros(n, bool)
+    vector = has_cost & ~tensor & ~view
     tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
     vector &= ~_above(parent, tensor) & (innermost_ancestor_of_kind(parent, depth, tensor) < 0)
     vector &= innermost_ancestor_of_kind(parent, depth, vector) < 0  # outermost: layer_norm, not its parts
-    counted = tensor | vector
+    work = tensor | vector
+    # views (no work) count only alone: a reshape that copies is counted at its clone
+    view &= ~_above(parent, work) & (innermost_ancestor_of_kind(parent, depth, work | view) < 0)
+    counted = work | view
     flops, nbytes = np.zeros(n), np.zeros(n)
     counted_rows = np.flatnonzero(counted)
     flops[counted_rows] = costs.flops[combo[counted_rows]]
