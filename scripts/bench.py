@@ -46,8 +46,8 @@ DOCS = REPO / "docs" / "performance.md"
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "v100_ns_resolution_5steps.json.gz"
 MB = 1_000_000
 PAGE = os.sysconf("SC_PAGE_SIZE")
-PSS_EVERY_S = 1.0
-SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+PSS_EVERY_S = 0.5
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 DATA = re.compile(r"<!-- bench:data (.*?) -->", re.S)
 
@@ -73,12 +73,86 @@ t = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
 print("rows", len(t.t.get_trace(0)), flush=True)
 """
 
+# HTA 0.6 ships on PyPI as ``traceinsight`` (0.6.x; still the ``hta`` module, same API); it runs in its own venv
+# (--hta06-python) since it pins other versions of pandas and friends
+HTA06_CODE = HTA_CODE
+
+# The decode limit: one typed msgspec decode of only the fields profparse reads (the structs of
+# profparse.trace.decode, float timestamps, text args as msgspec.Raw; integer args may also be strings, as in ROCm
+# traces, where profparse falls back per event), single-threaded, cyclic GC off; no columns.
+DECODE_CODE = """
+import gc, sys, time
+import msgspec
+t0 = time.perf_counter()
+class Args(msgspec.Struct, gc=False, rename={"external_id": "External id", "sequence_number": "Sequence number",
+        "fwd_thread_id": "Fwd thread id", "mem_bytes": "Bytes", "total_allocated": "Total Allocated",
+        "total_reserved": "Total Reserved", "device_type": "Device Type", "device_id": "Device Id", "addr": "Addr",
+        "python_id": "Python id", "python_parent_id": "Python parent id", "comm_in_nelems": "In msg nelems",
+        "comm_out_nelems": "Out msg nelems", "comm_group_size": "Group size", "comm_seq": "Seq",
+        "input_dims": "Input Dims", "input_types": "Input type", "concrete_inputs": "Concrete Inputs",
+        "collective": "Collective name", "comm_dtype": "dtype", "pg_name": "Process Group Name",
+        "pg_desc": "Process Group Description", "pg_ranks": "Process Group Ranks"}):
+    correlation: int | str | None = None
+    external_id: int | str | None = None
+    sequence_number: int | str | None = None
+    fwd_thread_id: int | str | None = None
+    stream: int | str | None = None
+    device: int | str | None = None
+    bytes: int | str | None = None
+    mem_bytes: int | str | None = None
+    total_allocated: int | str | None = None
+    total_reserved: int | str | None = None
+    device_type: int | str | None = None
+    device_id: int | str | None = None
+    addr: int | str | None = None
+    python_id: int | str | None = None
+    python_parent_id: int | str | None = None
+    comm_in_nelems: int | str | None = None
+    comm_out_nelems: int | str | None = None
+    comm_group_size: int | str | None = None
+    comm_seq: int | str | None = None
+    name: str | None = None
+    input_dims: msgspec.Raw = None
+    input_types: msgspec.Raw = None
+    concrete_inputs: msgspec.Raw = None
+    collective: msgspec.Raw = None
+    comm_dtype: msgspec.Raw = None
+    pg_name: msgspec.Raw = None
+    pg_desc: msgspec.Raw = None
+    pg_ranks: msgspec.Raw = None
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    id: int | str | None = None
+    args: Args | None = None
+class Doc(msgspec.Struct, gc=False):
+    traceEvents: list[Event] = []
+gc.disable()
+with open(sys.argv[1], "rb") as f:
+    data = f.read()
+doc = msgspec.json.decode(data, type=Doc)
+print("events", len(doc.traceEvents), "decode_s", round(time.perf_counter() - t0, 3), flush=True)
+"""
+TOOLS = ("profparse", "hta", "hta06", "decode")
+LABELS = {
+    "profparse": "profparse parse (end to end)",
+    "hta": "HTA 0.5 TraceAnalysis (load)",
+    "hta06": "HTA 0.6 traceinsight (load)",
+    "decode": "decode only (msgspec, needed fields)",
+}
+PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?(?: ([0-9]+))?$", re.M)
+
 
 # -- generation -----------------------------------------------------------------------------------------------
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]B)", text.strip().upper())
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]?B)", text.strip().upper())
     if not m:
         raise argparse.ArgumentTypeError(f"size like 100MB or 2GB expected, got {text!r}")
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
@@ -239,14 +313,34 @@ def generate(tiler: Tiler, target_bytes: int, path: Path) -> dict:
     return info
 
 
-def ensure_trace(source: Path, target: int, out_dir: Path, tiler_cache: dict) -> tuple[Path, dict]:
-    stem = source.name.split(".")[0]
-    path = out_dir / f"{stem}_x_{size_label(target)}.json"
+def _existing(path: Path) -> dict | None:
     meta = path.with_suffix(".meta.json")
     if path.exists() and meta.exists():
         info = json.loads(meta.read_text())
         if info.get("bytes") == path.stat().st_size:
-            return path, info
+            return info
+    return None
+
+
+def ensure_trace(
+    source: Path, target: int, out_dir: Path, tiler_cache: dict, in_child: bool = False
+) -> tuple[Path, dict]:
+    """The tiled trace of ``source`` at about ``target`` bytes, generated if missing. ``in_child``: generate it in a
+    child process, so that this process stays small: Linux carries a process's RSS at fork into its children's
+    ``ru_maxrss``, so a bench process holding the tiler (hundreds of MB for a big source) would inflate the peak RSS
+    of every tool it runs afterwards."""
+    stem = source.name.split(".")[0]
+    path = out_dir / f"{stem}_x_{size_label(target)}.json"
+    info = _existing(path)
+    if info is not None:
+        return path, info
+    if in_child:
+        cmd = [sys.executable, __file__, "--generate-only", "--trace", str(source), "--work-dir", str(out_dir)]
+        subprocess.run([*cmd, "--sizes", f"{target}B"], check=True)
+        info = _existing(path)
+        if info is None:
+            raise SystemExit(f"bench: generating {path} failed")
+        return path, info
     if "tiler" not in tiler_cache:
         tiler_cache["tiler"] = build_tiler(source)
     print(f"generating {path} (~{size_label(target)}) ...", file=sys.stderr, flush=True)
@@ -320,6 +414,8 @@ class Run:
     peak_pss: int  # bytes: largest sampled sum of PSS over the process tree (counts forked workers too)
     ok: bool
     reason: str = ""
+    phases: dict = field(default_factory=dict)  # profparse: phase -> seconds (PROFPARSE_PROFILE_PHASES)
+    cpu: float = 0.0  # user + system seconds of the process and its children (wait4), steadier than wall under load
 
 
 @dataclass
@@ -329,14 +425,19 @@ class Limits:
     min_free: int
 
 
-def measure(cmd: list[str], limits: Limits, log: Path) -> tuple[float, int, int, bool, str]:
-    """Run ``cmd`` in its own session under the watchdog: (seconds, peak RSS, peak tree PSS, finished, reason)."""
+def measure(
+    cmd: list[str], limits: Limits, log: Path, env: dict[str, str] | None = None
+) -> tuple[float, int, int, bool, str, float]:
+    """Run ``cmd`` in its own session under the watchdog: (seconds, peak RSS, peak tree PSS, finished, reason,
+    CPU seconds)."""
     reason = ""
     peak_pss = 0
     next_pss = 0.5
     with log.open("wb") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -364,15 +465,15 @@ def measure(cmd: list[str], limits: Limits, log: Path) -> tuple[float, int, int,
         reason = f"exit {proc.returncode}: {lines[-1][:160] if lines else ''}"
         if proc.returncode in (-9, 137, -11) or "MemoryError" in (lines[-1] if lines else ""):
             reason = f"killed or out of memory ({reason})"
-    return seconds, peak, max(peak_pss, 0), not reason, reason
+    return seconds, peak, max(peak_pss, 0), not reason, reason, usage.ru_utime + usage.ru_stime
 
 
 def profparse_cmd(trace: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "profparse.cli.main", "parse", str(trace), "-o", str(out), "--force", "--quiet"]
 
 
-def hta_cmd(trace: Path, as_limit_gb: float | None) -> list[str]:
-    cmd = [sys.executable, "-c", HTA_CODE, str(trace)]
+def hta_cmd(trace: Path, as_limit_gb: float | None, python: str = sys.executable, code: str = HTA_CODE) -> list[str]:
+    cmd = [python, "-c", code, str(trace)]
     if as_limit_gb and shutil.which("prlimit"):  # a hard cap on address space, besides the watchdog
         cmd = ["prlimit", f"--as={int(as_limit_gb * 2**30)}", "--", *cmd]
     return cmd
@@ -391,7 +492,7 @@ def machine() -> dict:
     except OSError:
         pass
     versions = {}
-    for pkg in ("profparse", "msgspec", "numpy", "pandas", "pyarrow", "HolisticTraceAnalysis"):
+    for pkg in ("profparse", "msgspec", "numpy", "pandas", "pyarrow", "traceinsight", "HolisticTraceAnalysis"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -407,6 +508,14 @@ def machine() -> dict:
     }
 
 
+def _version_in(python: str, package: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip() or "-"
+    except (OSError, subprocess.SubprocessError):
+        return "-"
+
+
 @dataclass
 class SizeResult:
     size: str
@@ -415,11 +524,12 @@ class SizeResult:
     runs: int
     tools: dict = field(default_factory=dict)  # tool -> {seconds, all_seconds, peak_rss, peak_pss, ok, reason}
     load: list = field(default_factory=list)  # 1-minute load average before and after the runs
+    source: str = ""  # the trace that was tiled
 
 
-def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> SizeResult:
-    res = SizeResult(size=size, bytes=info["bytes"], events=info["events"], runs=0, load=load)
-    for tool in ("profparse", "hta"):
+def summarize(size: str, info: dict, runs: list[Run], load: list[float], source: str = "") -> SizeResult:
+    res = SizeResult(size=size, bytes=info["bytes"], events=info["events"], runs=0, load=load, source=source)
+    for tool in TOOLS:
         mine = [r for r in runs if r.tool == tool]
         if not mine:
             continue
@@ -428,17 +538,28 @@ def summarize(size: str, info: dict, runs: list[Run], load: list[float]) -> Size
         res.tools[tool] = {
             "ok": bool(done),
             "seconds": statistics.median(r.seconds for r in done) if done else None,
+            "cpu": statistics.median(r.cpu for r in done) if done else None,
             "all_seconds": [round(r.seconds, 2) for r in mine],
             "peak_rss": max(r.peak_rss for r in pick),
             "peak_pss": max(r.peak_pss for r in pick),
             "reason": "; ".join(sorted({r.reason for r in mine if not r.ok})),
             "finished": f"{len(done)}/{len(mine)}",
         }
+        phases = sorted({k for r in done for k in r.phases}, key=lambda k: min(_phase_order(r, k) for r in done))
+        if phases:
+            res.tools[tool]["phases"] = {
+                k: statistics.median(r.phases[k] for r in done if k in r.phases) for k in phases
+            }
         res.runs = max(res.runs, len(mine))
     return res
 
 
 GIB = 2**30
+
+
+def _phase_order(run: Run, key: str) -> int:
+    keys = list(run.phases)
+    return keys.index(key) if key in keys else len(keys)
 
 
 def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
@@ -449,8 +570,9 @@ def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
         return [f"did not finish ({t['reason']})", "", "", f"{t['peak_rss'] / GIB:.2f} GiB at stop", "", "", ""]
     s = t["seconds"]
     spread = f" ({min(t['all_seconds']):.1f}-{max(t['all_seconds']):.1f})" if len(t["all_seconds"]) > 1 else ""
+    cpu = f"; CPU {t['cpu']:.1f}" if t.get("cpu") else ""
     return [
-        f"{s:.1f}{spread}",
+        f"{s:.1f}{spread}{cpu}",
         f"{res.bytes / MB / s:.0f}",
         f"{res.events / s / 1e6:.3f} M",
         f"{t['peak_rss'] / GIB:.2f} GiB",
@@ -460,12 +582,28 @@ def _fmt_tool(res: SizeResult, tool: str) -> list[str]:
     ]
 
 
+def _json(res: SizeResult) -> str:
+    return f"{res.source} {res.bytes / MB:,.0f} MB" if res.source else f"{res.bytes / MB:,.0f} MB"
+
+
+def _ratio(res: SizeResult, slow: str, fast: str) -> str:
+    """``slow``'s median seconds over ``fast``'s, bold, then the same for CPU seconds; '-' if either did not run
+    or finish."""
+    a, b = res.tools.get(slow), res.tools.get(fast)
+    if not (a and b and b["ok"]):
+        return "-"
+    if not a["ok"]:
+        return f"> {max(a['all_seconds']) / b['seconds']:.1f}x (did not finish)"
+    cpu = f" (CPU {a['cpu'] / b['cpu']:.1f}x)" if a.get("cpu") and b.get("cpu") else ""
+    return f"**{a['seconds'] / b['seconds']:.1f}x**{cpu}"
+
+
 def table(results: list[SizeResult]) -> str:
     head = [
         "JSON",
         "events",
         "tool",
-        "seconds, median (min-max)",
+        "seconds, median (min-max); CPU s",
         "MB/s",
         "events/s",
         "peak RSS",
@@ -475,23 +613,49 @@ def table(results: list[SizeResult]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = [
-        "| JSON | throughput profparse / HTA | peak RSS profparse / HTA | runs finished | load avg (before, after) |",
-        "|---|---|---|---|---|",
+        "| JSON | HTA 0.5 / profparse | HTA 0.6 / profparse | profparse / decode only | runs finished "
+        "| load avg (before, after) |",
+        "|---|---|---|---|---|---|",
     ]
-    for res in sorted(results, key=lambda r: r.bytes):
-        for tool, label in (("profparse", "profparse parse (end to end)"), ("hta", "HTA TraceAnalysis (load)")):
-            row = [f"{res.bytes / MB:,.0f} MB", f"{res.events / 1e6:.2f} M", label] + _fmt_tool(res, tool)
+    for res in sorted(results, key=lambda r: (r.source, r.bytes)):
+        for tool in TOOLS:
+            if tool not in res.tools:
+                continue
+            row = [_json(res), f"{res.events / 1e6:.2f} M", LABELS[tool]] + _fmt_tool(res, tool)
             lines.append("| " + " | ".join(row) + " |")
-        p, h = res.tools.get("profparse"), res.tools.get("hta")
-        both = bool(p and h and p["ok"] and h["ok"])
-        speed = f"**{h['seconds'] / p['seconds']:.1f}x**" if both else "-"
-        rss = f"{p['peak_rss'] / h['peak_rss']:.2f}" if both else "-"
-        if p and h and p["ok"] and not h["ok"]:
-            speed = f"> {h['all_seconds'][0] / p['seconds']:.1f}x (HTA did not finish)"
         fin = ", ".join(f"{k} {v['finished']}" for k, v in res.tools.items())
         load = ", ".join(f"{x:.1f}" for x in res.load)
-        ratios.append(f"| {res.bytes / MB:,.0f} MB | {speed} | {rss} | {fin} | {load} |")
+        ratios.append(
+            f"| {_json(res)} | {_ratio(res, 'hta', 'profparse')} | {_ratio(res, 'hta06', 'profparse')} "
+            f"| {_ratio(res, 'profparse', 'decode')} | {fin} | {load} |"
+        )
     return "\n".join(lines) + "\n\n" + "\n".join(ratios)
+
+
+PHASES = ("startup+imports", "read", "link", "attribute", "tables+parquet")
+
+
+def phase_table(results: list[SizeResult]) -> str:
+    """profparse's per-phase seconds, wall (CPU), medians of the runs, next to the decode-only time."""
+    rows = []
+    for res in sorted(results, key=lambda r: r.bytes):
+        p = res.tools.get("profparse")
+        if not p or not p.get("phases"):
+            continue
+        ph = p["phases"]
+        cells = [
+            f"{ph[k]:.2f} ({ph.get(k + ' cpu', 0):.2f}); {ph.get(k + ' peak MB', 0):.0f} MB" if k in ph else "-"
+            for k in PHASES
+        ]
+        threads = f"{ph.get('tables', 0):.2f} / {ph.get('parquet', 0):.2f}"
+        d = res.tools.get("decode")
+        decode = f"{d['seconds']:.2f} ({d.get('cpu') or 0:.2f})" if d and d["ok"] else "-"
+        total = f"{p['seconds']:.2f} ({p.get('cpu') or 0:.2f})"
+        rows.append(f"| {_json(res)} | {total} | " + " | ".join(cells) + f" | {threads} | {decode} |")
+    if not rows:
+        return ""
+    head = "| JSON | profparse end to end | " + " | ".join(PHASES) + " | tables / parquet (thread sums) | decode only |"
+    return head + "\n|" + "---|" * (len(PHASES) + 4) + "\n" + "\n".join(rows)
 
 
 def scaling(results: list[SizeResult]) -> str:
@@ -502,7 +666,7 @@ def scaling(results: list[SizeResult]) -> str:
         if not p or not p["ok"]:
             continue
         rows.append(
-            f"| {res.bytes / MB:,.0f} MB | {res.events / 1e6:.2f} M | {p['seconds'] / res.events * 1e6:.2f} | "
+            f"| {_json(res)} | {res.events / 1e6:.2f} M | {p['seconds'] / res.events * 1e6:.2f} | "
             f"{p['peak_rss'] / res.events:.0f} | {p['peak_rss'] / res.bytes:.2f} |"
         )
     return "\n".join(rows)
@@ -524,12 +688,13 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
     found = DATA.search(text)
     stored = json.loads(found.group(1)) if found else {"results": {}}
     for res in results:
-        stored["results"][res.size] = {**asdict(res), "machine": m, "source": source}
+        stored["results"][f"{res.source} {res.size}"] = {**asdict(res), "machine": m}
     merged = [
-        SizeResult(**{k: v for k, v in r.items() if k not in ("machine", "source")}) for r in stored["results"].values()
+        SizeResult(**{k: v for k, v in r.items() if k != "machine"} | {"source": r.get("source", "").split(".")[0]})
+        for r in stored["results"].values()
     ]
     machines = {machine_text(r["machine"]) for r in stored["results"].values()}
-    sources = sorted({r["source"] for r in stored["results"].values()})
+    sources = sorted({r.get("source", "") for r in stored["results"].values()})
     block = "\n".join(
         [
             BEGIN,
@@ -544,6 +709,12 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
             "profparse per event, by size:",
             "",
             scaling(merged),
+            "",
+            "profparse per phase: seconds wall (CPU); peak RSS of the main process at the phase's end; medians "
+            "(`PROFPARSE_PROFILE_PHASES=1`; startup+imports is process creation to the start of reading; CPU "
+            "includes the decoding workers; tables and parquet are summed over the two writing threads):",
+            "",
+            phase_table(merged),
             "",
             *sorted(machines),
             "",
@@ -561,7 +732,9 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="real Kineto trace to tile (.json[.gz])")
+    ap.add_argument(
+        "--trace", "--source", dest="source", type=Path, default=DEFAULT_SOURCE, help="real Kineto trace to tile"
+    )
     ap.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size("100MB")], help="e.g. 100MB 500MB 2GB")
     ap.add_argument("--runs", type=int, default=3, help="runs per tool and size, alternating (default 3)")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/bench"), help="where traces and outputs go")
@@ -570,42 +743,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit-gb", type=float, default=20, help="kill a run whose process tree passes this RSS")
     ap.add_argument("--hta-as-gb", type=float, default=20, help="address-space cap for HTA via prlimit (0: none)")
     ap.add_argument("--min-free-gb", type=float, default=1.0, help="kill a run when the machine has less available")
-    ap.add_argument("--tools", nargs="+", choices=("profparse", "hta"), default=["profparse", "hta"])
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="default: all four")
+    ap.add_argument(
+        "--hta06-python",
+        default="/tmp/perf-ti/bin/python",
+        help="python of a venv with traceinsight (HTA 0.6); HTA 0.6 is skipped if it does not exist",
+    )
     ap.add_argument("--skip-hta-after-fail", action="store_true", help="no more HTA runs at a size once one failed")
     ap.add_argument("--generate-only", action="store_true", help="only write the traces")
     ap.add_argument("--clean", action="store_true", help="delete each generated trace after its runs")
     ap.add_argument("--write-docs", action="store_true", help=f"put the results into {DOCS.relative_to(REPO)}")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument(
+        "--docs-from", nargs="+", type=Path, metavar="JSON", help="put earlier --json results into the docs"
+    )
     args = ap.parse_args(argv)
+    if args.docs_from:
+        for path in args.docs_from:
+            saved = json.loads(path.read_text())
+            results = [SizeResult(**r) for r in saved["results"]]
+            write_docs(results, saved["machine"], results[0].source if results else "")
+        return 0
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    limits = {
-        "profparse": Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB)),
-        "hta": Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB)),
-    }
+    mine = Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
+    peer = Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
+    limits = {"profparse": mine, "decode": mine, "hta": peer, "hta06": peer}
+    if "hta06" in args.tools and not Path(args.hta06_python).exists():
+        print(f"no {args.hta06_python}: HTA 0.6 skipped (see --hta06-python)", file=sys.stderr)
+        args.tools = [t for t in args.tools if t != "hta06"]
     cache: dict = {}
     results: list[SizeResult] = []
     for target in args.sizes:
         label = size_label(target)
-        trace, info = ensure_trace(args.source, target, args.work_dir, cache)
+        trace, info = ensure_trace(args.source, target, args.work_dir, cache, in_child=not args.generate_only)
         if args.generate_only:
             continue
         runs: list[Run] = []
-        hta_failed = False
+        hta_failed: set[str] = set()
         load = [os.getloadavg()[0]]
         for k in range(args.runs):
             for tool in args.tools:
-                if tool == "hta" and hta_failed and args.skip_hta_after_fail:
+                if tool in hta_failed and args.skip_hta_after_fail:
                     continue
                 out = args.work_dir / f"out_{label}"
-                cmd = profparse_cmd(trace, out) if tool == "profparse" else hta_cmd(trace, args.hta_as_gb)
+                env = None
+                if tool == "profparse":
+                    cmd, env = profparse_cmd(trace, out), {"PROFPARSE_PROFILE_PHASES": "1"}
+                elif tool == "hta":
+                    cmd = hta_cmd(trace, args.hta_as_gb)
+                elif tool == "hta06":
+                    cmd = hta_cmd(trace, args.hta_as_gb, args.hta06_python, HTA06_CODE)
+                else:
+                    cmd = [sys.executable, "-c", DECODE_CODE, str(trace)]
                 log = args.work_dir / f"{tool}_{label}_{k}.log"
-                seconds, peak, pss, ok, reason = measure(cmd, limits[tool], log)
-                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason))
-                hta_failed |= tool == "hta" and not ok
+                seconds, peak, pss, ok, reason, cpu = measure(cmd, limits[tool], log, env)
+                phases = {}
+                for m in PHASE.finditer(log.read_text(errors="replace")):
+                    phases[m.group(1)] = float(m.group(2))
+                    if m.group(3):
+                        phases[m.group(1) + " cpu"] = float(m.group(3))
+                    if m.group(4):
+                        phases[m.group(1) + " peak MB"] = float(m.group(4))
+                runs.append(Run(tool, label, k, seconds, peak, pss, ok, reason, phases, cpu))
+                if tool.startswith("hta") and not ok:
+                    hta_failed.add(tool)
                 status = "ok" if ok else f"did not finish ({reason})"
                 print(
-                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.1f} s"
+                    f"{label} run {k + 1}/{args.runs} {tool:9s} {seconds:7.2f} s (cpu {cpu:6.2f} s)"
                     f"  {info['bytes'] / MB / seconds:6.0f} MB/s  peak RSS {peak / GIB:5.2f} GiB"
                     f"  PSS {pss / GIB:5.2f} GiB  {status}",
                     file=sys.stderr,
@@ -613,16 +818,20 @@ def main(argv: list[str] | None = None) -> int:
                 )
             shutil.rmtree(args.work_dir / f"out_{label}", ignore_errors=True)
         load.append(os.getloadavg()[0])
-        results.append(summarize(label, info, runs, load))
+        results.append(summarize(label, info, runs, load, args.source.name.split(".")[0]))
         if args.clean:
             trace.unlink(missing_ok=True)
             trace.with_suffix(".meta.json").unlink(missing_ok=True)
     if args.generate_only:
         return 0
     m = machine()
+    if "hta06" in args.tools:
+        m["versions"]["traceinsight"] = _version_in(args.hta06_python, "traceinsight")
     print(table(results))
     print()
     print(scaling(results))
+    print()
+    print(phase_table(results))
     print()
     print(machine_text(m))
     if args.json:

@@ -2,8 +2,8 @@
 
 Not a test module (pytest does not collect it); tests import it::
 
-    hta = pytest.importorskip("hta")          # HTA is optional (``test`` extra)
-    from hta_oracle import hta_gpu_time_by_kernel_name, file_gpu_time_by_kernel_name
+    from hta_oracle import HTA_MISSING, hta_gpu_time_by_kernel_name, file_gpu_time_by_kernel_name
+    hta = pytest.importorskip("hta", reason=HTA_MISSING)          # HTA is optional (``hta`` extra)
 
 HTA is imported inside the functions only, so importing this module never needs HTA.
 
@@ -38,11 +38,11 @@ from typing import Any
 import pandas as pd
 
 #: ``cat`` values of GPU activity (kernels, memcpy, memset): current schema and legacy 2021 schema.
-GPU_ACTIVITY_CATS: frozenset[str] = frozenset(
-    {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
-)
+GPU_ACTIVITY_CATS: frozenset[str] = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
 
-_ENV_NO_ROUNDING = "HTA_DISABLE_NS_ROUNDING"
+
+#: The skip reason of the HTA tests where HTA is not installed (README command 2 installs it).
+HTA_MISSING = "HTA is not installed: pip install -e '.[hta]' (traceinsight; HolisticTraceAnalysis 0.5 works too)"
 
 
 # --------------------------------------------------------------------------------------------- HTA side
@@ -50,18 +50,13 @@ _ENV_NO_ROUNDING = "HTA_DISABLE_NS_ROUNDING"
 def _load(path: str, include_last_profiler_step: bool, no_rounding: bool) -> Any:
     from hta.trace_analysis import TraceAnalysis  # imported here: HTA is optional
 
-    old = os.environ.get(_ENV_NO_ROUNDING)
-    os.environ[_ENV_NO_ROUNDING] = "1" if no_rounding else "0"
-    try:
+    from profparse.hta import ns_rounding  # HTA_DISABLE_NS_ROUNDING, also where HTA 0.6 caches it
+
+    with ns_rounding(no_rounding):
         if os.path.isdir(path):  # a directory of rank traces, as HTA usually wants
             return TraceAnalysis(trace_dir=path, include_last_profiler_step=include_last_profiler_step)
         # A single file: HTA accepts {rank: absolute path}; no temporary directory needed.
         return TraceAnalysis(trace_files={0: path}, include_last_profiler_step=include_last_profiler_step)
-    finally:
-        if old is None:
-            del os.environ[_ENV_NO_ROUNDING]
-        else:
-            os.environ[_ENV_NO_ROUNDING] = old
 
 
 def hta_loaded(

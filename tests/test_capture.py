@@ -178,7 +178,8 @@ def test_missing_extra_message(tmp_path: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "capture: needs the 'capture' extra: pip install 'profparse[capture]'"
+    hint = "pip install -e '.[capture]' (from a checkout) or pip install 'profparse[capture]'"
+    assert proc.stderr.strip() == f"capture: needs the 'capture' extra: {hint}"
     assert not (tmp_path / "run").exists()
 
 

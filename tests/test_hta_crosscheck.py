@@ -1,15 +1,15 @@
-"""Cross-check with HolisticTraceAnalysis, the peer used as a test oracle (needs the ``test`` extra)."""
+"""Cross-check with HolisticTraceAnalysis, the peer used as a test oracle (needs the ``hta`` extra)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 from conftest import parsed as cached_parse
+from hta_oracle import HTA_MISSING, file_gpu_time_by_kernel_name, hta_gpu_time_by_kernel_name
 
 import profparse
 
-hta = pytest.importorskip("hta")
-from hta_oracle import file_gpu_time_by_kernel_name, hta_gpu_time_by_kernel_name  # noqa: E402
+hta = pytest.importorskip("hta", reason=HTA_MISSING)
 
 
 def profparse_gpu_time_by_name(parsed: profparse.ParsedTrace) -> pd.Series:

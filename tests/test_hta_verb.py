@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import parsed as parsed_once
+from hta_oracle import HTA_MISSING
 
 from profparse.cli.main import main
 
@@ -20,7 +21,7 @@ def test_verb_without_hta_says_to_install_the_extra(monkeypatch, capsys, tmp_pat
     assert err.count("\n") == 1 and "hta extra" in err
 
 
-hta = pytest.importorskip("hta")
+hta = pytest.importorskip("hta", reason=HTA_MISSING)
 
 from profparse.hta import UNMATCHED, hta_by_stage, hta_data, load_hta, render  # noqa: E402
 

@@ -231,3 +231,53 @@ def test_stages_plot_bars_are_the_summary_numbers(path):
         gpu = panels["GPU"].sum(axis=1)
         parts = totals.loc[gpu.index, ["gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].sum(axis=1)
         assert (gpu == parts.astype(float)).all()
+
+
+def _bars(ax) -> list:
+    from matplotlib.patches import Rectangle
+
+    return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_height() > 0 and p.get_width() > 0]
+
+
+@pytest.mark.parametrize("path", [CPU_MARKS, V100], ids=["cpu_marks", "v100"])
+def test_stages_plot_one_unit_and_legend_off_the_bars(path):
+    parsed = parsed_once(need(path))
+    fig, why = plots.make_figure(parsed, "stages")
+    assert why is None
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    axes = [ax for ax in fig.axes if ax.get_ylabel()]
+    assert len({ax.get_ylabel() for ax in axes}) == 1  # same unit in every panel
+    for ax in axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        for bar in _bars(ax):
+            assert not legend.overlaps(bar.get_window_extent(renderer)), "the legend covers a bar"
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_layers_plot_labels_every_bar_with_its_number():
+    from profparse.outputs.views import layers
+
+    parsed = parsed_once(need(CPU_MARKS))
+    prepared, why = layers.data(parsed)
+    if prepared is None:
+        pytest.skip(f"no layers in this version of the analyses: {why}")
+    fig, _ = plots.make_figure(parsed, "layers")
+    ax = fig.axes[0]
+    wide = prepared["wide"]
+    scale, _unit = plots.time_unit(float(wide.to_numpy().max()))
+    expected = sorted(f"{v / scale:,.2f}" for v in wide.to_numpy().ravel() if v > 0)
+    assert sorted(t.get_text() for t in ax.texts) == expected
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_every_registered_view_is_a_plot_kind():
+    from profparse.outputs.views import VIEWS
+
+    assert PLOT_KINDS == tuple(VIEWS)
+    for kind, module in VIEWS.items():
+        assert module.KIND == kind and module.TITLE and callable(module.data) and callable(module.draw)

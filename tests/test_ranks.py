@@ -107,6 +107,8 @@ def assert_same_dataset(a: Path, b: Path) -> None:
         assert left.num_rows == right.num_rows and left.equals(right), name
     cols = ["rank", "rank_source", "status", "error", "exit_code", "events"]
     pd.testing.assert_frame_equal(ranks.read_table(a, "ranks")[cols], ranks.read_table(b, "ranks")[cols])
+    left, right = (ds.dataset(x / "collective_matches").to_table() for x in (a, b))
+    assert left.equals(right)
 
 
 def check_dataset(folder: Path, out: Path, parsed: dict[int, profparse.ParsedTrace] | None = None) -> None:
@@ -359,6 +361,19 @@ def test_shared_trace_ranks(shared, tmp_path, dask_address):
         assert {got[s][0] for s in ("forward", "backward", "optimizer")} == {3}
         backward = next(s for s in data["stragglers"] if s["stage"] == "backward")
         assert backward["lead_share"] == pytest.approx(SCALE - 1, rel=1e-3)
+    # late ranks: rank 3's clock runs 1.5x from the trace start, so it reaches every collective last
+    m = run.matches
+    assert run.match_warnings == [] and m["match"].nunique() == 21
+    assert m.loc[m["is_last"], "rank"].tolist() == [3] * 21
+    starts = m.pivot(index="match", columns="rank", values="start_ns")
+    per_match = m.drop_duplicates("match").set_index("match")
+    assert (per_match["delay_ns"] == starts[3] - starts[0]).all() and (per_match["delay_ns"] > 0).all()
+    on_time = m[m["rank"] != 3]
+    expected = (starts[3] - starts[0]).reindex(on_time["match"]).to_numpy().clip(max=on_time["dur_ns"].to_numpy())
+    assert on_time["waiting_ns"].tolist() == expected.tolist()
+    assert (m.loc[m["rank"] == 3, "waiting_ns"] == 0).all()
+    written = ranks.read_table(tmp_path / "j1", "collective_matches")
+    assert written["waiting_ns"].astype("int64").tolist() == m["waiting_ns"].tolist()
 
 
 def test_summarize_formats_and_the_written_dataset_agree(built, tmp_path, capsys):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse import tables
+from profparse import phase_clock, tables
 from profparse.errors import TraceFormatError
 from profparse.stages.attribute import Attribution, attribute
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RawTrace, read_trace
@@ -193,17 +193,21 @@ def parse(
 ) -> ParsedTrace:
     """Read, link and attribute one trace file. ``peak_tflops``: the peak MFU is measured against (default: the
     device's dense peak for the dominant dtype, from :mod:`profparse.analysis.peaks`)."""
+    phase_clock.startup()
     try:
-        raw = read_trace(path, strict=strict, progress=progress)
+        with phase_clock.phase("read"):
+            raw = read_trace(path, strict=strict, progress=progress)
     except RecursionError:
         raise TraceFormatError(f"{path}: JSON nested too deeply (corrupt or hostile input)") from None
     phase = getattr(progress, "phase", None)  # a progress bar may also show the phases after reading
     if phase is not None:
         phase("linking")
-    links = link(raw.events)
+    with phase_clock.phase("link"):
+        links = link(raw.events)
     if phase is not None:
         phase("attributing stages")
-    attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
+    with phase_clock.phase("attribute"):
+        attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
     options = {"include_marks": include_marks, "peak_tflops": peak_tflops}
     return ParsedTrace(raw=raw, links=links, attribution=attribution, options=options)
 

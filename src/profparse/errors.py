@@ -154,3 +154,9 @@ def _subclasses(cls: type) -> list[type]:
     for sub in cls.__subclasses__():
         out += [sub, *_subclasses(sub)]
     return out
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional dependencies of ``extra``: from a checkout (how profparse is installed from its
+    repository) or from a package index."""
+    return f"pip install -e '.[{extra}]' (from a checkout) or pip install 'profparse[{extra}]'"

@@ -18,6 +18,7 @@ Times are HTA's: microseconds, rounded to whole microseconds unless loaded with 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import logging
 import os
@@ -30,14 +31,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.errors import ProfparseError, TraceFormatError
+from profparse.errors import ProfparseError, TraceFormatError, install_hint
 from profparse.marks import STAGES
 from profparse.outputs.formats import display, md_cell, md_code, md_table, render_as, text_table
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
 KERNEL_CATS = ("kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events")
-INSTALL_HINT = "HTA is not installed: install the hta extra (pip install 'profparse[hta]')"
+INSTALL_HINT = f"HTA is not installed: install the hta extra: {install_hint('hta')}"
+
+
+#: The distributions that install the ``hta`` module, preferred first: HTA 0.6+ is published as ``traceinsight``;
+#: ``HolisticTraceAnalysis`` stopped at 0.5.0. profparse works with either (docs/hta_notes.md).
+HTA_DISTRIBUTIONS = ("traceinsight", "HolisticTraceAnalysis")
+ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
 
 
 class HtaNotInstalledError(ProfparseError):
@@ -52,6 +59,45 @@ def hta_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def hta_distribution() -> tuple[str, str] | None:
+    """``(distribution, version)`` of the installed HTA (by ``importlib.metadata``; ``traceinsight`` first when
+    both are installed), None when neither is."""
+    for name in HTA_DISTRIBUTIONS:
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def ns_rounding(exact: bool) -> Iterator[None]:
+    """HTA's rounding of timestamps to whole microseconds off (``exact``) or on, for what runs inside.
+
+    HTA 0.5 reads ``HTA_DISABLE_NS_ROUNDING`` at every parse; 0.6 reads it once into a singleton
+    (``hta.configs.env_options.HTAEnvOptions``), so the variable alone would keep the first load's choice for
+    the whole process: set both, and put both back after."""
+    old = os.environ.get(ROUNDING_ENV)
+    os.environ[ROUNDING_ENV] = "1" if exact else "0"
+    options = None
+    with contextlib.suppress(ImportError, AttributeError):
+        from hta.configs.env_options import HTAEnvOptions  # 0.6+
+
+        options = HTAEnvOptions.instance()
+    before = options.disable_ns_rounding() if options is not None else None
+    if options is not None:
+        options.set_disable_ns_rounding(exact)
+    try:
+        yield
+    finally:
+        if options is not None:
+            options.set_disable_ns_rounding(before)
+        if old is None:
+            os.environ.pop(ROUNDING_ENV, None)
+        else:
+            os.environ[ROUNDING_ENV] = old
 
 
 @contextlib.contextmanager
@@ -77,11 +123,8 @@ def load_hta(path: str | Path, *, exact: bool = False, include_last_profiler_ste
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
         raise HtaNotInstalledError(INSTALL_HINT) from None
-    key = "HTA_DISABLE_NS_ROUNDING"
-    old = os.environ.get(key)
-    os.environ[key] = "1" if exact else "0"
     try:
-        with _quiet():
+        with ns_rounding(exact), _quiet():
             return TraceAnalysis(
                 trace_files={0: str(Path(path).resolve())}, include_last_profiler_step=include_last_profiler_step
             )
@@ -90,11 +133,6 @@ def load_hta(path: str | Path, *, exact: bool = False, include_last_profiler_ste
     except Exception as exc:  # noqa: BLE001 - HTA raises anything on traces it cannot read
         reason = (str(exc).splitlines() or [""])[0]
         raise TraceFormatError(f"{path}: HTA could not load the trace ({type(exc).__name__}: {reason})") from None
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
 
 
 def _rank(ta: Any) -> int:
@@ -317,6 +355,7 @@ def hta_data(result: HtaByStage) -> dict[str, Any]:
     return {
         "trace": result.trace,
         "rank": result.rank,
+        "hta": dict(zip(("distribution", "version"), hta_distribution() or (None, None), strict=True)),
         "units": "us (HTA's, " + ("exact" if result.exact else "rounded to whole microseconds per event") + ")",
         "gpu_rows": result.rows,
         "unmatched_rows": result.unmatched,
@@ -384,6 +423,8 @@ def render_text(data: dict[str, Any]) -> str:
     out.write(f"  {data['gpu_rows']:,} HTA GPU rows joined to profparse stages")
     out.write(f", {data['unmatched_rows']:,} unmatched\n" if data["unmatched_rows"] else ", all matched\n")
     out.write(f"  times: {data['units']}\n")
+    if data["hta"]["distribution"]:
+        out.write(f"  HTA: {display(data['hta']['distribution'])} {display(data['hta']['version'])}\n")
     for title, headers, rows in _sections(data):
         out.write(f"\n{title}\n")
         left = 2 if headers[1] == "kernel type" else 1
@@ -393,6 +434,8 @@ def render_text(data: dict[str, Any]) -> str:
 
 def render_markdown(data: dict[str, Any]) -> str:
     lines = [f"# profparse hta: {md_code(data['trace'])} (rank {data['rank']})", "", f"Times: {data['units']}."]
+    if data["hta"]["distribution"]:
+        lines[-1] += f" HTA: {md_cell(data['hta']['distribution'])} {md_cell(data['hta']['version'])}."
     for title, headers, rows in _sections(data):
         lines += ["", f"## {title}", "", *md_table(headers, [[md_cell(c) for c in r] for r in rows])]
     return "\n".join(lines) + "\n"

@@ -446,13 +446,13 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     index = np.full(len(seg.step_index), len(labels) - 1, dtype=np.int64)  # outside every window
     inside = seg.step_index >= 0
     index[inside] = np.searchsorted(labels[:-1], numbers[seg.step_index[inside]])
+    # Pieces are cut at every window boundary, so the windows (and "outside") split time into disjoint parts: the
+    # total per stage (a union over the whole trace) is the sum of the per-window unions, exactly. Summing instead
+    # of a second host_levels pass over all pieces saves a quarter of host_time (0.5 of 2.0 s at 100 MB, cProfile).
+    by_step = host_levels(seg, index * n_stages + seg.stage, len(labels) * n_stages)
+    total = {name: values.reshape(len(labels), n_stages).sum(axis=0) for name, values in by_step.items()}
     frames = []
-    for scope, key, keys in (
-        ("step", index * n_stages + seg.stage, labels),
-        ("total", seg.stage, np.array([NULL])),
-    ):
-        groups = len(keys) * n_stages
-        levels = host_levels(seg, key, groups)
+    for scope, levels, keys in (("step", by_step, labels), ("total", total, np.array([NULL]))):
         frame = pd.DataFrame(
             {
                 "scope": scope,

@@ -1,19 +1,23 @@
-"""The analyses' sections of the summary: plain data from a parsed trace, and text/markdown renderers.
+"""The analyses' sections of the summary: plain data from a parsed trace, and the tables that show it.
 
-``outputs/summary.py`` puts :func:`summary_sections` under ``"analyses"`` in its data and calls
-:func:`render_text` / :func:`render_markdown` with it. A section with nothing to show is left out (no Python
-frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
+Each section is one :class:`Section` entry of :data:`SECTIONS`: ``data(parsed)`` gives its JSON-ready entries
+(``outputs/summary.py`` puts them all under ``"analyses"``), ``tables(analyses)`` the
+:class:`~profparse.outputs.formats.Table` s shown, which text, markdown and csv render alike. Adding a section
+(efficiency, communication, runtime calls) is one more entry. A section with nothing to show gives no tables (no
+Python frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
 ``[memory]`` events: no memory).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from profparse.outputs.formats import display, md_cell, md_code, md_table, text_table
+from profparse.outputs.formats import Column, Table, display, tables_markdown, tables_text
 
 MODULE_ROWS = 12
 RULES_WIDTH = 38
@@ -52,19 +56,33 @@ def _records(frame: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[dict[str, 
     return out
 
 
-def summary_sections(parsed: Any) -> dict[str, Any]:
-    """The analysis sections as JSON-ready data (totals; the full tables are in Parquet)."""
+def _levels_data(parsed: Any) -> dict[str, Any]:
     levels = parsed.stage_levels
-    levels = levels[levels["scope"] == "total"]
-    memory = parsed.memory_by_stage
+    return {"stage_levels": _records(levels[levels["scope"] == "total"], drop=("scope", "step"))}
+
+
+def _load_data(parsed: Any) -> dict[str, Any]:
+    return {"load_breakdown": _records(parsed.load_breakdown)}
+
+
+def _modules_data(parsed: Any) -> dict[str, Any]:
     modules = parsed.modules
-    return {
-        "load_breakdown": _records(parsed.load_breakdown),
-        "stage_levels": _records(levels, drop=("scope", "step")),
-        "modules_by_class": _modules_by_class(modules),
-        "module_count": int(modules.loc[modules["calls"] > 0, "module"].nunique()) if len(modules) else 0,
-        "memory_by_stage": _records(memory[memory["scope"] == "total"], drop=("scope", "step")),
-    }
+    count = int(modules.loc[modules["calls"] > 0, "module"].nunique()) if len(modules) else 0
+    return {"modules_by_class": _modules_by_class(modules), "module_count": count}
+
+
+def _memory_data(parsed: Any) -> dict[str, Any]:
+    memory = parsed.memory_by_stage
+    return {"memory_by_stage": _records(memory[memory["scope"] == "total"], drop=("scope", "step"))}
+
+
+def summary_sections(parsed: Any) -> dict[str, Any]:
+    """The analysis sections as JSON-ready data (totals; the full tables are in Parquet): every entry of
+    :data:`SECTIONS`' data, merged."""
+    out: dict[str, Any] = {}
+    for section in SECTIONS:
+        out.update(section.data(parsed))
+    return out
 
 
 def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
@@ -73,9 +91,7 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     # a class's time counts its outermost instances only (a Sequential inside a Sequential is already included)
     firsts = modules.drop_duplicates("module")
-    nested_names = _nested_in_same_class(
-        firsts["module"].tolist(), firsts["parent"].tolist(), firsts["class"].tolist()
-    )
+    nested_names = _nested_in_same_class(firsts["module"].tolist(), firsts["parent"].tolist(), firsts["class"].tolist())
     outer = ~modules["module"].isin(nested_names).to_numpy(dtype=bool)
     modules = modules.assign(
         host_ns=np.where(outer, modules["host_ns"], 0), gpu_ns=np.where(outer, modules["gpu_ns"], 0)
@@ -175,24 +191,21 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _table(headers: list[str], rows: list[list[str]], align_left: int = 1, last_left: bool = False) -> str:
-    return text_table(headers, rows, align_left, last_left=last_left)
-
-
-def _module_rows(modules: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells of the modules-by-class table (GPU and recompute columns only where there is any)."""
+def _module_columns(modules: list[dict[str, Any]]) -> list[Column]:
+    """The modules-by-class columns (GPU and recompute columns only where there is any)."""
     gpu = any(r["forward_gpu_ns"] or r["backward_gpu_ns"] for r in modules)
     recompute = any(r["recompute_host_ns"] for r in modules)
-    headers = ["class", "depth", "inst", "calls", "fwd host"] + (["fwd GPU"] if gpu else []) + ["bwd host"]
-    headers += (["bwd GPU"] if gpu else []) + (["recompute"] if recompute else [])
-    rows = []
-    for r in modules[:MODULE_ROWS]:
-        row = [_short(display(r["class"]), 28), str(r["depth"]), str(r["instances"]), f"{r['calls']:,}"]
-        row += [_nz(r["forward_host_ns"])] + ([_nz(r["forward_gpu_ns"])] if gpu else [])
-        row += [_nz(r["backward_host_ns"])] + ([_nz(r["backward_gpu_ns"])] if gpu else [])
-        row += [_nz(r["recompute_host_ns"])] if recompute else []
-        rows.append(row)
-    return headers, rows
+    columns = [
+        Column("class", "class", lambda c: _short(display(c), 28)),
+        Column("depth", "depth"),
+        Column("instances", "inst"),
+        Column("calls", "calls", lambda n: f"{n:,}"),
+        Column("forward_host_ns", "fwd host", _nz),
+    ]
+    columns += [Column("forward_gpu_ns", "fwd GPU", _nz)] if gpu else []
+    columns += [Column("backward_host_ns", "bwd host", _nz)]
+    columns += [Column("backward_gpu_ns", "bwd GPU", _nz)] if gpu else []
+    return columns + ([Column("recompute_host_ns", "recompute", _nz)] if recompute else [])
 
 
 def _level_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -204,137 +217,103 @@ def _active_stages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if any(r.get(c) for c, _ in LEVELS) or r.get("launch_latency_count")]
 
 
+def _levels_tables(data: dict[str, Any]) -> list[Table]:
+    levels = _active_stages(data["stage_levels"])
+    if not levels:
+        return []
+    columns = [Column("stage", "stage")] + [Column(c, label, _nz) for c, label in _level_columns(levels)]
+    note = "ms; the host levels add up to host wall: Python, ops, runtime, waiting; GPU"
+    out = [Table("Levels per stage", columns, levels, note=note)]
+    launched = [r for r in levels if r.get("launch_latency_count")]
+    if launched:
+        columns = [Column("stage", "stage"), Column("launch_latency_count", "launches", lambda n: f"{n:,}")]
+        columns += [Column("launch_latency_mean_ns", "mean", _us)] + [Column(c, label, _us) for c, label in LATENCY]
+        out.append(Table("Launch latency", columns, launched, note="us, GPU start - launch call start"))
+    return out
+
+
+def _load_tables(data: dict[str, Any]) -> list[Table]:
+    load = data["load_breakdown"]
+    if not load:
+        return []
+    total = sum(r["time_ns"] for r in load)
+    gpu = any(r["gpu_time_ns"] for r in load)
+    columns = [
+        Column("substep", "substep"),
+        Column("time_ns", "ms", _ms),
+        Column("share", "share", lambda x: f"{x:.1%}"),
+        Column("wall_ns", "wall ms", _ms),
+        Column("event_count", "events", lambda n: f"{n:,}"),
+    ]
+    columns += [Column("gpu_time_ns", "GPU ms", _ms)] if gpu else []
+    width = RULES_WIDTH - (10 if gpu else 0)
+    columns.append(Column("rule", "rules", lambda r: _short(display(r or "-"), width), code=True))
+    note = f"load host time {_ms(total)} ms; unattributed = no rule explains it"
+    return [Table("Loading sub-steps", columns, load, note=note, last_left=True)]
+
+
+def _modules_tables(data: dict[str, Any]) -> list[Table]:
+    modules = data["modules_by_class"]
+    if not modules:
+        return []
+    count = data["module_count"]
+    more = len(modules) - MODULE_ROWS
+    note = f"{count} instance{'s' if count != 1 else ''}; ms, a module includes its sub-modules"
+    footer = f"... {more} more classes (profparse parse: modules table)" if more > 0 else ""
+    return [Table("Modules by class", _module_columns(modules), modules[:MODULE_ROWS], note=note, footer=footer)]
+
+
+def _memory_tables(data: dict[str, Any]) -> list[Table]:
+    memory = data["memory_by_stage"]
+    if not memory:
+        return []
+    keys = (
+        ("start_allocated_bytes", "start"),
+        ("end_allocated_bytes", "end"),
+        ("peak_allocated_bytes", "peak"),
+        ("alloc_bytes", "allocated"),
+        ("freed_bytes", "freed"),
+        ("peak_reserved_bytes", "reserved peak"),
+    )
+    columns = [Column("device", "device"), Column("stage", "stage")] + [Column(k, label, _bytes) for k, label in keys]
+    relative = any(r["relative"] for r in memory)
+    note = (
+        "allocated at first -> last event, peak; bytes allocated, freed: moves of the\n"
+        "  allocator's Total Allocated; reserve-only events count in reserved peak"
+    )
+    footer = "the trace has no allocator totals: levels are relative to its first event" if relative else ""
+    return [Table("Memory per stage", columns, memory, note=note, footer=footer, index=2)]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One analysis section of the summary: ``data`` turns a parsed trace into JSON-ready entries of the
+    summary's ``analyses``; ``tables`` turns ``analyses`` into the tables shown (none: nothing to show).
+    Text, markdown and csv all render those tables (``outputs/formats.py``)."""
+
+    data: Callable[[Any], dict[str, Any]]
+    tables: Callable[[dict[str, Any]], list[Table]]
+
+
+#: The analyses' sections in the order the summary shows them; a new section is one more entry.
+SECTIONS: list[Section] = [
+    Section(_levels_data, _levels_tables),
+    Section(_load_data, _load_tables),
+    Section(_modules_data, _modules_tables),
+    Section(_memory_data, _memory_tables),
+]
+
+
+def tables(data: dict[str, Any] | None) -> list[Table]:
+    """The tables of every analysis section with something to show."""
+    return [t for section in SECTIONS for t in section.tables(data)] if data else []
+
+
 def render_text(data: dict[str, Any] | None) -> str:
     """The analysis sections for a terminal (at most 100 columns)."""
-    if not data:
-        return ""
-    parts = []
-    levels = _active_stages(data["stage_levels"])
-    if levels:
-        columns = _level_columns(levels)
-        rows = [[r["stage"]] + [_nz(r[c]) for c, _ in columns] for r in levels]
-        parts.append(
-            "Levels per stage (ms; the host levels add up to host wall: Python, ops, runtime, waiting; GPU)\n"
-            + _table(["stage"] + [label for _, label in columns], rows)
-        )
-        launched = [r for r in levels if r.get("launch_latency_count")]
-        if launched:
-            rows = [
-                [r["stage"], f"{r['launch_latency_count']:,}", _us(r["launch_latency_mean_ns"])]
-                + [_us(r[c]) for c, _ in LATENCY]
-                for r in launched
-            ]
-            parts.append(
-                "Launch latency (us, GPU start - launch call start)\n"
-                + _table(["stage", "launches", "mean"] + [label for _, label in LATENCY], rows)
-            )
-    load = data["load_breakdown"]
-    if load:
-        total = sum(r["time_ns"] for r in load)
-        gpu = any(r["gpu_time_ns"] for r in load)
-        rows = []
-        for r in load:
-            row = [r["substep"], _ms(r["time_ns"]), f"{r['share']:.1%}", _ms(r["wall_ns"]), f"{r['event_count']:,}"]
-            if gpu:
-                row.append(_ms(r["gpu_time_ns"]))
-            rows.append(row + [_short(display(r["rule"] or "-"), RULES_WIDTH - (10 if gpu else 0))])
-        headers = ["substep", "ms", "share", "wall ms", "events"] + (["GPU ms"] if gpu else []) + ["rules"]
-        parts.append(
-            f"Loading sub-steps (load host time {_ms(total)} ms; unattributed = no rule explains it)\n"
-            + _table(headers, rows, last_left=True)
-        )
-    modules = data["modules_by_class"]
-    if modules:
-        headers, rows = _module_rows(modules)
-        more = len(modules) - MODULE_ROWS
-        parts.append(
-            f"Modules by class ({data['module_count']} instance{'s' if data['module_count'] != 1 else ''}; "
-            "ms, a module includes its sub-modules)\n"
-            + _table(headers, rows)
-            + (f"\n  ... {more} more classes (profparse parse: modules table)" if more > 0 else "")
-        )
-    memory = data["memory_by_stage"]
-    if memory:
-        rows = [
-            [
-                r["device"],
-                r["stage"],
-                _bytes(r["start_allocated_bytes"]),
-                _bytes(r["end_allocated_bytes"]),
-                _bytes(r["peak_allocated_bytes"]),
-                _bytes(r["alloc_bytes"]),
-                _bytes(r["freed_bytes"]),
-                _bytes(r["peak_reserved_bytes"]),
-            ]
-            for r in memory
-        ]
-        relative = any(r["relative"] for r in memory)
-        note = "\n  (the trace has no allocator totals: levels are relative to its first event)" if relative else ""
-        parts.append(
-            "Memory per stage (allocated at first -> last event, peak; bytes allocated, freed: moves of the\n"
-            f"  allocator's Total Allocated; reserve-only events count in reserved peak){note}\n"
-            + _table(["device", "stage", "start", "end", "peak", "allocated", "freed", "reserved peak"], rows, 2)
-        )
-    return "".join(f"\n{p}\n" for p in parts)
-
-
-# -- markdown --------------------------------------------------------------------------------------------------------
-
-
-def _md(headers: list[str], rows: list[list[str]], code: int | None = None) -> list[str]:
-    """A markdown table of plain cells (escaped here); column ``code``, if given, holds code spans already."""
-    return md_table(headers, [[c if i == code else md_cell(c) for i, c in enumerate(row)] for row in rows])
+    return tables_text(tables(data))
 
 
 def render_markdown(data: dict[str, Any] | None) -> list[str]:
     """The analysis sections as markdown lines."""
-    if not data:
-        return []
-    lines: list[str] = []
-    levels = _active_stages(data["stage_levels"])
-    if levels:
-        columns = _level_columns(levels)
-        rows = [[r["stage"]] + [_nz(r[c]) for c, _ in columns] for r in levels]
-        lines += ["", "## Levels per stage", "", *_md(["stage"] + [label for _, label in columns], rows), ""]
-        lines.append("Times in ms.")
-        launched = [r for r in levels if r.get("launch_latency_count")]
-        if launched:
-            rows = [[r["stage"], str(r["launch_latency_count"])] + [_us(r[c]) for c, _ in LATENCY] for r in launched]
-            lines += ["", "Launch latency (us):", "", *_md(["stage", "launches"] + [x for _, x in LATENCY], rows)]
-    if data["load_breakdown"]:
-        rows = [
-            [
-                r["substep"],
-                _ms(r["time_ns"]),
-                f"{r['share']:.1%}",
-                _ms(r["wall_ns"]),
-                str(r["event_count"]),
-                md_code(r["rule"]) if r["rule"] else "-",
-            ]
-            for r in data["load_breakdown"]
-        ]
-        headers = ["substep", "ms", "share", "wall ms", "events", "rules"]
-        lines += ["", "## Loading sub-steps", "", *_md(headers, rows, code=5)]
-    if data["modules_by_class"]:
-        headers, rows = _module_rows(data["modules_by_class"])
-        lines += ["", "## Modules by class", "", *_md(headers, rows), "", "Times in ms, sub-modules included."]
-    if data["memory_by_stage"]:
-        rows = [
-            [
-                r["device"],
-                r["stage"],
-                _bytes(r["start_allocated_bytes"]),
-                _bytes(r["end_allocated_bytes"]),
-                _bytes(r["peak_allocated_bytes"]),
-                _bytes(r["alloc_bytes"]),
-                _bytes(r["freed_bytes"]),
-            ]
-            for r in data["memory_by_stage"]
-        ]
-        lines += [
-            "",
-            "## Memory per stage",
-            "",
-            *_md(["device", "stage", "start", "end", "peak", "allocated", "freed"], rows),
-        ]
-    return lines
+    return tables_markdown(tables(data))

@@ -25,11 +25,11 @@ from typing import Any
 from profparse import marks
 from profparse.capture.model import ensure_model
 from profparse.capture.options import CaptureOptions, CaptureResult
-from profparse.errors import InputNotFoundError, UsageError, from_oserror
+from profparse.errors import InputNotFoundError, UsageError, from_oserror, install_hint
 from profparse.outputs.files import atomic_dir, check_target
 
 MANIFEST_FORMAT = 1
-EXTRA_HINT = "pip install 'profparse[capture]'"
+EXTRA_HINT = install_hint("capture")
 SYNC_LOAD_ENV = "HF_DEACTIVATE_ASYNC_LOAD"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from profparse.cli.common import add_input_options, emit, int_option, parse_input
 
@@ -33,11 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profparse.hta import INSTALL_HINT, hta_available
+    from profparse.hta import INSTALL_HINT, HtaNotInstalledError, hta_available
 
     if not hta_available():
-        print(f"profparse: {INSTALL_HINT}", file=sys.stderr)
-        return 2
+        raise HtaNotInstalledError(INSTALL_HINT)  # one line, profparse: error: ..., exit 2
     from profparse.hta import hta_by_stage, hta_data, render
 
     parsed = parse_input(args)

@@ -189,6 +189,8 @@ def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
             print(f"profparse: rank {result.rank}: error: {result.error}", file=sys.stderr)
         for message in result.notes:
             note(f"rank {result.rank}: {message}", args.quiet)
+    for message in run.match_warnings:
+        note(f"collectives: warning: {message}", args.quiet)
     return run
 
 

@@ -52,9 +52,17 @@ def run_ranks(args: argparse.Namespace) -> int:
             if not r.ok:
                 print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
         run = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
+        run.matches, run.match_warnings = ranks.read_matches(args.trace)
     else:
         run = run_rank_tasks(args, None)
-    data = ranks.ranks_summary_data(run.results, metric=args.metric, folder=args.trace)
+    data = ranks.ranks_summary_data(
+        run.results,
+        metric=args.metric,
+        folder=args.trace,
+        matches=run.matches,
+        match_warnings=run.match_warnings,
+        top=args.top,
+    )
     emit(ranks.render_ranks(data, args.format))
     if run.failed and not args.keep_going:
         raise partial_failure(run, None)

@@ -9,9 +9,12 @@ and JSON keep names exact.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 Renderer = Callable[[dict[str, Any]], str]
@@ -97,3 +100,102 @@ def text_table(headers: list[str], rows: list[list[str]], align_left: int = 1, *
         lines.append("  " + "  ".join(cells).rstrip())
     lines.insert(1, "  " + "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# -- sections as tables: one description, rendered as text, markdown and csv -----------------------------------------
+
+CSV_COLUMNS = ("step", "stage", "section", "name", "column", "value")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a :class:`Table`: ``key`` in its rows (and csv's ``column``), ``label`` shown as header,
+    ``fmt`` turns a raw value into the cell shown in text and markdown; ``code``: a name (markdown code span)."""
+
+    key: str
+    label: str
+    fmt: Callable[[Any], str] = str
+    code: bool = False
+
+
+@dataclass
+class Table:
+    """A section of a report as data: the renderers below show it as text, markdown and csv alike.
+
+    ``rows`` hold raw values by column key; the first ``index`` columns name a row (left-aligned; csv's ``step``,
+    ``stage`` and ``name``), the rest are its values. ``note`` follows the title in parentheses, ``footer`` the
+    table. ``group``: a repeated first cell is shown once. ``records`` replace the csv rows derived from ``rows``
+    (for a pivoted table whose cells hold several values)."""
+
+    title: str
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+    note: str = ""
+    footer: str = ""
+    index: int = 1
+    last_left: bool = False
+    group: bool = False
+    records: list[dict[str, Any]] | None = field(default=None)
+
+    def cells(self) -> list[list[str]]:
+        out, previous = [], None
+        for row in self.rows:
+            cells = [c.fmt(row.get(c.key)) for c in self.columns]
+            if self.group and cells and cells[0] == previous:
+                cells[0], previous = "", cells[0]
+            elif cells:
+                previous = cells[0]
+            out.append(cells)
+        return out
+
+    def csv_records(self) -> list[dict[str, Any]]:
+        if self.records is not None:
+            return [{"section": self.title, **r} for r in self.records]
+        keys, values = self.columns[: self.index], self.columns[self.index :]
+        out = []
+        for row in self.rows:
+            base: dict[str, Any] = {"section": self.title}
+            names = []
+            for c in keys:
+                if c.key in ("step", "stage"):
+                    base[c.key] = row.get(c.key)
+                else:
+                    names.append(str(row.get(c.key)))
+            base["name"] = " / ".join(names) if names else None
+            out += [{**base, "column": c.key, "value": row.get(c.key)} for c in values]
+        return out
+
+
+def tables_text(tables: list[Table]) -> str:
+    """Tables for a terminal, each after a blank line: title (note), the table, its footer."""
+    parts = []
+    for t in tables:
+        head = f"{t.title} ({t.note})" if t.note else t.title
+        body = text_table([c.label for c in t.columns], t.cells(), t.index, last_left=t.last_left)
+        parts.append(f"\n{head}\n{body}\n" + (f"  {t.footer}\n" if t.footer else ""))
+    return "".join(parts)
+
+
+def tables_markdown(tables: list[Table]) -> list[str]:
+    """Tables as markdown lines: a ``##`` heading each, the note and footer as a paragraph below the table."""
+    lines: list[str] = []
+    for t in tables:
+        rows = [
+            [md_code(v) if c.code and v else md_cell(v) for c, v in zip(t.columns, r, strict=True)] for r in t.cells()
+        ]
+        lines += ["", f"## {md_cell(t.title)}", "", *md_table([md_cell(c.label) for c in t.columns], rows)]
+        sentences = [" ".join(w.split()) for w in (t.note, t.footer) if w]
+        if sentences:
+            lines += ["", " ".join(md_cell(w if w.endswith(".") else w + ".") for w in sentences)]
+    return lines
+
+
+def tables_csv(tables: list[Table]) -> str:
+    """All tables as one long csv: a row per (section, step, stage, name, column) with its raw value."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for t in tables:
+        for record in t.csv_records():
+            writer.writerow({k: "" if record.get(k) is None else record.get(k) for k in CSV_COLUMNS})
+    return buffer.getvalue()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profparse import tables
+from profparse import phase_clock, tables
 from profparse.analysis import TABLES as ANALYSIS_TABLES
 from profparse.outputs.files import atomic_dir
 from profparse.trace.events import NULL, release_memory
@@ -109,9 +110,32 @@ def _options(schema: pa.Schema) -> dict[str, Any]:
     return {"compression": "zstd", "use_dictionary": text}
 
 
+_CLOCK = phase_clock.Totals()  # with PROFPARSE_PROFILE_PHASES: seconds making tables vs encoding them
+
+
 def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
     """Write one table. A long table of fixed-width columns is converted (and for :class:`RowSlices` made) one
     row group at a time, so only one row group's data exists at once."""
+    if not phase_clock.ENABLED:
+        _write_timed(table, path, metadata)
+        return
+    t0, making = time.perf_counter(), [0.0]
+    if isinstance(table, RowSlices):
+        make = table.make
+
+        def timed(start: int, stop: int) -> pd.DataFrame:
+            t = time.perf_counter()
+            frame = make(start, stop)
+            making[0] += time.perf_counter() - t
+            return frame
+
+        table = RowSlices(table.rows, timed)
+    _write_timed(table, path, metadata)
+    _CLOCK.add("tables", making[0])
+    _CLOCK.add("parquet", time.perf_counter() - t0 - making[0])
+
+
+def _write_timed(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
     if isinstance(table, RowSlices):
         rows, part = table.rows, table.make
     else:
@@ -146,14 +170,15 @@ def write_tables(
     if not items:
         return
     (first_name, first), rest = items[0], items[1:]
+    wall, cpu = time.perf_counter(), phase_clock.cpu()
     with ThreadPoolExecutor(max_workers=1) as writer:
         pending = writer.submit(
-            _write, first() if callable(first) else first, folder / f"{first_name}.parquet", metadata
+            _write, _made(first) if callable(first) else first, folder / f"{first_name}.parquet", metadata
         )
         del first
         try:
             for name, item in rest:
-                _write(item() if callable(item) else item, folder / f"{name}.parquet", metadata)
+                _write(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
                 release_memory()
                 if on_table is not None:
                     on_table(name)
@@ -162,6 +187,16 @@ def write_tables(
     release_memory()
     if on_table is not None:
         on_table(first_name)
+    if phase_clock.ENABLED:
+        _CLOCK.emit()
+        phase_clock.emit("tables+parquet", time.perf_counter() - wall, phase_clock.cpu() - cpu)
+
+
+def _made(make: Callable[[], Table]) -> Table:
+    t0 = time.perf_counter()
+    table = make()
+    _CLOCK.add("tables", time.perf_counter() - t0)
+    return table
 
 
 def write_parquet(

@@ -16,14 +16,24 @@ import pandas as pd
 from profparse.analysis import report as analysis_report
 from profparse.analysis.efficiency import summary_section as efficiency_section
 from profparse.marks import STAGES
-from profparse.outputs.formats import display, md_code, md_table, render_as
-from profparse.outputs.formats import text_table as _table
+from profparse.outputs.formats import (
+    Column,
+    Table,
+    display,
+    md_code,
+    render_as,
+    tables_csv,
+    tables_markdown,
+    tables_text,
+)
+from profparse.outputs.names import unique_labels
 from profparse.quality import gpu_devices
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
 HOST_COLUMNS = frozenset({"host_wall_ns", "host_op_ns"})
 TOP_N = 5
+LABEL_WIDTH = 60  # the kernel/op column of a text line of at most 100 characters
 TOTAL_COLUMNS = (
     ("host_wall_ns", "host wall"),
     ("host_op_ns", "host ops"),
@@ -37,7 +47,8 @@ TOTAL_COLUMNS = (
 )
 
 
-def _top(frame: pd.DataFrame, value: str, n: int) -> dict[str, list[dict[str, Any]]]:
+def _top(frame: pd.DataFrame, value: str, n: int, kernel: bool) -> dict[str, list[dict[str, Any]]]:
+    """Per stage, the ``n`` names with the most ``value``: full name, a short distinct label, count, total, share."""
     out: dict[str, list[dict[str, Any]]] = {}
     if frame.empty:
         return {s: [] for s in STAGES}
@@ -47,18 +58,33 @@ def _top(frame: pd.DataFrame, value: str, n: int) -> dict[str, list[dict[str, An
         .reset_index()
         .sort_values(["stage", "sum"], ascending=[True, False], kind="stable")
     )
-    for stage in STAGES:
-        rows = grouped[grouped["stage"] == stage].head(n)
+    shown = {stage: grouped[grouped["stage"] == stage].head(n) for stage in STAGES}
+    names = list(dict.fromkeys(str(x) for rows in shown.values() for x in rows["name"]))
+    labels = dict(zip(names, unique_labels(names, LABEL_WIDTH, kernel=kernel), strict=True))
+    for stage, rows in shown.items():
         total = float(frame.loc[frame["stage"] == stage, value].sum())
         out[stage] = [
             {
                 "name": str(r.name),
+                "label": labels[str(r.name)],
                 "count": int(r.count),
                 "total_ns": int(r.sum),
                 "share": (float(r.sum) / total) if total else 0.0,
             }
             for r in rows.itertuples(index=False)
         ]
+    return out
+
+
+def _step_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per step: its stages' host wall and GPU busy added up, and its window (end - start in ``parsed.steps``)."""
+    sums = per_step.groupby("step")[["host_wall_ns", "gpu_busy_ns"]].sum()
+    out = []
+    for r in steps.itertuples(index=False):
+        host, busy = (int(v) for v in sums.loc[r.step]) if r.step in sums.index else (0, 0)
+        out.append(
+            {"step": int(r.step), "host_wall_ns": host, "gpu_busy_ns": busy, "window_ns": int(r.end_ns - r.start_ns)}
+        )
     return out
 
 
@@ -90,6 +116,10 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
             rows.append(clean)
         return rows
 
+    total_rows = records(totals)
+    whole = sum(r["host_wall_ns"] or 0 for r in total_rows)
+    for r in total_rows:  # share of all stages' host wall (steps and outside them): the shares add up to 1
+        r["share"] = (r["host_wall_ns"] or 0) / whole if whole else 0.0
     return {
         "trace": str(parsed.path),
         "events": int(len(parsed.raw.events)),
@@ -101,10 +131,11 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "devices": gpu_devices(parsed),
         "rank": parsed.rank,
         "gpu_activity_ns": gpu_total,
-        "totals": records(totals),
+        "totals": total_rows,
         "per_step": records(per_step),
-        "top_kernels": _top(kernels, "dur_ns", top),
-        "top_ops": _top(ops, "self_ns", top),
+        "step_totals": _step_totals(per_step, steps),
+        "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
+        "top_ops": _top(ops, "self_ns", top, kernel=False),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "warnings": parsed.warnings.to_dict("records"),
@@ -140,8 +171,163 @@ def _cell(column: str, value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _shorten(name: str, width: int = 72) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
+def _share(x: Any) -> str:
+    return f"{x:.1%}"
+
+
+def _totals_tables(data: dict[str, Any]) -> list[Table]:
+    has_gpu = data["gpu_activity_ns"] > 0
+    overlap = any(r.get("gpu_overlap_ns") for r in data["totals"])  # shown only where stages ran at once on a GPU
+    columns = [(c, label) for c, label in TOTAL_COLUMNS if (has_gpu or c in HOST_COLUMNS)]
+    columns = [(c, label) for c, label in columns if overlap or c != "gpu_overlap_ns"]
+    columns.insert(1, ("share", "share"))
+    cols = [Column("stage", "stage")] + [
+        Column(c, label, _share if c == "share" else _cell_of(c)) for c, label in columns
+    ]
+    note = "times in ms; share: of all stages' host wall"
+    return [Table("Stage totals", cols, data["totals"], note=note)]
+
+
+def _cell_of(column: str) -> Any:
+    return lambda value: _cell(column, value)
+
+
+def _per_step_tables(data: dict[str, Any]) -> list[Table]:
+    if not data["per_step"]:
+        return []
+    has_gpu = data["gpu_activity_ns"] > 0
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None or (not r["host_wall_ns"] and not r["gpu_busy_ns"]):
+            return "-"
+        return f"{_ms(r['host_wall_ns'])} | {_ms(r['gpu_busy_ns'])}" if has_gpu else _ms(r["host_wall_ns"])
+
+    by_step: dict[Any, dict[str, Any]] = {}
+    for r in data["per_step"]:
+        by_step.setdefault(r["step"], {"step": r["step"]})[r["stage"]] = r
+    for t in data["step_totals"]:
+        by_step.setdefault(t["step"], {"step": t["step"]}).update(total=t, window_ns=t["window_ns"])
+    columns = [Column("step", "step", lambda s: "outside" if s is None else str(s))]
+    columns += [Column(s, s, cell) for s in STAGES] + [Column("total", "step total", cell)]
+    columns.append(Column("window_ns", "window", _ms))
+    value_keys = ("host_wall_ns", "gpu_busy_ns") if has_gpu else ("host_wall_ns",)
+    records = [
+        {"step": r["step"], "stage": r["stage"], "column": k, "value": r[k]}
+        for r in data["per_step"]
+        for k in value_keys
+    ]
+    records += [
+        {"step": t["step"], "name": "step total", "column": k, "value": t[k]}
+        for t in data["step_totals"]
+        for k in (*value_keys, "window_ns")
+    ]
+    return [
+        Table(
+            "Per step",
+            columns,
+            list(by_step.values()),
+            note="host wall ms | GPU busy ms" if has_gpu else "host wall ms",
+            footer=(
+                "step total: its stages added up (stages that ran at once on two threads count twice);\n"
+                "  window: the step's span (its time when no stage ran, e.g. between ops, counts in no stage)"
+            ),
+            records=records,
+        )
+    ]
+
+
+def _top_tables(key: str, title: str, kernel: bool) -> Any:
+    def tables(data: dict[str, Any]) -> list[Table]:
+        rows = [{"stage": stage, **item} for stage in STAGES for item in data[key].get(stage, [])]
+        if not rows:
+            return []
+        columns = [
+            Column("stage", "stage"),
+            Column("total_ns", "ms", _ms),
+            Column("share", "share", _share),
+            Column("count", "calls", lambda n: f"{n:,}"),
+            Column("label", "kernel" if kernel else "op", code=True),
+        ]
+        records = [
+            {"stage": r["stage"], "name": r["name"], "column": c, "value": r[c]}
+            for r in rows
+            for c in ("label", "total_ns", "share", "count")
+        ]
+        return [Table(title, columns, rows, note="per stage", index=1, last_left=True, group=True, records=records)]
+
+    return tables
+
+
+def _checks_tables(data: dict[str, Any]) -> list[Table]:
+    if not data["warnings"]:
+        return []
+    columns = [Column("check", "check"), Column("severity", "severity"), Column("message", "message")]
+    return [Table("Checks", columns, data["warnings"], last_left=True)]
+
+
+def _rules_tables(data: dict[str, Any]) -> list[Table]:
+    if not (data["gpu_time_by_rule"] or data["op_time_by_rule"]):
+        return []
+    has_gpu = data["gpu_activity_ns"] > 0
+    names = sorted(set(data["gpu_time_by_rule"]) | set(data["op_time_by_rule"]))
+    rows = [
+        {"rule": n, "host_op_ns": data["op_time_by_rule"].get(n, 0), "gpu_ns": data["gpu_time_by_rule"].get(n, 0)}
+        for n in names
+    ]
+    columns = [Column("rule", "rule"), Column("host_op_ns", "host ops", _ms)]
+    columns += [Column("gpu_ns", "GPU", _ms)] if has_gpu else []
+    note = "host op self time, GPU time; ms" if has_gpu else "host op self time; ms"
+    return [Table("Which rules decided", columns, rows, note=note)]
+
+
+def _efficiency_tables(data: dict[str, Any]) -> list[Table]:
+    """FLOPs, achieved TFLOP/s, MFU/HFU per stage; MFU per step; the ops not counted (docs/efficiency.md)."""
+    section = data.get("efficiency")
+    if not section:
+        return []
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    basis = section["basis"]
+    columns = [
+        Column("stage", "stage"),
+        Column("flops", "GFLOPs", lambda x: f"{x / 1e9:,.1f}"),
+        Column("achieved_tflops", "TFLOP/s", lambda x: "-" if x is None else f"{x:,.3g}"),
+        Column("mfu", "MFU", pct),
+        Column("hfu", "HFU", pct),
+        Column("counted_ns", f"counted {basis}", _ms),
+        Column("not_counted_ns", "not counted", _ms),
+    ]
+    out = [Table("Efficiency", columns, section["stages"], note=f"{section['peak']['note']}; ms")]
+    if any(s["mfu"] is not None for s in section["steps"]):
+        step_columns = [Column("step", "step"), Column("flops", "GFLOPs", lambda x: f"{x / 1e9:,.1f}")]
+        step_columns.append(Column("mfu", "MFU", pct))
+        out.append(Table("MFU per step", step_columns, section["steps"], note="model FLOPs / (step window x peak)"))
+    if section["not_counted"]:
+        columns = [Column("time_ns", "ms", _ms), Column("count", "calls", lambda n: f"{n:,}"), Column("name", "op")]
+        note = f"no FLOP formula or no shapes; {basis} ms"
+        out.append(Table("Not counted", columns, section["not_counted"], note=note, index=0, last_left=True))
+    return out
+
+
+#: The summary's sections in the order shown: each turns the summary data into tables (none: nothing to show).
+#: ``analysis_report.tables`` holds the analyses' sections (their own registry, ``analysis/report.py``).
+SECTIONS = (
+    _totals_tables,
+    _per_step_tables,
+    _top_tables("top_kernels", "Top kernels", kernel=True),
+    _top_tables("top_ops", "Top ops", kernel=False),
+    lambda data: analysis_report.tables(data.get("analyses")),
+    _efficiency_tables,
+    _checks_tables,
+    _rules_tables,
+)
+
+
+def summary_tables(data: dict[str, Any]) -> list[Table]:
+    """Every table the summary shows, in order (text, markdown and csv render these same tables)."""
+    return [t for section in SECTIONS for t in section(data)]
 
 
 def render_text(data: dict[str, Any]) -> str:
@@ -153,115 +339,21 @@ def render_text(data: dict[str, Any]) -> str:
     out.write(f"profparse summary: {display(data['trace'])}\n  {data['events']:,} events, {where}, {devices}{rank}\n")
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
-    has_gpu = data["gpu_activity_ns"] > 0
-    overlap = any(r.get("gpu_overlap_ns") for r in data["totals"])  # shown only where stages ran at once on a GPU
-    columns = [(c, label) for c, label in TOTAL_COLUMNS if (has_gpu or c in HOST_COLUMNS)]
-    columns = [(c, label) for c, label in columns if overlap or c != "gpu_overlap_ns"]
-    out.write("\nStage totals (times in ms)\n")
-    headers = ["stage"] + [label for _, label in columns]
-    rows = [[r["stage"]] + [_cell(c, r[c]) for c, _ in columns] for r in data["totals"]]
-    out.write(_table(headers, rows) + "\n")
-
-    if data["per_step"]:
-        out.write("\nPer step: host wall ms | GPU busy ms\n" if has_gpu else "\nPer step: host wall ms\n")
-        by_step: dict[Any, dict[str, dict]] = {}
-        for r in data["per_step"]:
-            by_step.setdefault(r["step"], {})[r["stage"]] = r
-        rows = []
-        for step, stages in by_step.items():
-            label = "outside" if step is None else str(step)
-            cells = []
-            for s in STAGES:
-                r = stages.get(s)
-                if r is None or (not r["host_wall_ns"] and not r["gpu_busy_ns"]):
-                    cells.append("-")
-                elif has_gpu:
-                    cells.append(f"{_ms(r['host_wall_ns'])} | {_ms(r['gpu_busy_ns'])}")
-                else:
-                    cells.append(_ms(r["host_wall_ns"]))
-            rows.append([label, *cells])
-        out.write(_table(["step", *STAGES], rows) + "\n")
-
-    for title, key in (("Top kernels (GPU time)", "top_kernels"), ("Top ops (host self time)", "top_ops")):
-        if not any(data[key].values()):
-            continue
-        out.write(f"\n{title} per stage\n")
-        for stage in STAGES:
-            items = data[key].get(stage, [])
-            if not items:
-                continue
-            out.write(f"  {stage}\n")
-            for item in items:
-                out.write(
-                    f"    {_ms(item['total_ns']):>10} ms {item['share']:6.1%} {item['count']:>6}x  "
-                    f"{_shorten(display(item['name']))}\n"
-                )
-    out.write(analysis_report.render_text(data.get("analyses")))
-    out.write(_efficiency_text(data.get("efficiency")))
-    if data["warnings"]:
-        out.write("\nChecks\n")
-        for w in data["warnings"]:
-            out.write(f"  {display(w['severity']):<7}  {display(w['message'])}\n")
-    if data["gpu_time_by_rule"] or data["op_time_by_rule"]:
-        out.write(f"\nWhich rules decided ({'host op self time, GPU time' if has_gpu else 'host op self time'}; ms)\n")
-        names = sorted(set(data["gpu_time_by_rule"]) | set(data["op_time_by_rule"]))
-        rows = [[n, _ms(data["op_time_by_rule"].get(n, 0)), _ms(data["gpu_time_by_rule"].get(n, 0))] for n in names]
-        headers = ["rule", "host ops", "GPU"]
-        if not has_gpu:
-            rows = [r[:2] for r in rows]
-            headers = headers[:2]
-        out.write(_table(headers, rows) + "\n")
+    out.write(tables_text(summary_tables(data)))
     return out.getvalue()
 
 
-def _efficiency_text(section: dict[str, Any] | None) -> str:
-    """The "Efficiency" section: FLOPs, achieved TFLOP/s, MFU/HFU per stage, MFU per step, what was not counted."""
-    if not section:
-        return ""
-
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1%}"
-
-    def tf(x: float | None) -> str:
-        return "-" if x is None else f"{x:,.3g}"
-
-    basis = section["basis"]
-    rows = [
-        [r["stage"], f"{r['flops'] / 1e9:,.1f}", tf(r["achieved_tflops"]), pct(r["mfu"]), pct(r["hfu"]),
-         _ms(r["counted_ns"]), _ms(r["not_counted_ns"])]
-        for r in section["stages"]
-    ]  # fmt: skip
-    headers = ["stage", "GFLOPs", "TFLOP/s", "MFU", "HFU", f"counted {basis} ms", "not counted"]
-    text = f"\nEfficiency ({display(section['peak']['note'])})\n" + _table(headers, rows) + "\n"
-    if any(s["mfu"] is not None for s in section["steps"]):
-        text += "  MFU per step (step window): " + ", ".join(f"{s['step']}: {pct(s['mfu'])}" for s in section["steps"])
-        text += "\n"
-    if section["not_counted"]:
-        text += f"  Not counted (no FLOP formula or no shapes; {basis} ms):\n"
-        for r in section["not_counted"]:
-            text += f"    {_ms(r['time_ns']):>10} ms {r['count']:>6}x  {_shorten(display(r['name']))}\n"
-    return text
-
-
 def render_markdown(data: dict[str, Any]) -> str:
-    lines = [f"# profparse summary: {md_code(Path(data['trace']).name)}", ""]
-    headers = ["stage"] + [label for _, label in TOTAL_COLUMNS]
-    lines += md_table(headers, [[r["stage"]] + [_cell(c, r[c]) for c, _ in TOTAL_COLUMNS] for r in data["totals"]])
-    lines.append("")
-    lines.append("Times in ms.")
-    for title, key in (("Top kernels", "top_kernels"), ("Top ops", "top_ops")):
-        lines += ["", f"## {title}", "", "| stage | name | count | ms | share |", "|---|---|---|---|---|"]
-        for stage in STAGES:
-            for item in data[key].get(stage, []):
-                name = md_code(_shorten(display(item["name"])))
-                lines.append(f"| {stage} | {name} | {item['count']} | {_ms(item['total_ns'])} | {item['share']:.1%} |")
-    lines += analysis_report.render_markdown(data.get("analyses"))
+    lines = [f"# profparse summary: {md_code(Path(data['trace']).name)}"]
+    if data["report"]["truncated"]:
+        lines += ["", "**The trace is truncated**: the summary covers the events before the cut."]
+    lines += tables_markdown(summary_tables(data))
     return "\n".join(lines) + "\n"
 
 
 def render_csv(data: dict[str, Any]) -> str:
-    frame = pd.DataFrame(data["per_step"] + [{**r, "step": "total"} for r in data["totals"]])
-    return frame.to_csv(index=False)
+    """Every section as one long csv (``step,stage,section,name,column,value``: raw numbers, exact names)."""
+    return tables_csv(summary_tables(data))
 
 
 def render(data: dict[str, Any], fmt: str = "text") -> str:

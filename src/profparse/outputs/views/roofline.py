@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.outputs.views._common import STAGE_COLORS
+
 KIND = "roofline"
 TITLE = "Roofline: arithmetic intensity vs achieved TFLOP/s per op and stage"
 MAX_POINTS = 400  # the ops with the most time; the rest are too small to read
-# the stage palette of the other views (Okabe-Ito), until views/_common.py is on this branch
-COLORS = {"load": "#CC79A7", "forward": "#0072B2", "backward": "#E69F00", "optimizer": "#009E73", "other": "#999999"}
 
 
 def data(parsed: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -58,7 +58,7 @@ def draw(prepared: dict[str, Any]) -> Any:
     ax = fig.add_subplot()
     area = 20 + 400 * points["time_ns"] / points["time_ns"].max()
     for stage, group in points.groupby("stage", sort=False):
-        ax.scatter(group["intensity"], group["tflops"], s=area[group.index], color=COLORS.get(stage, "#555555"),
+        ax.scatter(group["intensity"], group["tflops"], s=area[group.index], color=STAGE_COLORS.get(stage, "#555555"),
                    alpha=0.7, edgecolors="none", label=stage)  # fmt: skip
     lo, hi = points["intensity"].min() / 2, points["intensity"].max() * 2
     peak, bandwidth = prepared["peak_tflops"], prepared["memory_gbps"]

@@ -1,0 +1,163 @@
+"""``profparse report``: one self-contained HTML page (no network) of a trace or a folder of ranks.
+
+The page embeds one JSON payload and renders it with a small vanilla-JS renderer (``assets/report.js``,
+``assets/report.css``, inlined): the numbers are :func:`profparse.outputs.summary.summary_data`'s and every
+registered view's ``data(parsed)`` (:mod:`profparse.outputs.views`), the same tables ``summarize`` and ``plot``
+use. Views the renderer does not know yet are shown as their tables plus the PNG their ``draw`` makes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profparse import __version__
+from profparse.marks import STAGES
+from profparse.outputs.files import atomic_file
+from profparse.outputs.formats import display
+from profparse.outputs.views import VIEWS
+from profparse.outputs.views._common import STAGE_COLORS
+from profparse.trace.events import NULL
+
+#: Views the page draws itself; any other registered view is shown as tables plus its PNG.
+NATIVE = frozenset({"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "memory", "layers", "load"})
+TIMELINE_RECTS = 20000  # aggregated spans in the page's timeline (zoomable, so finer than the PNG's 6000)
+TIMELINE_PIXELS = 40000  # merge spans closer than 1/40000 of the trace: a 20x zoom still shows single spans
+TIMELINE_TRACKS = 32
+TOP_ROWS = 20  # names per stage in the top tables (the filter box searches these)
+#: The page's own options for some views' ``data`` (finer or longer than the PNGs'); other views get none.
+OPTIONS: dict[str, dict[str, int]] = {
+    "timeline": {"max_tracks": TIMELINE_TRACKS, "max_rects": TIMELINE_RECTS, "pixels": TIMELINE_PIXELS},
+    "top_kernels": {"n": TOP_ROWS},
+    "top_ops": {"n": TOP_ROWS},
+    "top_runtime": {"n": TOP_ROWS},
+}
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-ready data: DataFrames as ``{"index", "columns", "cols"}`` (columnar), arrays as lists,
+    NaN and the int NULL sentinel as null."""
+    if isinstance(value, pd.DataFrame):
+        return {
+            "index": [plain(i) for i in value.index],
+            "columns": [str(c) for c in value.columns],
+            "cols": {str(c): plain(value[c].to_numpy()) for c in value.columns},
+        }
+    if isinstance(value, pd.Series):
+        return plain(value.to_numpy())
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "iu":
+            return [None if v == NULL else v for v in value.tolist()]
+        if value.dtype.kind == "f":
+            return [None if not math.isfinite(v) else v for v in value.tolist()]
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, np.integer | int) and not isinstance(value, bool):
+        return None if int(value) == NULL else int(value)
+    if isinstance(value, np.floating | float):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if value is None or isinstance(value, str):
+        return value
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return str(value)
+
+
+def _png(module: Any, prepared: Any) -> str | None:
+    """The view's own figure as a base64 PNG (for views the page cannot draw itself)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from profparse.outputs.views._common import style
+
+    with plt.rc_context(style()):
+        fig = module.draw(prepared)
+        buf = io.BytesIO()
+        try:
+            fig.savefig(buf, format="png", dpi=80, bbox_inches="tight", facecolor="white")
+        finally:
+            plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def view_payload(parsed: Any) -> dict[str, Any]:
+    """Every registered view's prepared data (or why it is skipped), in registry order."""
+    out = {}
+    for kind, module in VIEWS.items():
+        prepared, why = module.data(parsed, **OPTIONS.get(kind, {}))
+        entry: dict[str, Any] = {"title": module.TITLE, "native": kind in NATIVE}
+        if prepared is None:
+            entry["skipped"] = why
+        else:
+            entry["data"] = plain(prepared)
+            if kind not in NATIVE:
+                entry["png"] = _png(module, prepared)
+        out[kind] = entry
+    return out
+
+
+def trace_payload(parsed: Any) -> dict[str, Any]:
+    """The page's data for one trace: the summary (as ``summarize --format json``) and the views."""
+    from profparse.outputs.summary import summary_data
+
+    return {
+        "kind": "trace",
+        "title": display(Path(parsed.path).name),
+        "summary": plain(summary_data(parsed)),
+        "views": view_payload(parsed),
+    }
+
+
+def ranks_payload(results: Any, folder: str, metric: str) -> dict[str, Any]:
+    """The page's data for a folder of ranks: ``ranks.ranks_summary_data`` (heatmap, stragglers, per rank)."""
+    from profparse.ranks import ranks_summary_data
+
+    return {
+        "kind": "ranks",
+        "title": display(Path(folder).name or folder),
+        "ranks": plain(ranks_summary_data(results, metric=metric, folder=folder)),
+    }
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def render_html(payload: dict[str, Any]) -> str:
+    """The page: inlined CSS, the JSON payload (every ``<`` escaped, so no string can end the script) and the JS."""
+    meta = {"version": __version__, "stages": list(STAGES), "colors": STAGE_COLORS}
+    body = json.dumps({**payload, "meta": meta}, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    body = body.replace("<", "\\u003c")  # no trace text can close the script or open a comment
+    title = html.escape(f"profparse report: {payload['title']}")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
+        f"<style>{_asset('report.css')}</style></head>\n<body>"
+        '<pre id="errors" data-count="0" hidden></pre><main id="app">Loading…</main>\n'
+        f'<script type="application/json" id="payload">{body}</script>\n'
+        f"<script>{_asset('report.js')}</script>\n</body></html>\n"
+    )
+
+
+def write_report(payload: dict[str, Any], out: str | Path, *, force: bool = False, inputs: list[str]) -> int:
+    """Write the page atomically (nothing half-written, inputs never touched); returns its size in bytes."""
+    text = render_html(payload).encode("utf-8")
+    with atomic_file(out, force=force, inputs=inputs) as tmp:
+        tmp.write_bytes(text)
+    return len(text)

@@ -1,0 +1,452 @@
+// profparse report: renders the embedded JSON payload with plain DOM, SVG and one canvas (no libraries).
+"use strict";
+(function () {
+  var errors = document.getElementById("errors");
+  function fail(text) {  // every page error lands in #errors (tests read it; people see it)
+    errors.hidden = false;
+    errors.textContent += text + "\n";
+    errors.dataset.count = String(Number(errors.dataset.count) + 1);
+  }
+  window.onerror = function (msg, src, line, col) { fail("error: " + msg + " (line " + line + ":" + col + ")"); };
+  window.addEventListener("unhandledrejection", function (e) { fail("error: " + e.reason); });
+  var consoleError = console.error;
+  console.error = function () { fail("console.error: " + Array.prototype.join.call(arguments, " ")); consoleError.apply(console, arguments); };
+
+  var t0 = performance.now();
+  var P = JSON.parse(document.getElementById("payload").textContent);
+  var STAGES = P.meta.stages, COLORS = P.meta.colors;
+  var params = new URLSearchParams(location.search);
+
+  // -- small helpers ------------------------------------------------------------------------------------------
+  function el(tag, attrs, kids) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) {
+      if (k === "text") e.textContent = attrs[k];
+      else if (k === "class") e.className = attrs[k];
+      else if (k.slice(0, 5) === "data-") e.setAttribute(k, attrs[k]);
+      else e[k] = attrs[k];
+    }
+    (kids || []).forEach(function (c) { if (c != null) e.appendChild(typeof c === "string" ? document.createTextNode(c) : c); });
+    return e;
+  }
+  function svgEl(tag, attrs) {
+    var e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    return e;
+  }
+  function unit(ns) { return ns >= 5e9 ? [1e9, "s"] : ns >= 1e6 ? [1e6, "ms"] : [1e3, "µs"]; }
+  function fmt(ns, u) {
+    if (ns == null) return "-";
+    if (ns === 0) return "0";
+    u = u || unit(Math.abs(ns));
+    var v = ns / u[0];
+    return v.toLocaleString("en-US", {maximumFractionDigits: Math.abs(v) < 100 ? 2 : 0}) + " " + u[1];
+  }
+  function pct(x) { return x == null || !isFinite(x) ? "-" : (100 * x).toFixed(1) + "%"; }
+  function bytes(n) {
+    var units = [["GiB", 1 << 30], ["MiB", 1 << 20], ["KiB", 1 << 10]];
+    for (var i = 0; i < units.length; i++) if (Math.abs(n) >= units[i][1]) return (n / units[i][1]).toFixed(1) + " " + units[i][0];
+    return n + " B";
+  }
+  function rows(frame) {  // a columnar frame {index, columns, cols} -> [{col: value}]
+    var out = [];
+    for (var i = 0; i < frame.index.length; i++) {
+      var r = {_index: frame.index[i]};
+      frame.columns.forEach(function (c) { r[c] = frame.cols[c][i]; });
+      out.push(r);
+    }
+    return out;
+  }
+  function counted(names) {  // ["A", "A", "B"] -> "2 × A, B"
+    var n = {}, order = [];
+    names.forEach(function (x) { if (!(x in n)) { n[x] = 0; order.push(x); } n[x] += 1; });
+    return order.map(function (x) { return n[x] > 1 ? n[x] + " × " + x : x; }).join(", ");
+  }
+  function chip(stage) { return el("span", {class: "chip", style: "background:" + (COLORS[stage] || "#777")}); }
+  function legend(stages) { return el("div", {class: "legend"}, stages.map(function (s) { return el("span", {}, [chip(s), s]); })); }
+  function section(app, id, title, toc) {
+    var s = el("section", {id: id}, [el("h2", {text: title})]);
+    app.appendChild(s);
+    toc.appendChild(el("a", {href: "#" + id, text: title}));
+    return s;
+  }
+  function skipped(parent, why) { parent.appendChild(el("p", {class: "skipped", text: "Not shown: " + why})); }
+  function table(head, body, cls, left) {  // the first ``left`` columns (default 1) are left-aligned
+    left = left || 1;
+    return el("table", {class: cls || ""}, [
+      el("thead", {}, [el("tr", {}, head.map(function (h, i) { return el("th", {class: i < left ? "l" : "", text: h}); }))]),
+      el("tbody", {}, body)
+    ]);
+  }
+  function hbars(items, color) {  // [{label, value, text}] -> a grid of labelled horizontal bars
+    var top = Math.max.apply(null, items.map(function (i) { return i.value; }).concat([1e-12]));
+    var g = el("div", {class: "hb"});
+    items.forEach(function (it) {
+      g.appendChild(el("div", {class: "lab", title: it.title || it.label, text: it.label}));
+      var b = el("div", {class: "bar", style: "width:" + (75 * it.value / top).toFixed(2) + "%;background:" + (it.color || color)});
+      g.appendChild(el("div", {class: "val"}, [b, el("span", {class: "num", text: it.text})]));
+    });
+    return g;
+  }
+
+  // -- sections of one trace ----------------------------------------------------------------------------------
+  function overview(s, summary) {
+    var totals = summary.totals, all = 0;
+    totals.forEach(function (t) { all += t.host_wall_ns || 0; });
+    var fields = [["host_wall_ns", "host wall"], ["host_op_ns", "host ops"], ["gpu_busy_ns", "GPU busy"],
+      ["gpu_overlap_ns", "GPU overlap"], ["gpu_idle_ns", "GPU idle"], ["kernel_count", "kernels"], ["launch_count", "launches"]];
+    var gpu = summary.gpu_activity_ns > 0;
+    if (!gpu) fields = fields.filter(function (f) { return f[0].slice(0, 4) !== "gpu_" && f[0] !== "kernel_count" && f[0] !== "launch_count"; });
+    var body = totals.map(function (t) {
+      var tr = el("tr", {"data-stage": t.stage}, [el("td", {class: "l"}, [chip(t.stage), t.stage])]);
+      fields.forEach(function (f) {
+        var v = t[f[0]];
+        var td = el("td", {"data-stage": t.stage, "data-field": f[0], "data-value": v == null ? "" : String(v)});
+        td.textContent = f[0].slice(-6) === "_count" ? (v == null ? "-" : v.toLocaleString("en-US")) : fmt(v);
+        if (f[0] === "host_wall_ns") td.appendChild(el("span", {class: "share", text: pct(all ? v / all : null)}));
+        tr.appendChild(td);
+      });
+      return tr;
+    });
+    s.appendChild(el("h3", {text: "All steps"}));
+    s.appendChild(table(["stage"].concat(fields.map(function (f) { return f[1]; })), body, "totals"));
+    s.appendChild(el("p", {class: "note", text: "host wall: time any host thread spent in the stage (its share of all stages in grey). " +
+      (gpu ? "GPU busy + overlap + idle: the stage's additive share of the steps' GPU spans." : "No GPU activity in this trace.")}));
+    // per step: host wall per stage, share of the step, step total
+    var steps = {}, order = [];
+    summary.per_step.forEach(function (r) {
+      if (!(r.step in steps)) { steps[r.step] = {}; order.push(r.step); }
+      steps[r.step][r.stage] = r;
+    });
+    if (!order.length) { s.appendChild(el("p", {class: "note", text: "No steps found (no ProfilerStep# or step marks)."})); return; }
+    var present = STAGES.filter(function (st) { return totals.some(function (t) { return t.stage === st && t.host_wall_ns; }); });
+    var body2 = order.map(function (n) {
+      var total = 0, gtotal = 0, gidle = 0;
+      present.forEach(function (st) {
+        var r = steps[n][st];
+        if (!r) return;
+        total += r.host_wall_ns || 0; gtotal += (r.gpu_busy_ns || 0) + (r.gpu_overlap_ns || 0); gidle += r.gpu_idle_ns || 0;
+      });
+      var tr = el("tr", {"data-step": String(n)}, [el("td", {class: "l", text: "step " + n})]);
+      present.forEach(function (st) {
+        var r = steps[n][st], v = r ? r.host_wall_ns : 0;
+        var td = el("td", {"data-step": String(n), "data-stage": st, "data-value": String(v || 0), text: fmt(v || 0)});
+        td.appendChild(el("span", {class: "share", text: pct(total ? v / total : null)}));
+        tr.appendChild(td);
+      });
+      tr.appendChild(el("td", {"data-step-total": String(total), text: fmt(total)}));
+      if (gpu) { tr.appendChild(el("td", {text: fmt(gtotal)})); tr.appendChild(el("td", {text: fmt(gidle)})); }
+      return tr;
+    });
+    s.appendChild(el("h3", {text: "Per step: host wall per stage (share of the step)"}));
+    s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
+  }
+
+  function stagesView(s, v) {
+    var panels = v.data.panels, top = 0;
+    panels.forEach(function (p) { rows(p[0]).forEach(function (r) { var t = 0; p[0].columns.forEach(function (c) { t += r[c]; }); top = Math.max(top, t); }); });
+    var u = unit(top);
+    panels.forEach(function (p) {
+      var frame = p[0], levels = frame.columns;
+      s.appendChild(el("h3", {text: p[1] + " (bars stack the levels, lighter = later in the list)"}));
+      var g = el("div", {class: "hb"});
+      rows(frame).forEach(function (r) {
+        var stage = r._index, total = 0;
+        levels.forEach(function (c) { total += r[c]; });
+        var bar = el("div", {class: "bar", style: "width:" + (75 * total / (top || 1)).toFixed(2) + "%"});
+        levels.forEach(function (c, j) {
+          if (!r[c]) return;
+          var a = 0.6 * j / Math.max(levels.length - 1, 1);
+          bar.appendChild(el("span", {title: c + ": " + fmt(r[c], u), style: "width:" + (100 * r[c] / total) + "%;background:" + COLORS[stage] + ";opacity:" + (1 - a).toFixed(2)}));
+        });
+        g.appendChild(el("div", {class: "lab"}, [chip(stage), stage]));
+        g.appendChild(el("div", {class: "val"}, [bar, el("span", {class: "num", text: fmt(total, u)})]));
+      });
+      s.appendChild(g);
+      var head = ["stage"].concat(levels, ["total"]);
+      s.appendChild(table(head, rows(frame).map(function (r) {
+        var total = 0;
+        levels.forEach(function (c) { total += r[c]; });
+        return el("tr", {}, [el("td", {class: "l", text: r._index})].concat(levels.map(function (c) { return el("td", {text: fmt(r[c], u)}); }), [el("td", {text: fmt(total, u)})]));
+      })));
+    });
+  }
+
+  function timelineView(s, v) {
+    var d = v.data, tracks = rows(d.tracks), sp = d.spans.cols, n = sp.start_ns.length, span = d.span_ns || 1;
+    var present = STAGES.filter(function (st) { return sp.stage.indexOf(st) >= 0; });
+    s.appendChild(legend(present));
+    var tools = el("div", {class: "tools"}, [el("span", {text: "wheel: zoom · drag: pan · double-click: reset"}), el("button", {text: "reset", id: "tl-reset"})]);
+    s.appendChild(tools);
+    var wrap = el("div", {id: "timeline-wrap"}), canvas = el("canvas", {id: "timeline"}), tip = el("div", {id: "tip"});
+    wrap.appendChild(canvas); s.appendChild(wrap); document.body.appendChild(tip);
+    s.appendChild(el("p", {class: "note", text: n.toLocaleString("en-US") + " aggregated spans on " + tracks.length + " tracks: same-stage spans of a track closer than " +
+      fmt(d.gap_ns) + " are drawn as one (hover shows how many events it merges and the rule that decided most of its time)" +
+      (d.hidden_tracks ? "; " + d.hidden_tracks + " quieter tracks not shown" : "") + "."}));
+    var byRow = tracks.map(function () { return []; });
+    for (var i = 0; i < n; i++) byRow[sp.row[i]].push(i);
+    byRow.forEach(function (list) { list.sort(function (a, b) { return sp.start_ns[a] - sp.start_ns[b]; }); });
+    var probe = canvas.getContext("2d"), LABEL = 120;
+    probe.font = "11px system-ui,sans-serif";
+    tracks.forEach(function (t) { LABEL = Math.max(LABEL, Math.min(probe.measureText(t.label).width + 14, 320)); });
+    var ROW = 22, TOP = 22, view = {a: 0, b: span}, dpr = window.devicePixelRatio || 1;
+    canvas.dataset.spans = String(n);
+    function width() { return Math.max(canvas.clientWidth || wrap.clientWidth || 1000, 400); }
+    function x(t, w) { return LABEL + (t - view.a) / (view.b - view.a) * (w - LABEL - 8); }
+    function draw() {
+      var w = width(), h = TOP + ROW * tracks.length + 24;
+      canvas.width = w * dpr; canvas.height = h * dpr; canvas.style.height = h + "px";
+      var c = canvas.getContext("2d");
+      c.setTransform(dpr, 0, 0, dpr, 0, 0); c.clearRect(0, 0, w, h); c.font = "11px system-ui,sans-serif";
+      c.fillStyle = "#fff"; c.fillRect(0, 0, w, h);
+      tracks.forEach(function (t, r) {
+        c.fillStyle = r % 2 ? "#fafbfc" : "#f1f3f5"; c.fillRect(LABEL, TOP + r * ROW, w - LABEL, ROW);
+        c.fillStyle = "#333"; c.textBaseline = "middle"; c.textAlign = "right";
+        c.fillText(t.label, LABEL - 6, TOP + r * ROW + ROW / 2, LABEL - 10);
+      });
+      c.save(); c.beginPath(); c.rect(LABEL, 0, w - LABEL, h); c.clip();
+      byRow.forEach(function (list, r) {
+        for (var k = 0; k < list.length; k++) {
+          var j = list[k];
+          if (sp.end_ns[j] < view.a || sp.start_ns[j] > view.b) continue;
+          var x0 = x(sp.start_ns[j], w), x1 = x(sp.end_ns[j], w);
+          c.fillStyle = COLORS[sp.stage[j]] || "#777";
+          c.fillRect(x0, TOP + r * ROW + 3, Math.max(x1 - x0, 1), ROW - 6);
+        }
+      });
+      var steps = rows(d.steps);
+      c.strokeStyle = "rgba(40,40,40,.55)"; c.setLineDash([4, 3]); c.fillStyle = "#333"; c.textAlign = "center"; c.textBaseline = "top";
+      var lastLabel = -1e9;
+      steps.forEach(function (st) {
+        var xs = x(st.start_ns, w);
+        c.beginPath(); c.moveTo(xs, TOP - 4); c.lineTo(xs, TOP + ROW * tracks.length); c.stroke();
+        var xm = x((st.start_ns + st.end_ns) / 2, w);
+        xm = Math.max(xm, LABEL + 22);
+        if (xm - lastLabel > 60 && xm < w - 20) { c.fillText("step " + st.step, xm, 4); lastLabel = xm; }
+      });
+      c.restore(); c.setLineDash([]);
+      var u = unit(view.b - view.a); c.fillStyle = "#555"; c.textBaseline = "top";
+      for (var q = 0; q <= 5; q++) {
+        var t = view.a + q * (view.b - view.a) / 5, xx = x(t, w);
+        c.textAlign = q === 0 ? "left" : q === 5 ? "right" : "center";
+        c.fillText((t / u[0]).toFixed(t / u[0] < 10 ? 2 : 1) + " " + u[1], xx, TOP + ROW * tracks.length + 6);
+      }
+    }
+    function spanAt(r, t, slack) {  // the span of row r under time t (within slack ns), or -1: a binary search
+      var list = byRow[r], lo = 0, hi = list.length - 1, best = -1;
+      while (lo <= hi) { var m = (lo + hi) >> 1; if (sp.start_ns[list[m]] <= t + slack) { best = m; lo = m + 1; } else hi = m - 1; }
+      for (var k = best; k >= 0 && k > best - 50; k--) { var j = list[k]; if (sp.end_ns[j] + slack >= t) return j; }
+      return -1;
+    }
+    function hit(ev) {
+      var rect = canvas.getBoundingClientRect(), w = width(), px = ev.clientX - rect.left, py = ev.clientY - rect.top;
+      var r = Math.floor((py - TOP) / ROW);
+      if (px < LABEL || r < 0 || r >= tracks.length) return -1;
+      var t = view.a + (px - LABEL) / (w - LABEL - 8) * (view.b - view.a);
+      return spanAt(r, t, 2 * (view.b - view.a) / (w - LABEL));
+    }
+    function tipText(j) {
+      return tracks[sp.row[j]].label + "\nstage: " + sp.stage[j] + "\nrule: " + sp.rule[j] + "\n" +
+        sp.events[j].toLocaleString("en-US") + " event" + (sp.events[j] === 1 ? "" : "s") + " merged\n" +
+        fmt(sp.start_ns[j]) + " → " + fmt(sp.end_ns[j]) + " (" + fmt(sp.end_ns[j] - sp.start_ns[j]) + ")";
+    }
+    var probe = (params.get("probe") || "").split(",");  // ?probe=ROW,NS: what hovering there shows (for tests)
+    if (probe.length === 2) {
+      var pj = spanAt(Number(probe[0]), Number(probe[1]), 0);
+      canvas.dataset.probe = pj < 0 ? "none" : tipText(pj);
+    }
+    canvas.addEventListener("mousemove", function (ev) {
+      if (drag) { var w = width(), dt = (ev.clientX - drag.x) / (w - LABEL) * (drag.b - drag.a); view.a = drag.a - dt; view.b = drag.b - dt; draw(); return; }
+      var j = hit(ev);
+      if (j < 0) { tip.style.display = "none"; return; }
+      tip.textContent = tipText(j);
+      tip.style.display = "block"; tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 12) + "px";
+    });
+    canvas.addEventListener("mouseleave", function () { tip.style.display = "none"; drag = null; });
+    var drag = null;
+    canvas.addEventListener("mousedown", function (ev) { drag = {x: ev.clientX, a: view.a, b: view.b}; });
+    window.addEventListener("mouseup", function () { drag = null; });
+    canvas.addEventListener("wheel", function (ev) {
+      ev.preventDefault();
+      var rect = canvas.getBoundingClientRect(), w = width(), f = (ev.clientX - rect.left - LABEL) / (w - LABEL - 8);
+      f = Math.min(Math.max(f, 0), 1);
+      var t = view.a + f * (view.b - view.a), k = ev.deltaY < 0 ? 0.8 : 1.25, len = Math.max((view.b - view.a) * k, 1000);
+      view.a = t - f * len; view.b = view.a + len; draw();
+    }, {passive: false});
+    function reset() { view.a = 0; view.b = span; draw(); }
+    canvas.addEventListener("dblclick", reset);
+    document.getElementById("tl-reset").addEventListener("click", reset);
+    window.addEventListener("resize", draw);
+    draw();
+  }
+
+  function topView(s, v, kind) {
+    var d = v.data, input = el("input", {type: "search", placeholder: "filter names (substring, case-insensitive)", id: "filter-" + kind, className: "filter"});
+    var counter = el("span", {});
+    s.appendChild(el("div", {class: "tools"}, [input, counter]));
+    var body = [];
+    d.stages.forEach(function (st) {
+      rows(st.top).forEach(function (r) {
+        body.push(el("tr", {class: "toprow", "data-name": r.name.toLowerCase()}, [
+          el("td", {class: "l"}, [chip(st.stage), st.stage]),
+          el("td", {class: "l name", title: r.name, text: r.label}),
+          el("td", {text: fmt(r.total_ns)}), el("td", {text: pct(r.share)}), el("td", {text: r.count.toLocaleString("en-US")})]));
+      });
+    });
+    s.appendChild(el("div", {class: "scroll"}, [table(["stage", "name", d.what, "share of stage", "count"], body, "top", 2)]));
+    s.appendChild(el("p", {class: "note", text: "Per stage, the " + d.stages.map(function (st) { return st.stage + " total " + fmt(st.total_ns); }).join(", ") + "."}));
+    function apply() {
+      var q = input.value.trim().toLowerCase(), shown = 0;
+      body.forEach(function (tr) { var on = !q || tr.dataset.name.indexOf(q) >= 0; tr.hidden = !on; shown += on ? 1 : 0; });
+      counter.textContent = shown + " of " + body.length + " rows";
+      s.dataset.visible = String(shown);
+    }
+    input.addEventListener("input", apply);
+    if (params.get("filter")) input.value = params.get("filter");
+    apply();
+  }
+
+  function layersView(s, v) {
+    var d = v.data, wide = d.wide, series = wide.columns, items = [];
+    var top = 0; rows(wide).forEach(function (r) { series.forEach(function (c) { top = Math.max(top, r[c]); }); });
+    var u = unit(top);
+    rows(wide).forEach(function (r) {
+      series.forEach(function (c, j) {
+        items.push({label: j === 0 ? r._index : "", title: r._index + " " + c, value: r[c], text: c + " " + fmt(r[c], u),
+          color: c === "forward" ? COLORS.forward : c === "backward" ? COLORS.backward : "#f0c270"});
+      });
+    });
+    s.appendChild(el("p", {class: "sub", text: d.what + " per module at depth " + d.depth + ", all steps" + (d.hidden ? " (" + d.hidden + " smaller modules not shown)" : "")}));
+    s.appendChild(legend(series.filter(function (c) { return COLORS[c]; })));
+    s.appendChild(hbars(items));
+  }
+
+  function loadView(s, v) {
+    var r = rows(v.data.substeps), total = 0;
+    r.forEach(function (x) { total += x.total_ns; });
+    s.appendChild(el("p", {class: "sub", text: fmt(total) + " of loading in all, by sub-step in order of first start"}));
+    s.appendChild(hbars(r.map(function (x) { return {label: x.label, title: x.name, value: x.total_ns, text: fmt(x.total_ns) + "  " + pct(x.total_ns / total)}; }), COLORS.load));
+  }
+
+  function memoryView(s, v) {
+    var d = v.data, W = 1100, H = 170, L = 70, span = d.span_ns || 1, u = unit(span), bands = rows(d.bands);
+    s.appendChild(legend(STAGES.filter(function (st) { return bands.some(function (b) { return b.stage === st; }); })));
+    d.devices.forEach(function (dev) {
+      var ts = dev.ts_ns, ys = dev.bytes, top = Math.max.apply(null, ys.concat([1])), low = Math.min.apply(null, ys.concat([0]));
+      var svg = svgEl("svg", {viewBox: "0 0 " + W + " " + (H + 24), width: "100%", role: "img"});
+      function X(t) { return L + t / span * (W - L - 10); }
+      function Y(b) { return 8 + (top - b) / ((top - low) || 1) * (H - 16); }
+      bands.forEach(function (b) { svg.appendChild(svgEl("rect", {x: X(b.start_ns), y: 0, width: Math.max(X(b.end_ns) - X(b.start_ns), 0.5), height: H, fill: COLORS[b.stage], "fill-opacity": 0.2})); });
+      var pts = [];
+      for (var i = 0; i < ts.length; i++) { if (i) pts.push(X(ts[i]).toFixed(1) + "," + Y(ys[i - 1]).toFixed(1)); pts.push(X(ts[i]).toFixed(1) + "," + Y(ys[i]).toFixed(1)); }
+      svg.appendChild(svgEl("polyline", {points: pts.join(" "), fill: "none", stroke: "#222", "stroke-width": 1.3}));
+      var t1 = svgEl("text", {x: 4, y: 14}); t1.textContent = bytes(top); svg.appendChild(t1);
+      var t2 = svgEl("text", {x: 4, y: H - 4}); t2.textContent = bytes(low); svg.appendChild(t2);
+      for (var q = 0; q <= 4; q++) { var tx = svgEl("text", {x: X(q * span / 4), y: H + 16, "text-anchor": q ? (q === 4 ? "end" : "middle") : "start"}); tx.textContent = (q * span / 4 / u[0]).toFixed(2) + " " + u[1]; svg.appendChild(tx); }
+      s.appendChild(el("h3", {text: dev.label + ": allocated, peak " + bytes(top)}));
+      s.appendChild(svg);
+    });
+  }
+
+  function genericView(s, v) {  // a registered view this page has no renderer for: its figure and its tables
+    if (v.png) s.appendChild(el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png}));
+    (function walk(obj, name) {
+      if (obj && obj.cols && obj.columns && obj.index) {
+        s.appendChild(el("h3", {text: name}));
+        s.appendChild(table(["#"].concat(obj.columns), rows(obj).slice(0, 200).map(function (r) {
+          return el("tr", {}, [el("td", {class: "l", text: String(r._index)})].concat(obj.columns.map(function (c) {
+            var x = r[c]; return el("td", {text: typeof x === "number" ? x.toLocaleString("en-US", {maximumFractionDigits: 3}) : String(x)}); })));
+        })));
+      } else if (obj && typeof obj === "object") {
+        for (var k in obj) walk(obj[k], k);
+      }
+    })(v.data, v.title);
+  }
+
+  function checks(s, warnings) {
+    if (!warnings.length) { s.appendChild(el("p", {text: "No checks fired."})); return; }
+    s.appendChild(table(["severity", "check", "message"], warnings.map(function (w) {
+      return el("tr", {class: "warn-" + w.severity}, [el("td", {class: "l", text: w.severity}), el("td", {class: "l", text: w.check}), el("td", {class: "l", text: w.message})]);
+    }), "", 3));
+  }
+
+  var RENDER = {stages: stagesView, timeline: timelineView, top_kernels: topView, top_ops: topView, top_runtime: topView,
+    memory: memoryView, layers: layersView, load: loadView};
+
+  function traceReport(app, toc) {
+    var sm = P.summary;
+    app.appendChild(el("h1", {text: P.title}));
+    app.appendChild(el("p", {class: "sub", text: sm.events.toLocaleString("en-US") + " events · " + sm.steps.count + " steps" +
+      (sm.steps.source ? " (" + sm.steps.source + ")" : "") + (sm.devices && sm.devices.length ? " · " + counted(sm.devices) : " · no GPU") +
+      (sm.rank != null ? " · rank " + sm.rank : "") + " · profparse " + P.meta.version}));
+    app.appendChild(toc);
+    overview(section(app, "overview", "Overview per stage and step", toc), sm);
+    for (var kind in P.views) {
+      var v = P.views[kind], s = section(app, "view-" + kind, v.title, toc);
+      s.dataset.kind = kind;
+      if (v.skipped) skipped(s, v.skipped);
+      else (RENDER[kind] && v.native ? RENDER[kind] : genericView)(s, v, kind);
+    }
+    checks(section(app, "checks", "Checks", toc), sm.warnings);
+  }
+
+  function ranksReport(app, toc) {
+    var d = P.ranks, col = d.metric_column;
+    app.appendChild(el("h1", {text: P.title + " (" + d.ranks.length + " ranks)"}));
+    app.appendChild(el("p", {class: "sub", text: "Metric: " + d.metric + " (" + col + "); ranks from " + d.rank_sources + " · profparse " + P.meta.version}));
+    app.appendChild(toc);
+    var s = section(app, "heatmap", "Rank x stage", toc);
+    var stages = STAGES.filter(function (st) { return d.per_rank.some(function (r) { return r.stage === st; }); });
+    var cell = {}, maxOf = {}, minOf = {};
+    d.per_rank.forEach(function (r) {
+      var v = r[col] || 0;
+      cell[r.rank + "/" + r.stage] = r[col];
+      maxOf[r.stage] = Math.max(v, r.stage in maxOf ? maxOf[r.stage] : v);
+      minOf[r.stage] = Math.min(v, r.stage in minOf ? minOf[r.stage] : v);
+    });
+    var ok = d.ranks.filter(function (r) { return r.status === "ok"; });
+    s.appendChild(table(["rank"].concat(stages), ok.map(function (r) {
+      return el("tr", {}, [el("td", {class: "l"}, [el("a", {href: "#rank-" + r.rank, text: "rank " + r.rank})])].concat(stages.map(function (st) {
+        var v = cell[r.rank + "/" + st], spread = maxOf[st] - minOf[st], a = spread > 0 ? ((v || 0) - minOf[st]) / spread : 0;
+        return el("td", {class: "cell", "data-rank": String(r.rank), "data-stage": st, "data-value": v == null ? "" : String(v), text: fmt(v),
+          style: "background:rgba(204,68,0," + (0.08 + 0.6 * a).toFixed(2) + ")"});
+      })));
+    }), "heat"));
+    s.appendChild(el("p", {class: "note", text: "Colour per stage column: white = the fastest rank, dark = the slowest (all alike when the ranks take the same time)."}));
+    var g = section(app, "stragglers", "Stragglers", toc);
+    g.appendChild(table(["stage", "median", "min", "max", "slowest rank", "lead over median"], d.stragglers.map(function (r) {
+      return el("tr", {}, [el("td", {class: "l", text: r.stage}), el("td", {text: fmt(r.median_ns)}), el("td", {text: fmt(r.min_ns)}), el("td", {text: fmt(r.max_ns)}),
+        el("td", {}, r.slowest_rank == null ? ["-"] : !r.lead_ns ? ["none (all equal)"] : [el("a", {href: "#rank-" + r.slowest_rank, text: "rank " + r.slowest_rank})]), el("td", {text: fmt(r.lead_ns)})]);
+    })));
+    if (d.failed_ranks.length) {
+      var f = section(app, "failed", "Failed ranks", toc);
+      f.appendChild(table(["rank", "file", "error"], d.failed_ranks.map(function (r) { return el("tr", {}, [el("td", {class: "l", text: String(r.rank)}), el("td", {class: "l", text: r.file}), el("td", {class: "l", text: r.error})]); })));
+    }
+    var per = section(app, "per-rank", "Per rank", toc);
+    d.ranks.forEach(function (r) {
+      var box = el("section", {id: "rank-" + r.rank}, [el("h3", {text: "rank " + r.rank + " · " + r.file + " · " + r.status + " · " + r.events.toLocaleString("en-US") + " events" + (r.devices.length ? " · " + counted(r.devices) : "")})]);
+      var mine = d.per_rank.filter(function (x) { return x.rank === r.rank; });
+      if (mine.length) {
+        var cols = Object.keys(mine[0]).filter(function (k) { return k.slice(-3) === "_ns"; });
+        box.appendChild(table(["stage"].concat(cols.map(function (c) { return c.replace(/_ns$/, "").replace(/_/g, " "); })), mine.map(function (x) {
+          return el("tr", {}, [el("td", {class: "l"}, [chip(x.stage), x.stage])].concat(cols.map(function (c) { return el("td", {text: fmt(x[c])}); })));
+        })));
+      }
+      box.appendChild(el("p", {class: "note"}, [el("a", {href: "#heatmap", text: "back to the heatmap"})]));
+      per.appendChild(box);
+    });
+  }
+
+  var app = document.getElementById("app");
+  app.textContent = "";
+  var toc = el("nav", {class: "toc"});
+  try {
+    if (P.kind === "ranks") ranksReport(app, toc); else traceReport(app, toc);
+  } catch (e) {
+    fail("error: " + (e && e.stack || e));
+  }
+  var only = params.get("only");  // ?only=<section id>: that section alone (tests screenshot the timeline so)
+  if (only) Array.prototype.forEach.call(app.children, function (c) { if (c.id !== only) c.hidden = true; });
+  document.body.dataset.renderMs = (performance.now() - t0).toFixed(0);  // parse + render, shown in docs/report.md
+  document.body.dataset.ready = "1";
+})();

@@ -1,0 +1,156 @@
+"""Helpers every view shares: stage colours, time units, optional tables, the aggregated stage intervals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profparse.marks import STAGES
+from profparse.outputs.formats import display
+
+#: One colour per stage, used by every plot and the HTML report (Okabe-Ito palette: readable for colour-blind viewers).
+STAGE_COLORS: dict[str, str] = {
+    "load": "#CC79A7",
+    "forward": "#0072B2",
+    "backward": "#E69F00",
+    "optimizer": "#009E73",
+    "other": "#999999",
+}
+MAX_RECTS = 6000  # aggregated stage intervals in the timeline, all tracks together
+
+Figure = Any  # matplotlib.figure.Figure; imported lazily
+Prepared = dict[str, Any]
+
+
+def optional_table(parsed: Any, name: str) -> pd.DataFrame | None:
+    """``parsed.<name>`` when that table exists and has rows, else None (tables added by later analyses)."""
+    try:
+        table = getattr(parsed, name)
+    except AttributeError:
+        return None
+    if not isinstance(table, pd.DataFrame) or table.empty:
+        return None
+    return table
+
+
+def time_unit(max_ns: float) -> tuple[float, str]:
+    """(divisor, label) so that ``max_ns`` reads well: s, ms or us."""
+    if max_ns >= 5e9:
+        return 1e9, "s"
+    if max_ns >= 1e6:
+        return 1e6, "ms"
+    return 1e3, "µs"
+
+
+def fmt_time(ns: float) -> str:
+    scale, unit = time_unit(ns)
+    value = ns / scale
+    return f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def fmt_bytes(n: float) -> tuple[float, str]:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return float(scale), unit
+    return 1.0, "B"
+
+
+def trace_title(parsed: Any) -> str:
+    name = display(Path(parsed.path).name)
+    rank = f", rank {parsed.rank}" if parsed.rank is not None else ""
+    return f"{name}{rank}"
+
+
+def shade(color: str, amount: float) -> tuple[float, float, float]:
+    """``color`` mixed with white by ``amount`` (0 = the colour, 1 = white)."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(color)
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def stage_legend(ax: Any, stages: Sequence[str], **kwargs: Any) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=STAGE_COLORS[s], label=s) for s in stages]
+    if handles:
+        ax.legend(handles=handles, title="stage", **kwargs)
+
+
+def style() -> dict[str, Any]:
+    """matplotlib rc settings of every figure."""
+    return {
+        "font.size": 10,
+        "axes.titlesize": 12,
+        "axes.titleweight": "bold",
+        "axes.labelsize": 10,
+        "xtick.labelsize": 9,
+        "ytick.labelsize": 9,
+        "legend.fontsize": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "svg.fonttype": "none",
+        "text.parse_math": False,  # names from the trace are shown as written: a '$' in one is not math
+    }
+
+
+def timeline_intervals(parsed: Any, max_rects: int | None = None, pixels: int = 2000) -> tuple[Any, int]:
+    """Stage intervals merged to about a pixel (1/``pixels`` of the span); coarser while there are more than
+    ``max_rects`` (default :data:`MAX_RECTS`). Returns (StageTracks, gap in ns)."""
+    from profparse.outputs.perfetto import stage_intervals
+
+    limit = MAX_RECTS if max_rects is None else max_rects
+    fine = stage_intervals(parsed, gap_ns=0)
+    if fine.intervals.empty:
+        return fine, 0
+    span = int(fine.intervals["end_ns"].max() - fine.intervals["start_ns"].min())
+    gap = max(span // pixels, 1)
+    tracks = stage_intervals(parsed, gap_ns=gap)
+    while len(tracks.intervals) > limit and gap < span:
+        gap *= 4
+        tracks = stage_intervals(parsed, gap_ns=gap)
+    return tracks, gap
+
+
+def host_stage_bands(parsed: Any) -> pd.DataFrame:
+    """Time ranges of each stage on any host thread (their union per stage), at about a pixel's resolution.
+
+    Without host threads (a GPU-only trace) the GPU streams are used. "other" comes first, so that painting in
+    order keeps the training stages visible where they overlap it.
+    """
+    tracks, gap = timeline_intervals(parsed)
+    intervals = tracks.intervals
+    if intervals.empty:
+        return pd.DataFrame({"stage": pd.Series(dtype=str), "start_ns": [], "end_ns": []})
+    host = tracks.tracks.loc[tracks.tracks["kind"] == "host", "track"]
+    if len(host):
+        intervals = intervals[intervals["track"].isin(host)]
+    frames = []
+    for stage, group in intervals.groupby("stage", observed=True):
+        g = group.sort_values("start_ns")
+        start, end = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
+        reach = np.maximum.accumulate(end)
+        new = np.r_[True, start[1:] > reach[:-1] + gap]
+        first = np.flatnonzero(new)
+        frames.append(
+            pd.DataFrame({"stage": str(stage), "start_ns": start[first], "end_ns": np.maximum.reduceat(end, first)})
+        )
+    out = pd.concat(frames, ignore_index=True)
+    out["stage"] = pd.Categorical(out["stage"], categories=["other", *[s for s in STAGES if s != "other"]])
+    out = out.sort_values(["stage", "start_ns"], kind="stable").reset_index(drop=True)
+    out["stage"] = out["stage"].astype(str)
+    return out
+
+
+def stage_bands(ax: Any, bands: pd.DataFrame, origin: int, scale: float) -> list[str]:
+    """Shade the x range of each stage interval in ``bands``. Returns the stages shown."""
+    present = []
+    for stage, group in bands.groupby("stage", sort=False):
+        for s, e in zip(group["start_ns"], group["end_ns"], strict=True):
+            ax.axvspan((s - origin) / scale, (e - origin) / scale, color=STAGE_COLORS[str(stage)], alpha=0.18, lw=0)
+        present.append(str(stage))
+    return [s for s in STAGES if s in present]

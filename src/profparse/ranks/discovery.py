@@ -1,0 +1,182 @@
+"""Finding the rank files in a folder and giving each its rank (distributedInfo, file name, position)."""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profparse.errors import InputNotFoundError, ProfparseError, UsageError
+
+RANK_SOURCES = ("distributedInfo", "file name", "sorted position")
+RANK_FROM = {
+    "auto": ("distributedInfo", "file name"),
+    "name": ("file name",),
+    "position": (),
+}
+TRACE_SUFFIXES = (".json", ".json.gz")
+SKIP_NAMES = {"manifest.json"}  # written next to trace.json.gz by ``profparse capture``
+PEEK_BYTES = 1 << 20
+
+_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d{1,9})(?!\d)", re.IGNORECASE)
+_EVENTS_KEY = b'"traceEvents"'
+_DIST_INFO = re.compile(r'"distributedInfo"\s*:\s*(?=\{)')
+_WORKER_NAME = re.compile(r"(?:^|[^a-z])worker[-_.]?(\d{1,9})(?!\d)", re.IGNORECASE)
+
+
+def _natural_key(name: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name))
+
+
+def find_rank_files(folder: str | Path) -> list[Path]:
+    """The trace files (``*.json``, ``*.json.gz``) directly in ``folder``, in natural sort order."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise InputNotFoundError(f"{folder}: no such folder")
+    if not folder.is_dir():
+        raise InputNotFoundError(f"{folder}: not a folder")
+    try:
+        entries = list(folder.iterdir())
+    except OSError as exc:
+        raise InputNotFoundError(f"{folder}: cannot list ({exc.strerror})") from None
+    files = [
+        p
+        for p in entries
+        if p.name.lower().endswith(TRACE_SUFFIXES)
+        and not p.name.startswith(".")
+        and p.name not in SKIP_NAMES
+        and p.is_file()
+    ]
+    if not files:
+        raise InputNotFoundError(f"{folder}: no trace files (*.json, *.json.gz) in this folder")
+    return sorted(files, key=lambda p: _natural_key(p.name))
+
+
+def rank_from_name(name: str) -> int | None:
+    """The rank a file name states (``rank-3.…``, ``rank3``, ``trace_rank_3``, ``worker3``), else None."""
+    for pattern in (_RANK_NAME, _WORKER_NAME):
+        match = pattern.search(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _valid_rank(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        return None
+    value = int(value)
+    return value if 0 <= value < 1 << 31 else None
+
+
+def peek_rank(path: str | Path) -> int | None:
+    """``distributedInfo.rank`` from the header before ``traceEvents`` (reads at most 1 MB), else None.
+
+    Reads in small blocks so that a file cut short or corrupt further on still yields its header; a file that
+    cannot be read at all returns None here, and its task reports the error.
+    """
+    from profparse.trace.decode import open_trace
+
+    buf = b""
+    try:
+        with open_trace(path) as stream:
+            read = getattr(stream, "read1", stream.read)
+            while len(buf) < PEEK_BYTES and _EVENTS_KEY not in buf:
+                block = read(64 << 10)
+                if not block:
+                    break
+                buf += block
+    except (ProfparseError, OSError, EOFError, zlib.error):
+        pass
+    return _header_rank(buf)
+
+
+def _header_rank(buf: bytes) -> int | None:
+    head = buf.split(_EVENTS_KEY, 1)[0].decode("utf-8", errors="replace")
+    match = _DIST_INFO.search(head)
+    if not match:
+        return None
+    try:
+        info, _ = json.JSONDecoder().raw_decode(head, match.end())
+    except ValueError:
+        return None
+    return _valid_rank(info.get("rank")) if isinstance(info, dict) else None
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """One input file and the rank it was given (``source``: distributedInfo, file name or sorted position)."""
+
+    path: str
+    rank: int
+    source: str
+
+
+def assign_ranks(paths: Sequence[str | Path], rank_from: str = "auto") -> list[RankFile]:
+    """Give each file a rank: from ``distributedInfo``, else its name, else the lowest rank left, in sorted order.
+
+    ``rank_from``: ``auto`` (that order), ``name`` (ignore ``distributedInfo``) or ``position`` (sorted position
+    only). Two files that state the same rank are an error: renumber them with ``rank_from="position"``.
+    """
+    if rank_from not in RANK_FROM:
+        raise UsageError(f"unknown rank source {rank_from!r}; expected one of {', '.join(RANK_FROM)}")
+    sources = RANK_FROM[rank_from]
+    stated: list[tuple[int, str] | None] = []
+    for path in paths:
+        found = None
+        for source in sources:
+            rank = peek_rank(path) if source == "distributedInfo" else rank_from_name(Path(path).name)
+            if rank is not None:
+                found = (rank, source)
+                break
+        stated.append(found)
+    claims: dict[int, list[str]] = {}
+    for path, found in zip(paths, stated, strict=True):
+        if found is not None:
+            claims.setdefault(found[0], []).append(f"{Path(path).name} ({found[1]})")
+    clashes = {rank: names for rank, names in claims.items() if len(names) > 1}
+    if clashes:
+        rank, names = min(clashes.items())
+        more = f" and {len(clashes) - 1} more ranks" if len(clashes) > 1 else ""
+        raise UsageError(
+            f"rank {rank} is stated by {len(names)} files: {', '.join(names[:4])}{more}; "
+            "use --rank-from position (or name) to number the files in sorted order"
+        )
+    free = (r for r in range(1 << 31) if r not in claims)
+    out = []
+    for path, found in zip(paths, stated, strict=True):
+        rank, source = found if found is not None else (next(free), "sorted position")
+        out.append(RankFile(path=str(path), rank=rank, source=source))
+    return out
+
+
+def describe_sources(files: Sequence[RankFile]) -> str:
+    """``ranks 0-3 from distributedInfo`` or ``ranks 0-4: distributedInfo 3, file name 2``."""
+    ranks = sorted(f.rank for f in files)
+    span = _span(ranks)
+    counts = {s: sum(f.source == s for f in files) for s in RANK_SOURCES}
+    used = {s: n for s, n in counts.items() if n}
+    if len(used) == 1:
+        return f"{span} from {next(iter(used))}"
+    return f"{span}: {', '.join(f'{s} {n}' for s, n in used.items())}"
+
+
+def _span(ranks: Sequence[int]) -> str:
+    if not ranks:
+        return "no ranks"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    shown = ", ".join(str(r) for r in ranks[:8])
+    return f"ranks {shown}{', ...' if len(ranks) > 8 else ''}"
+
+
+def prepare(folder: str | Path, rank_from: str = "auto") -> list[RankFile]:
+    """The files of ``folder`` with their ranks (see :func:`assign_ranks`)."""
+    return assign_ranks(find_rank_files(folder), rank_from)

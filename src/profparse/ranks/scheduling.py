@@ -1,0 +1,206 @@
+"""Running the rank tasks: in this process, in local worker processes (forkserver), or on a Dask cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from profparse.errors import ProfparseError, UsageError, install_hint
+from profparse.ranks.results import RankResult, RankTask
+from profparse.ranks.worker import run_rank
+
+
+def _failed(task: RankTask, message: str, exit_code: int = 70) -> RankResult:
+    return RankResult(path=task.path, rank=task.rank, source=task.source, ok=False, error=message, exit_code=exit_code)
+
+
+def _worker_start(parent: int) -> None:
+    """In each pool worker: leave Ctrl-C to the parent (it stops the pool; a worker's own KeyboardInterrupt only
+    printed a traceback), and exit as soon as the parent is gone (SIGKILL, SIGTERM), rather than wait forever for
+    work from it. Linux also gets the kernel's parent-death signal, for the forkserver the worker was forked from.
+    """
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent, 0)
+            except (ProcessLookupError, PermissionError):  # gone (or its pid reused by another user)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="profparse-parent-watch", daemon=True).start()
+
+
+DIED = "the worker process died (killed or out of memory; a script must start it under `if __name__ == '__main__':`)"
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C while the pool starts (forkserver, workers, submits) and raise it right after, where the pool
+    can be stopped cleanly. A Ctrl-C in the first second otherwise broke off a worker's start half-way (the
+    worker, unknown to the pool, then printed a traceback) or reached the forkserver (:func:`_start_forkserver`).
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver ignoring Ctrl-C, a setting it inherits: it imports profparse before it sets its own
+    handlers, so a Ctrl-C then printed a traceback from it."""
+    import signal
+    import threading
+    from multiprocessing import forkserver, resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    resource_tracker.ensure_running()  # first: it unblocks Ctrl-C itself after starting, which would drop one below
+    # held as well as ignored here: Linux keeps a held signal pending even while it is ignored, so a Ctrl-C in
+    # this window reaches the handler put back below instead of being lost
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stop(pool: Any) -> None:
+    """Shut a process pool down at once: pending ranks cancelled, running workers killed."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # no public way to reach them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.kill()
+    for process in workers:
+        process.join(5)
+
+
+def _run_local(
+    tasks: list[RankTask],
+    jobs: int,
+    on_done: Callable[[RankResult], None],
+    fn: Callable[[RankTask], RankResult] = run_rank,
+) -> list[RankResult]:
+    if jobs <= 1 or len(tasks) <= 1:
+        results = []
+        for task in tasks:
+            results.append(fn(task))
+            on_done(results[-1])
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    # forkserver: workers start from a clean process (no inherited threads), with profparse imported once
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["profparse.ranks", "profparse.api", "profparse.outputs.parquet"])
+    results: dict[int, RankResult] = {}
+    broken: list[int] = []
+    start = {"mp_context": context, "initializer": _worker_start, "initargs": (os.getpid(),)}
+    pool = None
+    try:
+        with _ctrl_c_held():
+            _start_forkserver()
+            pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), **start)
+            futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except BrokenProcessPool:
+                broken.append(i)
+                continue
+            except Exception as exc:  # noqa: BLE001
+                results[i] = _failed(tasks[i], f"{tasks[i].path}: {type(exc).__name__}: {exc}")
+            on_done(results[i])
+    except BaseException:  # Ctrl-C or an error here: stop the workers now rather than wait for their ranks
+        if pool is not None:
+            _stop(pool)
+        raise
+    pool.shutdown()
+    # A dead worker takes the pool down with every rank it still held: run those again one by one, each in its own
+    # process, so that only a rank that kills its process again fails.
+    for i in sorted(broken):
+        with ProcessPoolExecutor(max_workers=1, **start) as solo:
+            try:
+                results[i] = solo.submit(fn, tasks[i]).result()
+            except BrokenProcessPool:
+                results[i] = _failed(tasks[i], f"{tasks[i].path}: {DIED}", 8)
+            except Exception as exc:  # noqa: BLE001
+                results[i] = _failed(tasks[i], f"{tasks[i].path}: {type(exc).__name__}: {exc}")
+        on_done(results[i])
+    return [results[i] for i in range(len(tasks))]
+
+
+def _run_dask(tasks: list[RankTask], scheduler: str, on_done: Callable[[RankResult], None]) -> list[RankResult]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise UsageError(
+            f"--scheduler needs dask.distributed: {install_hint('dask')} (here and on the workers)"
+        ) from None
+    try:
+        client = Client(scheduler, timeout="20s", set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ProfparseError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    results: dict[int, RankResult] = {}
+    try:
+        run_id = uuid.uuid4().hex[:12]
+        keys = [f"profparse-rank-{t.rank}-{run_id}" for t in tasks]
+        futures = client.map(run_rank, tasks, pure=False, retries=0, key=keys)
+        index = {f.key: i for i, f in enumerate(futures)}
+        for future in as_completed(futures, loop=client.loop):
+            i = index[future.key]
+            try:
+                results[i] = future.result()
+            except Exception as exc:  # noqa: BLE001 - a lost worker fails its rank only
+                results[i] = _failed(tasks[i], f"{tasks[i].path}: Dask task failed: {type(exc).__name__}: {exc}")
+            on_done(results[i])
+    finally:
+        client.close()
+    return [results[i] for i in range(len(tasks))]
+
+
+def run_tasks(
+    tasks: list[RankTask],
+    *,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    on_done: Callable[[RankResult], None] | None = None,
+) -> list[RankResult]:
+    """Run one :func:`run_rank` per task: on the Dask ``scheduler`` if given, else ``jobs`` local processes."""
+    on_done = on_done or (lambda result: None)
+    if scheduler:
+        return _run_dask(tasks, scheduler, on_done)
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1 (got {jobs})")
+    return _run_local(tasks, jobs, on_done)

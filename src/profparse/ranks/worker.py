@@ -1,0 +1,69 @@
+"""One rank task: parse one rank file and write its partitions (runs in a worker process or on Dask)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+from profparse.errors import ProfparseError, from_oserror
+from profparse.ranks import late
+from profparse.ranks.dataset import write_rank_tables
+from profparse.ranks.results import RankResult, RankTask
+
+
+def run_rank(task: RankTask) -> RankResult:
+    """Parse one rank file (and write its partitions when ``task.out_root`` is set). Never raises for bad input."""
+    from profparse.api import parse
+    from profparse.quality import gpu_devices
+
+    start = time.perf_counter()
+    result = RankResult(path=task.path, rank=task.rank, source=task.source, ok=False)
+    try:
+        parsed = parse(task.path, include_marks=task.include_marks, strict=task.strict)
+        result.header_rank = parsed.rank
+        result.events = int(len(parsed.raw.events))
+        result.devices = gpu_devices(parsed)
+        report = parsed.raw.report
+        if report.truncated:
+            result.notes.append(
+                f"warning: truncated at byte {report.truncated_at_byte}; recovered {report.events_read} complete events"
+            )
+        for w in parsed.warnings.itertuples(index=False):
+            if w.severity != "info" and w.check != "truncated":
+                result.notes.append(f"{w.severity}: {w.message}")
+        if task.source != "distributedInfo" and parsed.rank is not None and parsed.rank != task.rank:
+            result.notes.append(
+                f"warning: distributedInfo says rank {parsed.rank} (after the events); kept rank {task.rank} "
+                f"from the {task.source}"
+            )
+        result.stage_summary = parsed.stage_summary
+        result.collectives = late.collective_rows(parsed)
+        if task.out_root is None:  # summarize: sent back; a written dataset has them in its kernels and ops tables
+            result.stage_names = late.stage_name_totals(parsed.kernels, parsed.ops)
+        if task.out_root is not None:
+            metadata = {
+                "profparse.source": str(task.path),
+                "profparse.rank": str(task.rank),
+                "profparse.rank_source": task.source,
+            }
+            try:
+                result.rows = write_rank_tables(parsed, task.out_root, task.rank, metadata)
+            except OSError as exc:  # the output's fault (disk full, permissions), not the rank's: see parse_ranks
+                mapped = from_oserror(exc)
+                raise mapped if isinstance(mapped, ProfparseError) else exc from None
+        result.ok = True
+    except ProfparseError as exc:
+        result.error, result.exit_code = str(exc), exc.exit_code
+    except MemoryError:
+        result.error, result.exit_code = f"{task.path}: out of memory", 8
+    except RecursionError:
+        result.error, result.exit_code = f"{task.path}: nested too deeply (corrupt or hostile input)", 4
+    except Exception as exc:  # noqa: BLE001 - one bad rank must not stop the others
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        result.error = (
+            f"{task.path}: internal error: {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
+        )
+        result.exit_code = 70
+    result.seconds = time.perf_counter() - start
+    return result

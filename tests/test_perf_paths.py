@@ -1,0 +1,125 @@
+"""The speed-ups of issue 12 give the same numbers as the direct computations they replace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+from conftest import REPO, SHARED_TRACES, parsed
+from tracebuilder import TraceBuilder, training_step
+
+from profparse import tables
+from profparse.marks import STAGES
+
+US = 1000
+
+
+def _totals(p) -> dict[str, np.ndarray]:
+    ht = tables.host_time(p.raw.events, p.links, p.attribution)
+    tot = ht[ht["scope"] == "total"]
+    assert list(tot["stage_code"]) == list(range(len(STAGES)))
+    return {"wall": tot["host_wall_ns"].to_numpy(), **{n: tot[f"{n}_ns"].to_numpy() for n in tables.HOST_LEVELS}}
+
+
+def test_host_time_totals_equal_one_union_over_all_pieces(shared_trace):
+    """host_time sums the per-window unions for the total rows; a union over every piece at once is the same."""
+    p = parsed(shared_trace)
+    seg = tables.host_segments(p.raw.events, p.links, p.attribution)
+    direct = tables.host_levels(seg, seg.stage, len(STAGES))
+    totals = _totals(p)
+    for name, values in direct.items():
+        assert (totals[name] == values).all(), name
+    assert totals["wall"].sum() > 0
+
+
+def test_host_time_totals_by_hand_with_a_piece_across_a_step_boundary(tmp_path):
+    """Two steps of known host time, plus an op of no stage ("other") on a second thread across the step boundary:
+    each window gets its own part of it, the total all of it, once."""
+    b = TraceBuilder()
+    end = training_step(b, 1, 0)
+    training_step(b, 2, end)
+    # steps [0, 100) and [100, 200); a worker-thread op over [15, 120)
+    b.op("aten::copy_", 15, 105, tid=300)
+    b.op("aten::mm", 16, 1, tid=300)  # an op below it: the thread works (is not a Python-only monitor)
+    p = parsed(b.write(tmp_path / "t.json"))
+    stage = p.events.set_index("name")["stage"]
+    assert stage["aten::copy_"] == "other" and stage["nn.Module: Linear_0"].unique().tolist() == ["forward"]
+    totals = _totals(p)
+    fwd, bwd, opt, other = (STAGES.index(s) for s in ("forward", "backward", "optimizer", "other"))
+    # forward 2 x 20 (module frame [1, 21)), backward 2 x 30, optimizer 2 x 20, other 105 = 85 in step 1 + 20 in 2
+    assert totals["wall"][other] == 105 * US
+    assert totals["wall"][fwd] == 40 * US
+    assert totals["wall"][bwd] == 60 * US
+    assert totals["wall"][opt] == 40 * US
+    ht = tables.host_time(p.raw.events, p.links, p.attribution)
+    steps = ht[ht["scope"] != "total"]
+    in_step = steps[steps["stage_code"] == other].set_index("step")["host_wall_ns"]
+    assert in_step[1] == 85 * US and in_step[2] == 20 * US
+    assert steps.groupby("stage_code")["host_wall_ns"].sum().reindex(range(len(STAGES)), fill_value=0).tolist() == (
+        totals["wall"].tolist()
+    )
+    # levels add up to the wall per stage
+    assert (sum(totals[n] for n in tables.HOST_LEVELS) == totals["wall"]).all()
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(REPO / "src"), **env}
+    return subprocess.run([sys.executable, "-m", "profparse.cli.main", *args], capture_output=True, text=True, env=full)
+
+
+def test_phase_clock_prints_each_phase_only_when_asked(tmp_path):
+    """PROFPARSE_PROFILE_PHASES=1: one line per phase (wall, CPU, peak RSS); the phases fit in the run's wall time;
+    without it, nothing extra on stderr and the same tables."""
+    trace = REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"
+    t0 = time.perf_counter()
+    on = _cli(["parse", str(trace), "-o", str(tmp_path / "on"), "--quiet"], {"PROFPARSE_PROFILE_PHASES": "1"})
+    wall = time.perf_counter() - t0
+    off = _cli(["parse", str(trace), "-o", str(tmp_path / "off"), "--quiet"], {"PROFPARSE_PROFILE_PHASES": ""})
+    assert on.returncode == 0 and off.returncode == 0, (on.stderr, off.stderr)
+    assert "profparse-phase" not in off.stderr
+    lines = [line.split() for line in on.stderr.splitlines() if line.startswith("profparse-phase ")]
+    phases = {name: [float(x) for x in rest] for _, name, *rest in lines}
+    main = ("startup+imports", "read", "link", "attribute", "tables+parquet")
+    assert set(main) <= set(phases) and {"tables", "parquet"} <= set(phases)
+    assert all(len(v) == 3 and min(v) >= 0 for v in phases.values())
+    assert sum(phases[name][0] for name in main) <= wall
+    peaks = [phases[name][2] for name in main]
+    assert peaks == sorted(peaks) and peaks[0] > 0  # a high-water mark only rises
+    for name in ("events", "ops", "stage_summary"):
+        a = pd.read_parquet(tmp_path / "on" / f"{name}.parquet")
+        b = pd.read_parquet(tmp_path / "off" / f"{name}.parquet")
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_bench_decode_baseline_counts_every_event_of_the_file(tmp_path):
+    """The decode-only baseline of scripts/bench.py decodes the whole events array (ROCm string args included)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    for trace in [REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz", *sorted(SHARED_TRACES.glob("mi*.json.gz"))]:
+        plain = tmp_path / (trace.name[: -len(".gz")])
+        plain.write_bytes(gzip.decompress(trace.read_bytes()))
+        out = subprocess.run([sys.executable, "-c", bench.DECODE_CODE, str(plain)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert int(out.stdout.split()[1]) == len(json.loads(plain.read_bytes())["traceEvents"])
+
+
+def test_bench_ratios_by_hand():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    res = bench.SizeResult(size="100MB", bytes=10**8, events=1, runs=1, source="t")
+    res.tools = {
+        "profparse": {"ok": True, "seconds": 2.0, "cpu": 1.0, "all_seconds": [2.0]},
+        "hta": {"ok": True, "seconds": 30.0, "cpu": 12.0, "all_seconds": [30.0]},
+        "hta06": {"ok": False, "seconds": None, "cpu": None, "all_seconds": [50.0]},
+    }
+    assert bench._ratio(res, "hta", "profparse") == "**15.0x** (CPU 12.0x)"
+    assert bench._ratio(res, "hta06", "profparse") == "> 25.0x (did not finish)"
+    assert bench._ratio(res, "profparse", "decode") == "-"
