@@ -51,6 +51,9 @@ class _CachedAnalyses(Analyses):
     runtime_calls = _cached_table(Analyses.runtime_calls.func, "analysis.runtime_calls")
     collectives = _cached_table(Analyses.collectives.func, "analysis.collectives")
     comm_exposure = _cached_table(Analyses.comm_exposure.func, "analysis.comm_exposure")
+    flops = _cached_table(Analyses.flops.func, "analysis.flops")
+    efficiency = _cached_table(Analyses.efficiency.func, "analysis.efficiency")  # the key holds peak_tflops
+    gemms = _cached_table(Analyses.gemms.func, "analysis.gemms")
 
 
 @dataclass(repr=False)
@@ -156,6 +159,26 @@ class ParsedTrace:
         """Per (step, stage, device): collective time, the part not overlapped by other GPU activity, overlap %."""
         return _public(self._analysis.comm_exposure)
 
+    @cached_property
+    def flops(self) -> pd.DataFrame:
+        """FLOPs, bytes, GPU time and achieved TFLOP/s per counted op; uncounted ops with their time ("status")."""
+        return _public(self._analysis.flops)
+
+    @cached_property
+    def efficiency(self) -> pd.DataFrame:
+        """FLOPs, achieved TFLOP/s, MFU and HFU per (step, stage), step, stage and module (``scope``)."""
+        return _public(self._analysis.efficiency)
+
+    @cached_property
+    def gemms(self) -> pd.DataFrame:
+        """Matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak."""
+        return _public(self._analysis.gemms)
+
+    @property
+    def peak(self) -> Any:
+        """The peak that MFU is measured against: ``tflops`` (NaN if unknown), ``dtype``, ``device``, ``note``."""
+        return self._analysis.peak
+
     @_cached_table
     def warnings(self) -> pd.DataFrame:
         """Quality checks that found something: check, severity, count, value, message."""
@@ -195,6 +218,7 @@ class ParsedTrace:
             f"  devices:  {', '.join(devices)}" + (f"; rank {self.rank}" if self.rank is not None else ""),
             f"  warnings: {len(self.warnings)} (see .warnings)",
             "  tables:   .events .kernels .ops .stage_summary .stage_levels .modules .memory .load_breakdown",
+            "            .flops .efficiency .gemms",
         ]
         return "\n".join(lines)
 
@@ -215,8 +239,10 @@ def parse(
     include_marks: bool = True,
     strict: bool = False,
     progress: Any = None,
+    peak_tflops: float | None = None,
 ) -> ParsedTrace:
-    """Read, link and attribute one trace file."""
+    """Read, link and attribute one trace file. ``peak_tflops``: the peak MFU is measured against (default: the
+    device's dense peak for the dominant dtype, from :mod:`profparse.analysis.peaks`)."""
     phase_clock.startup()
     try:
         with phase_clock.phase("read"):
@@ -232,7 +258,8 @@ def parse(
         phase("attributing stages")
     with phase_clock.phase("attribute"):
         attribution = attribute(raw.events, links, raw.thread_names, include_marks=include_marks)
-    return ParsedTrace(raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks})
+    options = {"include_marks": include_marks, "peak_tflops": peak_tflops}
+    return ParsedTrace(raw=raw, links=links, attribution=attribution, options=options)
 
 
 def load(
@@ -244,6 +271,7 @@ def load(
     progress: Any = None,
     notify: Callable[[str], None] | None = None,
     outputs: tuple[str | Path, ...] = (),
+    peak_tflops: float | None = None,
 ) -> ParsedTrace:
     """Load a trace (``.json``/``.json.gz``) for analysis with pandas. Same options as :func:`parse`.
 
@@ -252,15 +280,17 @@ def load(
     ``notify`` receives the cache's notes and warnings (default: stderr); ``outputs``: folders the cache must
     not lie in."""
     if not cache:
-        return parse(path, include_marks=include_marks, strict=strict, progress=progress)
+        return parse(path, include_marks=include_marks, strict=strict, progress=progress, peak_tflops=peak_tflops)
     from profparse.cache import Cache
 
     store = Cache.open(**({"notify": notify} if notify else {}), inputs=[path], outputs=outputs)
     options = {"include_marks": include_marks, "strict": strict}
+    if peak_tflops is not None:  # changes the efficiency tables: its own entry (the default keeps older keys)
+        options["peak_tflops"] = float(peak_tflops)
     with phase_clock.phase("cache.key"):
         key = store.key(path, options) if store is not None else None
     if store is None or key is None:
-        return parse(path, include_marks=include_marks, strict=strict, progress=progress)
+        return parse(path, include_marks=include_marks, strict=strict, progress=progress, peak_tflops=peak_tflops)
     name, stat_id = key
     with phase_clock.phase("cache.read"):
         hit = store.get(name, path)
@@ -268,9 +298,13 @@ def load(
         phase_clock.startup()  # (includes cache.key and cache.read: on a miss parse() says it)
         (raw, links, attribution), entry = hit
         return ParsedTrace(
-            raw=raw, links=links, attribution=attribution, options={"include_marks": include_marks}, cache=entry
+            raw=raw,
+            links=links,
+            attribution=attribution,
+            options={"include_marks": include_marks, "peak_tflops": peak_tflops},
+            cache=entry,
         )
-    parsed = parse(path, include_marks=include_marks, strict=strict, progress=progress)
+    parsed = parse(path, include_marks=include_marks, strict=strict, progress=progress, peak_tflops=peak_tflops)
     if store.unchanged(path, stat_id):  # not a file rewritten while it was parsed
         with phase_clock.phase("cache.store"):
             parsed.cache = store.put(name, parsed)

@@ -5,7 +5,9 @@
 - :mod:`~profparse.analysis.modules`: forward/backward time per ``nn.Module`` instance;
 - :mod:`~profparse.analysis.memory`: allocator timeline and memory per stage and step;
 - :mod:`~profparse.analysis.runtime`: runtime/driver calls per stage and step;
-- :mod:`~profparse.analysis.comm`: collectives and exposed communication per stage and step.
+- :mod:`~profparse.analysis.comm`: collectives and exposed communication per stage and step;
+- :mod:`~profparse.analysis.efficiency`: FLOPs per op (formulas in :mod:`~profparse.analysis.flops`), achieved
+  TFLOP/s, MFU/HFU per step x stage and module (peaks in :mod:`~profparse.analysis.peaks`), GEMM shapes.
 
 :class:`Analyses` computes each on first use and keeps it; ``ParsedTrace`` exposes the public (nullable) versions
 and the Parquet writer the internal ones.
@@ -30,6 +32,9 @@ TABLES = (
     "runtime_calls",
     "collectives",
     "comm_exposure",
+    "flops",
+    "efficiency",
+    "gemms",
 )
 
 
@@ -99,6 +104,38 @@ class Analyses:
         from profparse.analysis.comm import comm_exposure
 
         return comm_exposure(self.parsed.raw.events, self.collectives, self.parsed.attribution)
+
+    @cached_property
+    def flop_counts(self) -> Any:
+        from profparse.analysis.efficiency import count_flops
+
+        return count_flops(*self._inputs)
+
+    @cached_property
+    def flops(self) -> pd.DataFrame:
+        from profparse.analysis.efficiency import flop_table
+
+        return flop_table(*self._inputs, self.flop_counts)
+
+    @cached_property
+    def peak(self) -> Any:
+        """The peak MFU is measured against (``options["peak_tflops"]`` overrides the device table)."""
+        from profparse.analysis.efficiency import choose_peak
+
+        override = self.parsed.options.get("peak_tflops")
+        return choose_peak(self.parsed.header, self.parsed.raw.events, self.flops, override)
+
+    @cached_property
+    def efficiency(self) -> pd.DataFrame:
+        from profparse.analysis.efficiency import efficiency_table
+
+        return efficiency_table(self.parsed, self.flops, self.peak)
+
+    @cached_property
+    def gemms(self) -> pd.DataFrame:
+        from profparse.analysis.efficiency import gemm_table
+
+        return gemm_table(self.parsed.raw.events, self.flops, self.peak)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every analysis table by name (internal NULL sentinels), for writers."""

@@ -32,6 +32,28 @@ def int_option(low: int, high: int | None = None) -> Any:
     return parse
 
 
+def peak_option(text: str) -> float:
+    """An argparse ``type`` for ``--peak-tflops``: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of TFLOP/s, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 and finite (got {text})")
+    return value
+
+
+def add_peak_option(parser: argparse.ArgumentParser) -> None:
+    """``--peak-tflops``: the peak MFU and HFU are measured against (default: the device's, from the peak table)."""
+    parser.add_argument(
+        "--peak-tflops",
+        type=peak_option,
+        default=None,
+        metavar="TFLOPS",
+        help="dense peak TFLOP/s for MFU/HFU (default: the device's peak for the main dtype; docs/efficiency.md)",
+    )
+
+
 def output_option(text: str) -> str:
     """An argparse ``type`` for ``-o``: not empty."""
     if not text.strip():
@@ -161,6 +183,7 @@ def parse_input(args: argparse.Namespace) -> Any:
             progress=progress,
             notify=lambda message: note(message, args.quiet),
             outputs=(out,) if out else (),
+            peak_tflops=getattr(args, "peak_tflops", None),
         )
     finally:
         if progress is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from profparse.cli.common import (
     add_input_options,
+    add_peak_option,
     check_output,
     input_is_dir,
     int_option,
@@ -60,6 +61,7 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("parse", help="write Parquet tables (events, kernels, ops, stage_summary, steps)")
     add_input_options(p)
+    add_peak_option(p)
     p.add_argument(
         "-o", "--out", required=True, type=output_option, help="output folder (created; must not exist unless --force)"
     )

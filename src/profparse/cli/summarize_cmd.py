@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from profparse.cli.common import add_input_options, emit, int_option, parse_input
+from profparse.cli.common import add_input_options, add_peak_option, emit, int_option, parse_input
 from profparse.cli.parse_cmd import add_rank_options, partial_failure, resolve_input, run_rank_tasks
 from profparse.outputs.summary import FORMATS, TOP_N, render_summary
 
@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("summarize", help="print time per stage, per step, and the top kernels and ops per stage")
     add_input_options(p)
+    add_peak_option(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     p.add_argument(
         "--top", type=int_option(0), default=TOP_N, help=f"kernels and ops listed per stage (default: {TOP_N})"

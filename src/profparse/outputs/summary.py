@@ -15,6 +15,7 @@ import pandas as pd
 
 from profparse.analysis import report as analysis_report
 from profparse.analysis.comm import summary as comm_summary
+from profparse.analysis.efficiency import summary_section as efficiency_section
 from profparse.analysis.runtime import top_calls as runtime_top_calls
 from profparse.marks import STAGES
 from profparse.outputs.formats import (
@@ -143,6 +144,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "communication": comm_summary(parsed._analysis.collectives, parsed._analysis.comm_exposure),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analysis_report.summary_sections(parsed),
+        "efficiency": efficiency_section(parsed),
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),
@@ -363,6 +365,37 @@ def _communication_tables(data: dict[str, Any]) -> list[Table]:
     return tables
 
 
+def _efficiency_tables(data: dict[str, Any]) -> list[Table]:
+    """FLOPs, achieved TFLOP/s, MFU/HFU per stage; MFU per step; the ops not counted (docs/efficiency.md)."""
+    section = data.get("efficiency")
+    if not section:
+        return []
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    basis = section["basis"]
+    columns = [
+        Column("stage", "stage"),
+        Column("flops", "GFLOPs", lambda x: f"{x / 1e9:,.1f}"),
+        Column("achieved_tflops", "TFLOP/s", lambda x: "-" if x is None else f"{x:,.3g}"),
+        Column("mfu", "MFU", pct),
+        Column("hfu", "HFU", pct),
+        Column("counted_ns", f"counted {basis}", _ms),
+        Column("not_counted_ns", "not counted", _ms),
+    ]
+    out = [Table("Efficiency", columns, section["stages"], note=f"{section['peak']['note']}; ms")]
+    if any(s["mfu"] is not None for s in section["steps"]):
+        step_columns = [Column("step", "step"), Column("flops", "GFLOPs", lambda x: f"{x / 1e9:,.1f}")]
+        step_columns.append(Column("mfu", "MFU", pct))
+        out.append(Table("MFU per step", step_columns, section["steps"], note="model FLOPs / (step window x peak)"))
+    if section["not_counted"]:
+        columns = [Column("time_ns", "ms", _ms), Column("count", "calls", lambda n: f"{n:,}"), Column("name", "op")]
+        note = f"no FLOP formula or no shapes; {basis} ms"
+        out.append(Table("Not counted", columns, section["not_counted"], note=note, index=0, last_left=True))
+    return out
+
+
 #: The summary's sections in the order shown: each turns the summary data into tables (none: nothing to show).
 #: ``analysis_report.tables`` holds the analyses' sections (their own registry, ``analysis/report.py``).
 SECTIONS = (
@@ -371,6 +404,7 @@ SECTIONS = (
     _top_tables("top_kernels", "Top kernels", kernel=True),
     _top_tables("top_ops", "Top ops", kernel=False),
     lambda data: analysis_report.tables(data.get("analyses")),
+    _efficiency_tables,
     _runtime_calls_tables,
     _communication_tables,
     _checks_tables,

@@ -1,0 +1,83 @@
+"""Roofline: arithmetic intensity (FLOPs per byte) against achieved TFLOP/s per op name and stage, with the device's
+compute peak and memory-bandwidth roof (from :mod:`profparse.analysis.peaks`, or ``--peak-tflops``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profparse.outputs.views._common import STAGE_COLORS
+
+KIND = "roofline"
+TITLE = "Roofline: arithmetic intensity vs achieved TFLOP/s per op and stage"
+MAX_POINTS = 400  # the ops with the most time; the rest are too small to read
+
+
+def data(parsed: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """One point per (op name, stage) with FLOPs, bytes and time (GPU time; host time on CPU-only traces)."""
+    flops = parsed.flops
+    counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]
+    basis = "GPU" if (counted["gpu_ns"] > 0).any() else "host"
+    time = "gpu_ns" if basis == "GPU" else "host_ns"
+    counted = counted[(counted["flops"] > 0) & (counted["bytes"] > 0) & (counted[time] > 0)]
+    if counted.empty:
+        return None, "no op with FLOPs, bytes and time (the trace needs record_shapes=True)"
+    grouped = counted.groupby(["name", "stage"], observed=True).agg(
+        count=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"), time_ns=(time, "sum")
+    )
+    points = grouped.reset_index().sort_values("time_ns", ascending=False, kind="stable").head(MAX_POINTS)
+    points = points.assign(
+        name=points["name"].astype(str),
+        stage=points["stage"].astype(str),
+        intensity=points["flops"] / points["bytes"],
+        tflops=points["flops"] / points["time_ns"] / 1e3,
+    ).reset_index(drop=True)
+    peak = parsed.peak
+    known = bool(np.isfinite(peak.tflops))
+    return {
+        "points": points,
+        "basis": basis,
+        "peak_tflops": float(peak.tflops) if known else None,
+        "memory_gbps": float(peak.memory_gbps) if known and np.isfinite(peak.memory_gbps) else None,
+        "peak_note": peak.note,
+        "trace": str(parsed.path),
+    }, None
+
+
+def draw(prepared: dict[str, Any]) -> Any:
+    """Log-log scatter, one colour per stage, marker area by time; horizontal compute peak, diagonal memory roof."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    points: pd.DataFrame = prepared["points"]
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    ax = fig.add_subplot()
+    area = 20 + 400 * points["time_ns"] / points["time_ns"].max()
+    for stage, group in points.groupby("stage", sort=False):
+        ax.scatter(group["intensity"], group["tflops"], s=area[group.index], color=STAGE_COLORS.get(stage, "#555555"),
+                   alpha=0.7, edgecolors="none", label=stage)  # fmt: skip
+    lo, hi = points["intensity"].min() / 2, points["intensity"].max() * 2
+    peak, bandwidth = prepared["peak_tflops"], prepared["memory_gbps"]
+    if peak:
+        ax.axhline(peak, color="black", linestyle="--", linewidth=1, label=f"peak {peak:g} TFLOP/s")
+    if bandwidth:
+        x = np.geomspace(lo, hi, 64)
+        roof = x * bandwidth / 1e3  # FLOP/byte x GB/s = GFLOP/s; / 1e3 = TFLOP/s
+        ax.plot(x, np.minimum(roof, peak) if peak else roof, color="grey", linewidth=1,
+                label=f"memory {bandwidth:g} GB/s")  # fmt: skip
+    for row in points.head(5).itertuples():  # name the ops with the most time
+        ax.annotate(row.name.removeprefix("aten::"), (row.intensity, row.tflops), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOPs / byte)")
+    ax.set_ylabel(f"achieved TFLOP/s ({prepared['basis']} time)")
+    ax.set_title(f"{TITLE}\n{prepared['peak_note']}", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="both", alpha=0.2)
+    return fig
