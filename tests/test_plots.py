@@ -63,6 +63,8 @@ def test_cpu_sample_trace_plots(tmp_path):
     drawn = {"stages", "timeline", "top_ops", "memory"}
     if has_analysis(parsed):
         drawn |= {"layers", "load"}
+    if (parsed.flops["flops"] > 0).any():  # recorded shapes: FLOPs counted (host-time TFLOP/s on a CPU trace)
+        drawn |= {"roofline"}
     for kind in drawn:
         r = by_kind[kind]
         assert r.skipped is None, (kind, r.skipped)

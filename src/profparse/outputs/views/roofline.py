@@ -69,11 +69,17 @@ def draw(prepared: dict[str, Any]) -> Any:
         roof = x * bandwidth / 1e3  # FLOP/byte x GB/s = GFLOP/s; / 1e3 = TFLOP/s
         ax.plot(x, np.minimum(roof, peak) if peak else roof, color="grey", linewidth=1,
                 label=f"memory {bandwidth:g} GB/s")  # fmt: skip
-    for row in points.head(5).itertuples():  # name the ops with the most time
+    for i, row in enumerate(points.head(5).itertuples()):  # name the ops with the most time
+        below = i % 2 == 1  # alternate above / below, so two neighbouring points do not print over each other
         ax.annotate(row.name.removeprefix("aten::"), (row.intensity, row.tflops), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+                    xytext=(4, -10 if below else 4), textcoords="offset points")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # the style turns mathtext off, so log ticks are written plainly
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity (FLOPs / byte)")
     ax.set_ylabel(f"achieved TFLOP/s ({prepared['basis']} time)")
