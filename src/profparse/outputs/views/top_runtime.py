@@ -20,7 +20,8 @@ TITLE = "Top runtime calls per stage"
 
 
 def data(parsed: Any, n: int = TOP_N) -> tuple[Prepared | None, str | None]:
-    """Per stage, the ``n`` calls with the most host time over the whole trace."""
+    """Per stage, the ``n`` calls with the most host time over the whole trace; ``share``: of the stage's host
+    wall (the summary's "Runtime calls per stage" shows the same rows)."""
     table = parsed.runtime_calls
     totals = table[(table["scope"] == "total").to_numpy() & (table["total_ns"] > 0).to_numpy()]
     if totals.empty:
@@ -39,7 +40,7 @@ def data(parsed: Any, n: int = TOP_N) -> tuple[Prepared | None, str | None]:
                 "label": unique_labels(names, kernel=False),
                 "total_ns": top["total_ns"].to_numpy(np.int64),
                 "count": top["count"].to_numpy(np.int64),
-                "share": top["total_ns"].to_numpy(float) / total,
+                "share": top["share"].to_numpy(float),  # of the stage's host wall, as in the summary
             }
         )
         stages.append({"stage": stage, "total_ns": total, "events": int(mine["count"].sum()), "top": rows})
