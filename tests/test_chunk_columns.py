@@ -5,6 +5,7 @@ pid/tid as ints, numeric strings and labels. Every row is checked against the fi
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import pandas as pd
 import pytest
@@ -96,3 +97,22 @@ def test_chunk_without_any_args(tmp_path):
     for column in TEXT_ARG_COLUMNS:
         assert table[column].isna().all()
     assert table["tid"].nunique() == 1 and int(table["tid"].iat[0]) < 0
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_timestamps_exact_with_and_without_ints(tmp_path, mixed):
+    """ts as written (decimals with nanosecond digits, or whole microseconds mixed in) -> exact int64 ns."""
+    base = 1712195495519689
+    written = [f"{base + i}.{250 + 7 * i:03d}" for i in range(40)]  # float64 keeps only quarters here
+    if mixed:
+        written[::3] = [str(base + i) for i in range(0, 40, 3)]
+    body = ",".join(
+        f'{{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":{ts},"dur":{i % 2 and 1.5 or 2}}}'
+        for i, ts in enumerate(written)
+    )
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents":[' + body + "]}")
+    table = read_trace(path, workers=1).events
+    want = [int(Decimal(ts) * 1000) for ts in written]
+    assert table["ts_ns"].tolist() == want
+    assert table["dur_ns"].tolist() == [1500 if i % 2 else 2000 for i in range(40)]

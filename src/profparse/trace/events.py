@@ -41,7 +41,6 @@ from profparse.trace.decode import (
     DecodeReport,
     Event,
     FastEvent,
-    FloatText,
     ReadSequentially,
     TraceDecoder,
     expected_json_bytes,
@@ -205,36 +204,34 @@ def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> 
 
     Text is parsed by Arrow, correctly rounded like msgspec and ``float()``; the result equals decoding floats.
     ``text``: the values as an Arrow string array, when the caller has it already.
+    Arrow is tried first and refuses what it cannot take exactly (text, ints beyond 2**53): no scan of the values'
+    types first (with :func:`_text_column`, 1.9 -> 1.3 ms per 1 MiB chunk for ts + dur, v100_ns_resolution tile).
     """
     try:
         if text is not None:
             arr = text.cast(pa.float64())
         else:
-            kinds = set(map(type, values))
-            kinds.discard(type(None))
-            if kinds <= {FloatText}:
+            try:
+                arr = pa.array(values, pa.float64())  # ints, floats and None
+            except pa.ArrowInvalid:  # FloatText (anything else fails here too)
                 arr = pa.array(values, pa.string()).cast(pa.float64())
-            elif kinds <= {int, float}:
-                arr = pa.array(values, pa.float64())
-            else:
-                raise TypeError
         if arr.null_count:
             arr = pc.fill_null(arr, missing)
         return arr.to_numpy(zero_copy_only=False).copy()
-    except (pa.ArrowException, TypeError, OverflowError):
+    except (pa.ArrowException, TypeError, OverflowError, UnicodeError):
         return np.array([missing if v is None else float(v) for v in values], dtype=np.float64)
 
 
 def _text_column(values: Any) -> pa.Array | None:
-    """``ts`` values as an Arrow string array when all are :class:`FloatText` (or None), else None."""
-    kinds = set(map(type, values))
-    kinds.discard(type(None))
-    if kinds != {FloatText}:
-        return None
+    """``ts`` values as an Arrow string array when all are :class:`FloatText` (or None, not all), else None.
+
+    Arrow refuses ints and floats; a plain ``str`` cannot be here (the decoder takes only int, FloatText or None).
+    """
     try:
-        return pa.array(values, pa.string())
+        text = pa.array(values, pa.string())
     except (pa.ArrowException, UnicodeError):
         return None
+    return None if text.null_count == len(text) else text
 
 
 _NS_PER_UNIT = np.array([1000, 100, 10, 1], dtype=np.int64)  # by number of decimals
