@@ -116,3 +116,18 @@ def test_timestamps_exact_with_and_without_ints(tmp_path, mixed):
     want = [int(Decimal(ts) * 1000) for ts in written]
     assert table["ts_ns"].tolist() == want
     assert table["dur_ns"].tolist() == [1500 if i % 2 else 2000 for i in range(40)]
+
+
+def test_missing_cat_is_the_empty_category(tmp_path):
+    cats = [None, "cpu_op", "", None, "kernel"]
+    for chunk in (cats, cats[1:3]):
+        doc = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 1.0} for i in range(len(chunk))]
+        for event, cat in zip(doc, chunk, strict=True):
+            if cat is not None:
+                event["cat"] = cat
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"traceEvents": doc}))
+        table = read_trace(path, workers=1).events
+        assert table["category"].astype(object).tolist() == [c or "" for c in chunk]
+        kinds = {None: "other", "": "other", "cpu_op": "cpu_op", "kernel": "kernel"}
+        assert table["kind"].astype(str).tolist() == [kinds[c] for c in chunk]
