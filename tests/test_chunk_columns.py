@@ -1,0 +1,133 @@
+"""The read phase's column building (events.chunk_columns) on the cases its fast paths branch on: events with and
+without ``args``, fields present in some chunks only, an integer beyond int64, text ``args`` on a few rows, and
+pid/tid as ints, numeric strings and labels. Every row is checked against the file's own values."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pandas as pd
+import pytest
+
+from profparse.trace.decode import Args
+from profparse.trace.events import INT_ARG_COLUMNS, NULL, TEXT_ARG_COLUMNS, read_trace
+
+KEY_OF = dict(zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True))
+INT_KEYS = {KEY_OF[attr]: column for column, attr in INT_ARG_COLUMNS}
+TEXT_KEYS = {KEY_OF[column]: column for column in TEXT_ARG_COLUMNS}
+TIDS = [7, "8", "stream 7", " 9 ", "stream 7", "-9223372036854775808", "9223372036854775808", 7]
+
+
+def events() -> list[dict]:
+    """60 events: every third without args, ints and text args on some rows only, one int beyond int64."""
+    out = []
+    for i in range(60):
+        event = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 4}", "pid": 1 if i % 5 else "main", "ts": 10.0 + i,
+                 "dur": 0.5, "tid": TIDS[i % len(TIDS)]}
+        if i % 3:
+            args: dict = {"External id": i, "Sequence number": i * 10 if i % 2 else None}
+            if 20 <= i < 30:
+                args["correlation"] = 2**70 if i == 25 else -i  # one past int64: NULL in that row only
+            if i % 7 == 0:
+                args["Input Dims"] = [[i % 2], [3, 4]]
+                args["Process Group Ranks"] = "[0, 1]"
+            if i >= 40:
+                args = {}  # args without any known key
+            event["args"] = args
+        out.append(event)
+    return out
+
+
+def expected_id(value) -> int | str:
+    """pid/tid as the table should hold it: the number, or the label (its id is checked separately)."""
+    text = str(value)
+    try:
+        number = int(text)
+    except ValueError:
+        return text
+    return number if -(2**63) <= number < 2**63 else text
+
+
+@pytest.mark.parametrize("chunk_bytes", [400, 3000, 1 << 20])
+def test_columns_equal_the_file_row_by_row(tmp_path, chunk_bytes):
+    doc = events()
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    raw = read_trace(path, chunk_bytes=chunk_bytes, workers=1)
+    table = raw.events
+    assert table["trace_index"].tolist() == list(range(len(doc)))
+    for column, _ in INT_ARG_COLUMNS:
+        assert table[column].dtype == "int64"
+    compared = 0
+    for row, event in enumerate(doc):
+        args = event.get("args") or {}
+        for key, column in INT_KEYS.items():
+            value = args.get(key)
+            want = value if value is not None and -(2**63) < value < 2**63 else NULL
+            assert int(table[column].iat[row]) == want, (row, column)
+            compared += want != NULL
+        for key, column in TEXT_KEYS.items():
+            got = table[column].iat[row]
+            if key in args:
+                assert got == (args[key] if isinstance(args[key], str) else json.dumps(args[key]))  # as written
+                compared += 1
+            else:
+                assert pd.isna(got), (row, column)
+        for column, labels in (("pid", raw.pid_labels), ("tid", raw.tid_labels)):
+            want = expected_id(event[column])
+            got = int(table[column].iat[row])
+            if isinstance(want, int):
+                assert got == want, (row, column)
+            else:
+                assert got < 0 and labels[got] == want, (row, column)
+    assert compared > 40  # the checks above saw values, not only NULLs
+    ids = {expected_id(t): int(table["tid"].iat[i]) for i, t in enumerate(e["tid"] for e in doc)}
+    assert ids["stream 7"] != ids["9223372036854775808"]  # two labels, two ids
+
+
+def test_chunk_without_any_args(tmp_path):
+    doc = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": "x", "ts": 1.0 + i, "dur": 1.0}
+           for i in range(5)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    table = read_trace(path, workers=1).events
+    for column, _ in INT_ARG_COLUMNS:
+        assert (table[column] == NULL).all()
+    for column in TEXT_ARG_COLUMNS:
+        assert table[column].isna().all()
+    assert table["tid"].nunique() == 1 and int(table["tid"].iat[0]) < 0
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_timestamps_exact_with_and_without_ints(tmp_path, mixed):
+    """ts as written (decimals with nanosecond digits, or whole microseconds mixed in) -> exact int64 ns."""
+    base = 1712195495519689
+    written = [f"{base + i}.{250 + 7 * i:03d}" for i in range(40)]  # float64 keeps only quarters here
+    if mixed:
+        written[::3] = [str(base + i) for i in range(0, 40, 3)]
+    body = ",".join(
+        f'{{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":{ts},"dur":{i % 2 and 1.5 or 2}}}'
+        for i, ts in enumerate(written)
+    )
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents":[' + body + "]}")
+    table = read_trace(path, workers=1).events
+    want = [int(Decimal(ts) * 1000) for ts in written]
+    assert table["ts_ns"].tolist() == want
+    assert table["dur_ns"].tolist() == [1500 if i % 2 else 2000 for i in range(40)]
+
+
+def test_missing_cat_is_the_empty_category(tmp_path):
+    cats = [None, "cpu_op", "", None, "kernel"]
+    for chunk in (cats, cats[1:3]):
+        doc = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 1.0} for i in range(len(chunk))]
+        for event, cat in zip(doc, chunk, strict=True):
+            if cat is not None:
+                event["cat"] = cat
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"traceEvents": doc}))
+        table = read_trace(path, workers=1).events
+        assert table["category"].astype(object).tolist() == [c or "" for c in chunk]
+        kinds = {None: "other", "": "other", "cpu_op": "cpu_op", "kernel": "kernel"}
+        assert table["kind"].astype(str).tolist() == [kinds[c] for c in chunk]
