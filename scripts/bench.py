@@ -469,7 +469,9 @@ def measure(
 
 
 def profparse_cmd(trace: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "profparse.cli.main", "parse", str(trace), "-o", str(out), "--force", "--quiet"]
+    # --no-cache: every run reads the JSON (the cache would make repeats a second look: docs/cache.md)
+    cmd = [sys.executable, "-m", "profparse.cli.main", "parse", str(trace), "-o", str(out), "--force", "--quiet"]
+    return [*cmd, "--no-cache"]
 
 
 def hta_cmd(trace: Path, as_limit_gb: float | None, python: str = sys.executable, code: str = HTA_CODE) -> list[str]:
