@@ -27,6 +27,18 @@ from profparse.errors import PartialFailureError, UsageError
 TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces"
 
 
+def add_metric_option(parser: argparse.ArgumentParser) -> None:
+    """``--metric`` of the verbs that compare ranks (summarize, report)."""
+    from profparse.ranks import DEFAULT_METRIC, METRICS
+
+    parser.add_argument(
+        "--metric",
+        choices=tuple(METRICS),
+        default=DEFAULT_METRIC,
+        help=f"for a folder of ranks: the time compared across ranks (default: {DEFAULT_METRIC})",
+    )
+
+
 def add_rank_options(parser: argparse.ArgumentParser) -> None:
     """Options for a folder of rank traces (ignored for a single trace)."""
     for action in parser._actions:

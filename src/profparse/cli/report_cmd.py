@@ -6,12 +6,10 @@ import argparse
 import sys
 
 from profparse.cli.common import add_input_options, check_output, note, output_option, parse_input
-from profparse.cli.parse_cmd import add_rank_options, partial_failure, resolve_input, run_rank_tasks
+from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, resolve_input, run_rank_tasks
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from profparse.ranks import DEFAULT_METRIC, METRICS
-
     p = sub.add_parser(
         "report",
         help="write one self-contained HTML page: stages per step, a zoomable timeline, top kernels/ops, "
@@ -27,12 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--force", action="store_true", help="replace an existing regular file (never the input, a link or a device)"
     )
     add_rank_options(p)
-    p.add_argument(
-        "--metric",
-        choices=tuple(METRICS),
-        default=DEFAULT_METRIC,
-        help=f"for a folder of ranks: the time compared across ranks (default: {DEFAULT_METRIC})",
-    )
+    add_metric_option(p)
     p.set_defaults(run=run)
 
 

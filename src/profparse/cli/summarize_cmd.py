@@ -11,13 +11,11 @@ import argparse
 import sys
 
 from profparse.cli.common import add_input_options, add_peak_option, emit, int_option, parse_input
-from profparse.cli.parse_cmd import add_rank_options, partial_failure, resolve_input, run_rank_tasks
+from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, resolve_input, run_rank_tasks
 from profparse.outputs.summary import FORMATS, TOP_N, render_summary
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from profparse.ranks import DEFAULT_METRIC, METRICS
-
     p = sub.add_parser("summarize", help="print time per stage, per step, and the top kernels and ops per stage")
     add_input_options(p)
     add_peak_option(p)
@@ -26,12 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--top", type=int_option(0), default=TOP_N, help=f"kernels and ops listed per stage (default: {TOP_N})"
     )
     add_rank_options(p)
-    p.add_argument(
-        "--metric",
-        choices=tuple(METRICS),
-        default=DEFAULT_METRIC,
-        help=f"for a folder of ranks: the time compared across ranks (default: {DEFAULT_METRIC})",
-    )
+    add_metric_option(p)
     p.set_defaults(run=run, prints_result=True)
 
 
