@@ -267,3 +267,22 @@ def test_pid_beyond_int64_becomes_a_label(tmp_path):
     assert list(raw.events["name"]) == ["a", "b"]
     assert raw.events["pid"].iloc[1] < 0
     assert raw.pid_labels[int(raw.events["pid"].iloc[1])] == "100000000000000000000000"
+
+
+@pytest.mark.parametrize("events", [6, 400])
+def test_lone_surrogate_escape_in_the_last_event_is_a_malformed_event(tmp_path, events):
+    """msgspec reports a lone ``\\ud800`` at the end of the input as "truncated": the reader once retried the same
+    region until Python's recursion limit ("JSON nested too deeply"); it is one malformed event."""
+    event = {"ph": "X", "name": "a", "pid": 1, "tid": 1, "dur": 1.0}
+    rows = [{**event, "ts": i + 1.0, "cat": "cpu_op"} for i in range(events)]  # the escape ends the last event
+    text = json.dumps({"traceEvents": rows})
+    text = text[: text.rindex('"cpu_op"')] + '"\\ud800"' + text[text.rindex('"cpu_op"') + len('"cpu_op"') :]
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    if events == 6:  # one event of six is over 1% of the bytes: too damaged
+        with pytest.raises(TraceFormatError, match="malformed JSON near byte"):
+            read_trace(path, workers=1)
+        return
+    raw = read_trace(path, workers=1)
+    assert len(raw.events) == events - 1
+    assert raw.report.dropped == {"malformed JSON (skipped to the next event)": 1}

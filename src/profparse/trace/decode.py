@@ -884,8 +884,12 @@ class TraceDecoder:
             except msgspec.DecodeError as exc:
                 err = self._error_offset(buf, pos, stop, exc)
             copy_texts = False
+            ends, _ = _event_ends(buf, pos, stop) if err is None else (None, None)
+            if err is None and final and ends.size and int(ends[-1]) >= stop:
+                # whole events, yet msgspec says "truncated": a value it cannot finish inside a complete event
+                # (a lone surrogate escape "\ud800" at the end); find the event instead of retrying this region
+                err = self._search_error(buf, pos, stop)
             if err is None:  # ``stop`` is inside a value: keep the whole events before it
-                ends, _ = _event_ends(buf, pos, stop)
                 good = int(ends[-1]) if ends.size else pos
                 if good > pos:
                     items += self._decode_region(buf, pos, good, repair=repair)[0]
