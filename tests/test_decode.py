@@ -241,6 +241,28 @@ def test_header_and_trailer_keys_are_kept(tmp_path):
     assert np.issubdtype(raw.events["ts_ns"].dtype, np.integer)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_trailer_arrays_after_the_events_are_header_not_damage(tmp_path, workers):
+    """Kineto (2024) writes ``"INFO": [...]`` after the events; its ']' is not the end of the event array."""
+    events = ",\n".join(
+        f'{{"ph": "X", "cat": "cpu_op", "name": "op{i}", "pid": 1, "tid": 1, "ts": {10 * i}, "dur": 5}}'
+        for i in range(2000)
+    )
+    text = (
+        '{"schemaVersion": 1, "traceEvents": [\n' + events + '\n  ],\n  "INFO": ["INFO:2024 a", "INFO:2024 b]"],'
+        '\n  "traceName": "x.json", "nested": [{"a": [1]}],\n  "baseTimeNanoseconds": 17\n}'
+    )
+    path = tmp_path / "info.json"
+    path.write_text(text)
+    raw = read_trace(path, workers=workers, chunk_bytes=1 << 14)
+    assert raw.report.dropped == {}
+    assert raw.report.skipped_bytes == 0
+    assert len(raw.events) == 2000
+    assert raw.header["INFO"] == ["INFO:2024 a", "INFO:2024 b]"]
+    assert raw.header["baseTimeNanoseconds"] == 17
+    assert raw.header["nested"] == [{"a": [1]}]
+
+
 def test_absurd_times_are_dropped_and_negative_durations_clamped(tmp_path):
     path = tmp_path / "absurd.json"
     path.write_text(

@@ -1033,7 +1033,11 @@ class TraceDecoder:
 
     def _final(self, buf: bytes) -> tuple[list[Decoded], bytes]:
         """Decode what is left at end of file: the last events, ``]`` and the trailer, or a truncated tail."""
-        close = buf.rfind(b"]")
+        # The ']' closing the events, from the structure when it is intact: the last ']' of the text may close an
+        # array of the trailer (Kineto writes ``"INFO": ["...", ...]`` after the events); else (damaged text) the
+        # last one, as before. One vectorised scan of the last chunk.
+        _, array_close = _event_ends(buf, 0, len(buf))
+        close = array_close if array_close is not None and buf[array_close] == 93 else buf.rfind(b"]")
         if close >= 0:
             if self._parse_trailer(buf[close + 1 :]):
                 items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
