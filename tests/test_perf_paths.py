@@ -123,3 +123,40 @@ def test_bench_ratios_by_hand():
     assert bench._ratio(res, "hta", "profparse") == "**15.0x** (CPU 12.0x)"
     assert bench._ratio(res, "hta06", "profparse") == "> 25.0x (did not finish)"
     assert bench._ratio(res, "profparse", "decode") == "-"
+
+
+def _nearest_ancestor_walk(parent: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
+    """The definition, one row at a time: walk up the parents until one has the kind."""
+    out = np.full(len(parent), -1, dtype=np.int64)
+    for row in range(len(parent)):
+        p = parent[row]
+        while p >= 0 and not is_kind[p]:
+            p = parent[p]
+        out[row] = p
+    return out
+
+
+def test_innermost_ancestor_level_sweep_equals_walking_up(shared_trace):
+    """The level-by-level sweep gives each row's nearest ancestor of a kind, as walking up its parents does, on
+    a real trace's tree (cpu ops, and a random sparse mask) and on a random deep tree."""
+    from profparse.trace.link import depth_order, innermost_ancestor_of_kind, kind_mask, nest
+
+    p = parsed(shared_trace)
+    rng = np.random.default_rng(7)
+    for mask in (kind_mask(p.raw.events, {"cpu_op"}), rng.random(len(p.raw.events)) < 0.01):
+        got = innermost_ancestor_of_kind(p.links.parent, p.links.depth, mask)
+        assert (got == _nearest_ancestor_walk(p.links.parent, mask)).all()
+    # a random forest 200 deep on one thread: intervals nested by construction
+    n = 3000
+    starts = np.sort(rng.integers(0, 10**6, n))
+    ends = starts + rng.integers(1, 10**5, n)
+    parent, depth = nest(np.zeros(n, dtype=np.int64), starts, ends, np.arange(n))
+    assert depth.max() > 5
+    mask = rng.random(n) < 0.2
+    assert (innermost_ancestor_of_kind(parent, depth, mask) == _nearest_ancestor_walk(parent, mask)).all()
+    # the kept depth order is for that array only: a new array of the same length gets its own
+    order, _ = depth_order(depth)
+    other = depth[::-1].copy()
+    order2, bounds2 = depth_order(other)
+    assert (np.diff(other[order2]) >= 0).all() and not np.array_equal(order, order2)
+    assert bounds2[-1] == n

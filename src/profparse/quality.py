@@ -62,21 +62,35 @@ def _stream_overlaps(events: pd.DataFrame, activity: np.ndarray) -> tuple[int, i
     return int(overlap.sum()), int(np.minimum(reach - ts[1:], end[1:] - ts[1:])[overlap].sum())
 
 
-def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> np.ndarray:
-    """Rows (positions, in order) of ``mask`` that are equal to another row on every column of ``key``; only rows
-    whose hash of ``key`` repeats are compared."""
-    rows = np.flatnonzero(mask)
+_FIRST_KEY = ("ts_ns", "dur_ns", "pid", "tid", "name", "kind")  # rows equal on every column are equal on these
+
+
+def _repeated_hash(events: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> np.ndarray:
+    """Which of ``rows`` share their hash of ``columns`` with another of them."""
     h = np.zeros(len(rows), dtype=np.uint64)
-    for column in key:
+    for column in columns:
         series = events[column]
         values = series.cat.codes.to_numpy() if isinstance(series.dtype, pd.CategoricalDtype) else series.to_numpy()
-        h = h * np.uint64(0x9E3779B97F4A7C15) + values[rows].astype(np.uint64)  # wraps around: fine for a hash
-    maybe = pd.Series(h).duplicated(keep=False).to_numpy()
-    del h
-    if not maybe.any():
+        h *= np.uint64(0x9E3779B97F4A7C15)  # wraps around: fine for a hash
+        h += values[rows].astype(np.uint64, copy=False)
+    return pd.Series(h).duplicated(keep=False).to_numpy()
+
+
+def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> np.ndarray:
+    """Rows (positions, in order) of ``mask`` that are equal to another row on every column of ``key``.
+
+    Narrowed in two hashes: first on a few columns (time, thread, name, kind), which on a real trace leaves a few
+    rows in a thousand, then on every column of ``key`` for those; only rows whose full hash repeats are compared.
+    Hashing all ~45 columns of every row was 0.45 s of 1.26 M events; the narrowing makes it ~0.1 s."""
+    rows = np.flatnonzero(mask)
+    first = [c for c in _FIRST_KEY if c in key]
+    for columns in (first, key):
+        if not len(rows):
+            break
+        rows = rows[_repeated_hash(events, rows, columns)]
+    if not len(rows):
         return np.zeros(0, dtype=np.int64)
-    candidates = rows[maybe]
-    return candidates[events.iloc[candidates][key].duplicated(keep=False).to_numpy()]
+    return rows[events.iloc[rows][key].duplicated(keep=False).to_numpy()]
 
 
 class _AllEvents(msgspec.Struct):

@@ -8,7 +8,9 @@ enclosing ``cpu_op`` as its launching op.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -158,40 +160,43 @@ def nest(thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray) 
 
 def depth_order(depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows grouped by depth (stable) and the bounds of each depth: rows of depth d are
-    ``order[bounds[d] : bounds[d + 1]]``."""
+    ``order[bounds[d] : bounds[d + 1]]``. The last result is kept for the same (unchanged) array: the analyses ask
+    for the order of ``links.depth`` a dozen times."""
+    last = _DEPTH_ORDER[0]
+    if last is not None and last[0]() is depth and last[1] == len(depth):
+        return last[2], last[3]
     top = int(depth.max()) if len(depth) else 0
     keys = depth.astype(np.int16) if 0 <= top < 2**15 and int(depth.min()) >= 0 else depth
     order = np.argsort(keys, kind="stable")  # 16-bit keys: a radix sort
-    return order, np.searchsorted(depth[order], np.arange(top + 2))
+    bounds = np.searchsorted(depth[order], np.arange(top + 2))
+    try:
+        _DEPTH_ORDER[0] = (weakref.ref(depth), len(depth), order, bounds)
+    except TypeError:  # not an array that takes weak references: not kept
+        pass
+    return order, bounds
+
+
+_DEPTH_ORDER: list[Any] = [None]  # (weak reference to the depth array, its length, order, bounds)
 
 
 def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
-    """For every row: the nearest proper ancestor with ``is_kind`` (``-1`` if none).
+    """For every row: the nearest proper ancestor with ``is_kind`` (``-1`` if none). ``depth``: each row's depth
+    in the tree of ``parent`` (``links.depth`` for ``links.parent``).
 
-    By pointer jumping, so deep nesting costs O(n log depth) rather than a Python step per level: a row that is
-    not yet resolved has the same answer as the row ``jump`` points to, and each step either takes that row's
-    answer (once it is resolved) or doubles the jump. ``depth`` is kept for the callers' sake.
+    Level by level from the roots down: a row's answer is its parent if the parent has ``is_kind``, else the
+    parent's answer, which the level above has settled. One vectorised step per level (traces nest 5-60 deep);
+    the pointer jumping used before took 0.15-0.3 s per call on 1.26 M events, this 0.03 s.
     """
     n = len(parent)
     found = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return found
-    rows = np.flatnonzero(parent >= 0)
-    p = parent[rows]
-    hit = is_kind[p]
-    found[rows[hit]] = p[hit]
-    done = np.ones(n, dtype=bool)
-    jump = np.full(n, -1, dtype=np.int64)
-    active = rows[~hit]
-    jump[active] = p[~hit]
-    done[active] = False
-    while active.size:
-        j = jump[active]
-        ready = done[j]
-        found[active[ready]] = found[j[ready]]
-        done[active[ready]] = True
-        active, j = active[~ready], j[~ready]
-        jump[active] = jump[j]  # j is unresolved, so jump[j] >= 0; read before written
+    order, bounds = depth_order(depth)
+    for d in range(1, len(bounds) - 1):
+        rows = order[bounds[d] : bounds[d + 1]]
+        if rows.size:
+            p = parent[rows]
+            found[rows] = np.where(is_kind[p], p, found[p])
     return found
 
 
