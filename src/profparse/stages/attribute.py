@@ -170,6 +170,21 @@ def _forward_linked(events: pd.DataFrame, links: Links, autograd: np.ndarray) ->
     return out
 
 
+class _RowsOfNames:
+    """Rows by name code (one stable sort), so that a rule whose pattern matches a few names looks at their rows
+    only instead of every row: the ~40 rules' masks took 0.36 s on 1.26 M events, most of it per-row gathers."""
+
+    def __init__(self, name_codes: np.ndarray, names: int) -> None:
+        self.order = np.argsort(name_codes, kind="stable")
+        self.bounds = np.searchsorted(name_codes[self.order], np.arange(names + 1))
+
+    def rows(self, codes: np.ndarray) -> np.ndarray:
+        return np.concatenate([self.order[self.bounds[c] : self.bounds[c + 1]] for c in codes.tolist()])
+
+    def count(self, codes: np.ndarray) -> int:
+        return int((self.bounds[codes + 1] - self.bounds[codes]).sum())
+
+
 def _rule_mask(
     rule: StageRule,
     events: pd.DataFrame,
@@ -177,37 +192,56 @@ def _rule_mask(
     thread_names: dict,
     context: dict,
 ) -> np.ndarray:
-    mask = links.host.copy()
-    if rule.kinds is not None:
-        wanted = np.zeros(len(KIND_CODE), dtype=bool)
-        wanted[[KIND_CODE[k] for k in rule.kinds]] = True
-        mask &= wanted[context["kind_codes"]]
+    """The rows the rule matches. With a name pattern whose names cover few rows (the usual case), the other
+    conditions are tested on those rows only."""
+    n = len(links.host)
+    rows = None  # candidate rows; None: every row
     if rule.pattern is not None:
         search = re.compile(rule.pattern).search
         names = context["names"]
         name_ok = np.fromiter((search(name) is not None for name in names), dtype=bool, count=len(names))
+        codes = np.flatnonzero(name_ok)
+        if not codes.size:
+            return np.zeros(n, dtype=bool)
+        by_name = context["rows_of_names"]
+        if by_name.count(codes) <= n // 8:
+            rows = by_name.rows(codes)
+
+    def take(values: np.ndarray) -> np.ndarray:
+        return values if rows is None else values[rows]
+
+    mask = take(links.host).copy()
+    if rule.kinds is not None:
+        wanted = np.zeros(len(KIND_CODE), dtype=bool)
+        wanted[[KIND_CODE[k] for k in rule.kinds]] = True
+        mask &= wanted[take(context["kind_codes"])]
+    if rule.pattern is not None and rows is None:
         mask &= name_ok[context["name_codes"]]
     if rule.thread is not None:
         threads = links.threads
         labels = [thread_names.get((p, t), "") for p, t in zip(threads["pid"], threads["tid"], strict=True)]
         ok = np.array([re.search(rule.thread, label) is not None for label in labels] + [False], dtype=bool)
-        mask &= ok[links.thread]  # thread -1 (not host) indexes the trailing False
+        mask &= ok[take(links.thread)]  # thread -1 (not host) indexes the trailing False
     for condition in rule.when.split(","):
         if condition == "before_first_step":
-            mask &= context["before_first_step"]
+            mask &= take(context["before_first_step"])
         elif condition == "main_thread":
-            mask &= links.thread == context["main_thread"]
+            mask &= take(links.thread) == context["main_thread"]
         elif condition == "autograd_thread":
-            mask &= context["autograd_thread"][links.thread]
+            mask &= context["autograd_thread"][take(links.thread)]
         elif condition == "not_autograd_thread":
-            mask &= ~context["autograd_thread"][links.thread]
+            mask &= ~context["autograd_thread"][take(links.thread)]
         elif condition == "forward_linked":
-            mask &= context["forward_linked"]
+            mask &= take(context["forward_linked"])
         elif condition in PHASE_CONDITIONS:
-            mask &= context[condition]
+            mask &= take(context[condition])
         elif condition != "always":
             raise ValueError(f"rule {rule.name}: unknown condition {condition!r}")
-    return mask
+    if rows is None:
+        return mask
+    out = np.zeros(n, dtype=bool)
+    out[rows[mask]] = True
+    return out
 
 
 def _needs_phases(rule: StageRule) -> bool:
@@ -260,6 +294,7 @@ def attribute(
         "names": [str(name) for name in events["name"].cat.categories],
         "name_codes": events["name"].cat.codes.to_numpy(),
         "kind_codes": events["kind"].cat.codes.to_numpy(),
+        "rows_of_names": _RowsOfNames(events["name"].cat.codes.to_numpy(), len(events["name"].cat.categories)),
         "autograd_thread": autograd,
         "forward_linked": _forward_linked(events, links, autograd),
         "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
