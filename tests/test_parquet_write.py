@@ -34,3 +34,28 @@ def test_sliced_writes_match_whole_writes(tmp_path, monkeypatch):
     again = read_parquet(write_parquet(p, tmp_path / "whole_out"))
     for name, frame in read_parquet(out).items():
         assert frame.equals(again[name]), name
+
+
+def test_row_groups_can_be_skipped_by_time_and_step(tmp_path, monkeypatch):
+    """Numeric columns keep min/max statistics per row group (what DuckDB/pyarrow filters skip row groups by);
+    a filter on ts_ns reads only the row groups that hold those times and returns exactly the matching rows."""
+    import pyarrow.dataset as ds
+
+    b = TraceBuilder()
+    for step in range(20):
+        training_step(b, step, step * 100)
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    monkeypatch.setattr(parquet, "ROW_GROUP", 48)
+    out = write_parquet(p, tmp_path / "out")
+    meta = pq.ParquetFile(out / "events.parquet").metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    for column in ("ts_ns", "dur_ns", "step"):
+        stats = meta.row_group(1).column(names.index(column)).statistics
+        assert stats is not None and stats.has_min_max, column
+    events = read_parquet(out)["events"]
+    cut = int(events["ts_ns"].quantile(0.9))
+    fragment = next(ds.dataset(out / "events.parquet").get_fragments())
+    kept = fragment.split_by_row_group(ds.field("ts_ns") >= cut)
+    assert 0 < len(kept) < meta.num_row_groups
+    got = ds.dataset(out / "events.parquet").to_table(filter=ds.field("ts_ns") >= cut)
+    assert got.num_rows == int((events["ts_ns"] >= cut).sum())

@@ -105,9 +105,12 @@ def _arrow(frame: pd.DataFrame, metadata: dict[str, str] | None) -> pa.Table:
 
 
 def _options(schema: pa.Schema) -> dict[str, Any]:
-    # Dictionary pages only for text: on numbers (times, ids) they rarely pay off and cost a failed attempt each
+    # Dictionary pages only for text: on numbers (times, ids) they rarely pay off and cost a failed attempt each.
+    # Min/max statistics only for numbers (times, steps, ids: what a reader's filter skips row groups by): on the
+    # text columns they were a quarter of encoding the events table (1.46 -> 1.11 s CPU, 1.26 M rows, same size).
     text = [f.name for f in schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
-    return {"compression": "zstd", "use_dictionary": text}
+    numbers = [f.name for f in schema if f.name not in set(text)]
+    return {"compression": "zstd", "use_dictionary": text, "write_statistics": numbers or False}
 
 
 _CLOCK = phase_clock.Totals()  # with PROFPARSE_PROFILE_PHASES: seconds making tables vs encoding them
