@@ -168,8 +168,9 @@ def note(message: str, quiet: bool) -> None:
         print(f"profparse: {display(message)}", file=sys.stderr)  # trace and file names may hold control characters
 
 
-def parse_input(args: argparse.Namespace) -> Any:
-    """Run the library's data path on ``args.trace`` with the common options (through the cache, docs/cache.md)."""
+def parse_input(args: argparse.Namespace, warn: bool = True) -> Any:
+    """Run the library's data path on ``args.trace`` with the common options (through the cache, docs/cache.md);
+    ``warn``: print the quality checks' warnings now (else the caller calls :func:`print_warnings`)."""
     from profparse.api import load
 
     progress = progress_bar(args.trace, args.quiet)
@@ -188,6 +189,13 @@ def parse_input(args: argparse.Namespace) -> Any:
     finally:
         if progress is not None:
             progress.close()
+    if warn:
+        print_warnings(args, parsed)
+    return parsed
+
+
+def print_warnings(args: argparse.Namespace, parsed: Any) -> None:
+    """Print the truncation note and the quality checks' warnings of ``parsed`` to stderr."""
     report = parsed.raw.report
     if report.truncated:
         note(
@@ -198,4 +206,3 @@ def parse_input(args: argparse.Namespace) -> Any:
     for w in parsed.warnings.itertuples(index=False):
         if w.severity != "info" and w.check != "truncated":
             note(f"{w.severity}: {args.trace}: {w.message}", args.quiet)
-    return parsed
