@@ -188,14 +188,56 @@ def parse_input(args: argparse.Namespace) -> Any:
     finally:
         if progress is not None:
             progress.close()
+    for message in input_notes(args.trace, parsed):
+        note(message, args.quiet)
+    return parsed
+
+
+def input_notes(trace: str, parsed: Any) -> list[str]:
+    """The warnings :func:`parse_input` prints about a parsed trace (truncation, quality checks), in order."""
+    notes = []
     report = parsed.raw.report
     if report.truncated:
-        note(
-            f"warning: {args.trace}: truncated at byte {report.truncated_at_byte}; "
-            f"recovered {report.events_read} complete events",
-            args.quiet,
+        notes.append(
+            f"warning: {trace}: truncated at byte {report.truncated_at_byte}; "
+            f"recovered {report.events_read} complete events"
         )
     for w in parsed.warnings.itertuples(index=False):
         if w.severity != "info" and w.check != "truncated":
-            note(f"{w.severity}: {args.trace}: {w.message}", args.quiet)
-    return parsed
+            notes.append(f"{w.severity}: {trace}: {w.message}")
+    return notes
+
+
+#: Environment variables that can change a verb's result (besides the options): part of a stored text's key.
+RESULT_ENV = ("PROFPARSE_TORCH_FLOPS",)  # profparse.analysis.flops.TORCH_ENV
+
+
+def text_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What a verb's printed result depends on besides the trace's content and profparse's code (both in the
+    cache entry's name): every option (present and future; ``-q`` only hides notes, which are replayed
+    through it), and :data:`RESULT_ENV`."""
+    options = {
+        k: v
+        for k, v in sorted(vars(args).items())
+        if k not in ("trace", "quiet", "run", "prints_result") and not callable(v)
+    }
+    options["env"] = {name: os.environ.get(name) for name in RESULT_ENV}
+    return options
+
+
+def stored_text(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The result a verb stored for ``args.trace`` with ``options`` (see :meth:`profparse.cache.Entry.put_text`),
+    or None. Silent but for a damaged text: on a miss, loading the trace opens the cache again and says what
+    it has to say."""
+    if getattr(args, "no_cache", False):
+        return None
+    from profparse.cache import Cache, load_options
+
+    store = Cache.open(notify=lambda message: None, inputs=[args.trace])
+    if store is None:
+        return None
+    key = store.key(args.trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
+    if key is None:
+        return None
+    store.notify = lambda message: note(message, args.quiet)
+    return store.get_text(key[0], options)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import copy
 
+from profparse.cli.choices import DIFF_FORMATS as FORMATS
+from profparse.cli.choices import DIFF_TOP_N as TOP_N
 from profparse.cli.common import add_cache_option, emit, int_option, parse_input
-from profparse.diff import FORMATS, TOP_N, render_diff
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from profparse.diff import render_diff
+
     parsed = []
     for path in (args.a, args.b):
         one = copy.copy(args)

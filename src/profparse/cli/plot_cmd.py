@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from profparse.cli.choices import PLOT_FORMATS as FORMATS
+from profparse.cli.choices import PLOT_KINDS
 from profparse.cli.common import add_input_options, check_output, emit, int_option, note, output_option, parse_input
-from profparse.outputs.plots import FORMATS, PLOT_KINDS
 
 MAX_DPI = 1000  # a 12 x 6 inch figure at 1000 dpi is 72 Mpixel already
 

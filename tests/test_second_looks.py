@@ -1,0 +1,183 @@
+"""Second looks (issue 12): a cached ``summarize`` prints the text the first run printed, byte for byte, without
+importing pandas, numpy or pyarrow; any change (trace, options, code, --no-cache) never serves a stale text.
+
+Every test runs with its own empty PROFPARSE_CACHE_DIR (conftest's autouse fixture); CLI runs are fresh processes
+(they inherit it), so ``sys.modules`` shows what a real run imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tracebuilder import TraceBuilder, training_step
+
+from profparse import cache
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("pandas", "numpy", "pyarrow")
+
+# Runs profparse's main() and writes the heavy modules it imported into a file named by PROFPARSE_TEST_MODULES.
+RUNNER = (
+    "import json, os, sys\n"
+    "from profparse.cli.main import main\n"
+    "code = main(sys.argv[1:])\n"
+    "sys.stdout.flush(); sys.stderr.flush()\n"
+    "heavy = [m for m in ('pandas', 'numpy', 'pyarrow') if m in sys.modules]\n"
+    "open(os.environ['PROFPARSE_TEST_MODULES'], 'w').write(json.dumps(heavy))\n"
+    "sys.exit(code)\n"
+)
+
+
+def cli(tmp_path: Path, *argv: str) -> tuple[int, str, str, list[str]]:
+    """(exit code, stdout, stderr, heavy modules imported) of ``profparse ARGV`` in a fresh process."""
+    flag = tmp_path / "modules.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PROFPARSE_TEST_MODULES": str(flag)}
+    env.pop("PROFPARSE_PROFILE_PHASES", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, *argv], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    heavy = json.loads(flag.read_text())
+    flag.unlink()
+    return proc.returncode, proc.stdout, proc.stderr, heavy
+
+
+def texts() -> list[Path]:
+    return sorted(Path(os.environ[cache.DIR_ENV]).glob("e-*/text.*.json"))
+
+
+def steps_trace(path: Path, steps: int = 3, kernel_us: float = 10) -> Path:
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(steps):
+        t = training_step(b, step, t)
+    b.launch(t + 1, t + 2, kernel_us, name="extra")
+    return b.write(path)
+
+
+def truncated_trace(path: Path) -> Path:
+    """A trace cut at 80 % of its bytes: read with a warning on stderr (not --strict)."""
+    steps_trace(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * 0.8)])
+    return path
+
+
+def test_parser_choices_match_the_library() -> None:
+    from profparse import diff, ranks
+    from profparse.cli import choices
+    from profparse.outputs import plots, summary
+
+    assert choices.SUMMARY_FORMATS == summary.FORMATS and choices.SUMMARY_TOP_N == summary.TOP_N
+    assert choices.DIFF_FORMATS == diff.FORMATS and choices.DIFF_TOP_N == diff.TOP_N
+    assert choices.PLOT_KINDS == plots.PLOT_KINDS and choices.PLOT_FORMATS == plots.FORMATS
+    assert choices.METRICS == tuple(ranks.METRICS) and choices.DEFAULT_METRIC == ranks.DEFAULT_METRIC
+
+
+def test_building_the_parser_imports_no_pandas() -> None:
+    code = (
+        "import sys\n"
+        "from profparse.cli.main import build_parser\n"
+        "build_parser().parse_args(['summarize', 'x.json'])\n"
+        "print(sorted(m for m in ('pandas', 'numpy', 'pyarrow', 'matplotlib') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown", "csv"])
+def test_cached_summary_is_byte_identical_and_imports_no_pandas(tmp_path: Path, fmt: str) -> None:
+    trace = truncated_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "summarize", str(trace), "--format", fmt)
+    assert cold[0] == 0 and "truncated at byte" in cold[2] and cold[1]
+    assert cold[3] == list(HEAVY)  # the first run parses
+    assert len(texts()) == 1
+    warm = cli(tmp_path, "summarize", str(trace), "--format", fmt)
+    assert warm[:3] == cold[:3]  # exit code, stdout, stderr (the truncation warning again)
+    assert warm[3] == []  # printed from the stored text
+    uncached = cli(tmp_path, "summarize", str(trace), "--format", fmt, "--no-cache")
+    assert uncached[:3] == cold[:3] and uncached[3] == list(HEAVY)
+
+
+def test_quiet_hides_the_replayed_notes_only(tmp_path: Path) -> None:
+    trace = truncated_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "summarize", str(trace))
+    quiet = cli(tmp_path, "summarize", str(trace), "-q")
+    assert quiet[3] == [] and quiet[1] == cold[1] and quiet[2] == "" and "warning" in cold[2]
+
+
+def test_another_option_misses_then_hits(tmp_path: Path) -> None:
+    trace = steps_trace(tmp_path / "t.json")
+    default = cli(tmp_path, "summarize", str(trace), "--format", "json")
+    top1 = cli(tmp_path, "summarize", str(trace), "--format", "json", "--top", "1")
+    assert top1[3] == list(HEAVY)  # not served the default's text
+    assert top1[1] != default[1] and len(texts()) == 2
+    again = cli(tmp_path, "summarize", str(trace), "--format", "json", "--top", "1")
+    assert again[3] == [] and again[:3] == top1[:3]
+    other = cli(tmp_path, "summarize", str(trace), "--format", "json", "--no-marks")  # another entry
+    assert other[3] == list(HEAVY)
+
+
+def test_a_changed_trace_is_summarized_again(tmp_path: Path) -> None:
+    trace = steps_trace(tmp_path / "t.json", steps=3)
+    three = cli(tmp_path, "summarize", str(trace), "--format", "json")
+    steps_trace(trace, steps=4)  # same path, new content
+    four = cli(tmp_path, "summarize", str(trace), "--format", "json")
+    assert four[3] == list(HEAVY)
+    steps = {json.dumps(json.loads(out[1]).get("steps")) for out in (three, four)}
+    assert len(steps) == 2  # the summary shows the new trace's steps
+    assert four[:3] == cli(tmp_path, "summarize", str(trace), "--format", "json", "--no-cache")[:3]
+
+
+def test_the_stored_text_is_what_is_served_and_no_cache_ignores_it(tmp_path: Path) -> None:
+    trace = steps_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "summarize", str(trace))
+    (stored,) = texts()
+    body = json.loads(stored.read_text())
+    assert body["stdout"] == cold[1] and body["code"] == 0
+    assert [f"profparse: {n}" for n in body["notes"]] == cold[2].splitlines() and body["notes"]  # its warnings
+    body.update(stdout="from the cache\n", notes=["warning: replayed"], code=0)
+    stored.write_text(json.dumps(body))
+    assert cli(tmp_path, "summarize", str(trace))[:3] == (0, "from the cache\n", "profparse: warning: replayed\n")
+    assert cli(tmp_path, "summarize", str(trace), "--no-cache")[:3] == cold[:3]
+
+
+def test_a_code_change_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from profparse.cli.main import main
+
+    trace = steps_trace(tmp_path / "t.json")
+    assert main(["summarize", str(trace)]) == 0
+    cold = capsys.readouterr()
+    (stored,) = texts()
+    body = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**body, "stdout": "STALE\n"}))
+    assert main(["summarize", str(trace)]) == 0 and capsys.readouterr().out == "STALE\n"  # served while current
+    monkeypatch.setattr(cache, "code_fingerprint", lambda: "another profparse")
+    assert main(["summarize", str(trace)]) == 0
+    assert capsys.readouterr().out == cold.out  # the older code's text is not served
+
+
+def test_an_unreadable_text_is_removed_and_the_summary_recomputed(tmp_path: Path) -> None:
+    trace = steps_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "summarize", str(trace))
+    (stored,) = texts()
+    stored.write_text('{"stdout": "cut')
+    again = cli(tmp_path, "summarize", str(trace))
+    assert again[0] == 0 and again[1] == cold[1]
+    first, *rest = again[2].splitlines()
+    assert first.startswith("profparse: warning: cached text ") and first.endswith("; removed")
+    assert rest == cold[2].splitlines()
+    assert cli(tmp_path, "summarize", str(trace))[:3] == cold[:3]  # stored again
+
+
+def test_a_folder_of_ranks_is_not_served_from_texts(tmp_path: Path) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in range(2):
+        steps_trace(folder / f"rank{rank}.json", kernel_us=10 + rank)
+    first = cli(tmp_path, "summarize", str(folder), "-q")
+    assert first[0] == 0 and texts() == []
