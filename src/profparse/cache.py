@@ -313,10 +313,12 @@ class Cache:
         ``code``: its exit status), or None. Reads one small JSON file: no numpy, pandas or pyarrow."""
         target = self.root / name / _text_file(options)
         try:
-            stored = json.loads(target.read_text())
-        except FileNotFoundError:
+            text = target.read_text()
+        except OSError:  # none stored (or no cache folder at all): a miss
             return None
-        except (OSError, ValueError) as exc:
+        try:
+            stored = json.loads(text)
+        except ValueError as exc:
             self.notify(f"warning: cached text {target} is unreadable ({_short(exc)}); removed")
             _unlink(target)
             return None
