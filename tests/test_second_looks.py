@@ -133,6 +133,17 @@ def test_a_changed_trace_is_summarized_again(tmp_path: Path) -> None:
     assert four[:3] == cli(tmp_path, "summarize", str(trace), "--format", "json", "--no-cache")[:3]
 
 
+def test_the_same_content_under_another_name_names_that_file(tmp_path: Path) -> None:
+    first = truncated_trace(tmp_path / "first.json")
+    second = tmp_path / "second.json"
+    second.write_bytes(first.read_bytes())
+    cli(tmp_path, "summarize", str(first))
+    assert len(texts()) == 1
+    code, out, err, _ = cli(tmp_path, "summarize", str(second))
+    assert code == 0 and "first.json" not in out + err and "second.json" in err
+    assert (code, out, err) == cli(tmp_path, "summarize", str(second), "--no-cache")[:3]
+
+
 def test_the_stored_text_is_what_is_served_and_no_cache_ignores_it(tmp_path: Path) -> None:
     trace = steps_trace(tmp_path / "t.json")
     cold = cli(tmp_path, "summarize", str(trace))

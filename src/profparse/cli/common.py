@@ -215,11 +215,9 @@ RESULT_ENV = ("PROFPARSE_TORCH_FLOPS",)  # profparse.analysis.flops.TORCH_ENV
 def text_options(args: argparse.Namespace) -> dict[str, Any]:
     """What a verb's printed result depends on besides the trace's content and profparse's code (both in the
     cache entry's name): every option (present and future; ``-q`` only hides notes, which are replayed
-    through it), and :data:`RESULT_ENV`."""
+    through it; the trace's path as given, which the result names), and :data:`RESULT_ENV`."""
     options = {
-        k: v
-        for k, v in sorted(vars(args).items())
-        if k not in ("trace", "quiet", "run", "prints_result") and not callable(v)
+        k: v for k, v in sorted(vars(args).items()) if k not in ("quiet", "run", "prints_result") and not callable(v)
     }
     options["env"] = {name: os.environ.get(name) for name in RESULT_ENV}
     return options
