@@ -192,3 +192,56 @@ def test_a_folder_of_ranks_is_not_served_from_texts(tmp_path: Path) -> None:
         steps_trace(folder / f"rank{rank}.json", kernel_us=10 + rank)
     first = cli(tmp_path, "summarize", str(folder), "-q")
     assert first[0] == 0 and texts() == []
+
+
+# -- plot and report: the files the first run wrote ----------------------------------------------------------------
+
+
+def outputs_stored() -> list[Path]:
+    return sorted(Path(os.environ[cache.DIR_ENV]).glob("e-*/out.*"))
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if not p.name.startswith(".")}
+
+
+def test_cached_plot_writes_the_same_files_without_drawing(tmp_path: Path) -> None:
+    trace = truncated_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "plot", str(trace), "-o", str(tmp_path / "cold"), "--format", "png")
+    assert cold[0] == 0 and cold[3] == list(HEAVY) and len(outputs_stored()) == 1
+    warm = cli(tmp_path, "plot", str(trace), "-o", str(tmp_path / "warm"), "--format", "png")
+    assert warm[3] == []  # neither parsed nor drawn
+    assert warm[0] == 0 and warm[1:3] == tuple(
+        s.replace(str(tmp_path / "cold"), str(tmp_path / "warm")) for s in cold[1:3]
+    )
+    assert "truncated at byte" in warm[2] and "wrote " in warm[2]
+    drawn = folder_files(tmp_path / "cold")
+    assert drawn and folder_files(tmp_path / "warm") == drawn and all(n.endswith(".png") for n in drawn)
+    forced = cli(tmp_path, "plot", str(trace), "-o", str(tmp_path / "warm"), "--format", "png", "--force")
+    assert forced[0] == 0 and forced[3] == [] and folder_files(tmp_path / "warm") == drawn
+    one = cli(tmp_path, "plot", str(trace), "-o", str(tmp_path / "one"), "--kind", "stages", "--format", "png")
+    assert one[3] == list(HEAVY) and folder_files(tmp_path / "one") == {"stages.png": drawn["stages.png"]}
+
+
+def test_a_stored_plot_missing_a_file_is_drawn_again(tmp_path: Path) -> None:
+    trace = steps_trace(tmp_path / "t.json")
+    cli(tmp_path, "plot", str(trace), "-o", str(tmp_path / "a"), "--format", "png", "--kind", "stages")
+    (stored,) = outputs_stored()
+    (stored / "stages.png").unlink()
+    again = cli(tmp_path, "plot", str(trace), "-o", str(tmp_path / "b"), "--format", "png", "--kind", "stages")
+    assert again[0] == 0 and again[3] == list(HEAVY)
+    assert folder_files(tmp_path / "b") == folder_files(tmp_path / "a")
+
+
+def test_cached_report_writes_the_same_page(tmp_path: Path) -> None:
+    trace = truncated_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "cold.html"))
+    assert cold[0] == 0 and cold[3] == list(HEAVY)
+    warm = cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "warm.html"))
+    assert warm[3] == [] and warm[0] == 0 and warm[1] == cold[1]
+    assert warm[2] == cold[2].replace("cold.html", "warm.html") and "truncated at byte" in warm[2]
+    assert (tmp_path / "warm.html").read_bytes() == (tmp_path / "cold.html").read_bytes()
+    refused = cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "warm.html"))  # exists, no --force
+    assert refused[0] != 0 and refused[2].startswith("profparse: error: ") and refused[2].count("\n") == 1
+    assert refused[0] == cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "warm.html"), "--no-cache")[0]
+    assert cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "warm.html"), "--force")[:2] == (0, "")

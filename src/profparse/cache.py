@@ -97,21 +97,12 @@ def code_fingerprint() -> str:
     A library counts by where its ``__init__.py`` lies and that file's size and mtime, found without importing
     it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` cost 0.8 s of a
     warm summarize's 1.5 s, and ``importlib.metadata`` 0.12 s."""
-    import importlib.util
-
     import profparse
 
     h = hashlib.blake2b(digest_size=16)
     for text in (profparse.__version__, str(FORMAT_VERSION)):
         h.update(text.encode() + b"\0")
-    for library in LIBRARIES:
-        spec = importlib.util.find_spec(library)
-        origin = spec.origin if spec is not None else None
-        try:
-            st = os.stat(origin) if origin else None
-        except OSError:
-            st = None
-        h.update(f"{library}={origin}:{st and st.st_size}:{st and st.st_mtime_ns}".encode() + b"\0")
+    h.update(library_stamp(LIBRARIES).encode() + b"\0")
     package = Path(profparse.__file__).parent
     for source in sorted(package.rglob("*.py")):
         h.update(str(source.relative_to(package)).encode() + b"\0")
@@ -147,6 +138,23 @@ def _text_file(options: dict[str, Any]) -> str:
     """The file name of a stored text (a verb's rendered result) for the verb's options."""
     digest = hashlib.blake2b(json.dumps(options, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
     return f"text.{digest}.json"
+
+
+def library_stamp(names: Iterable[str]) -> str:
+    """Where each library's ``__init__.py`` lies, its size and mtime (changed by any reinstall), found without
+    importing it: part of the key of what a library renders (plot's figures: matplotlib)."""
+    import importlib.util
+
+    parts = []
+    for library in names:
+        spec = importlib.util.find_spec(library)
+        origin = spec.origin if spec is not None else None
+        try:
+            st = os.stat(origin) if origin else None
+        except OSError:
+            st = None
+        parts.append(f"{library}={origin}:{st and st.st_size}:{st and st.st_mtime_ns}")
+    return ";".join(parts)
 
 
 def _stat_id(st: os.stat_result) -> tuple[int, ...]:
@@ -338,6 +346,30 @@ class Cache:
             pass
         return stored
 
+    def get_output(self, name: str, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
+        """The files a verb stored in entry ``name`` for ``options`` (its ``result.json``, the folder holding
+        them; see :meth:`Entry.put_output`), or None (none stored, or one of its files is missing)."""
+        folder = self.root / name / _text_file(options).replace("text.", "out.").removesuffix(".json")
+        try:
+            body = json.loads((folder / "result.json").read_text())
+        except OSError:
+            return None
+        except ValueError as exc:
+            self.notify(f"warning: cached output {folder} is unreadable ({_short(exc)}); removed")
+            self.remove(folder)
+            return None
+        wanted = json.loads(json.dumps(options, sort_keys=True, default=str))
+        files = body.get("files") if isinstance(body, dict) else None
+        if body.get("options") != wanted or not isinstance(files, list) or not all(
+            isinstance(f, str) and "/" not in f and (folder / f).is_file() for f in files
+        ):
+            return None
+        try:
+            os.utime(self.root / name / "meta.json")  # last used, for eviction
+        except OSError:
+            pass
+        return body, folder
+
     # -- writing --
 
     def put(self, name: str, parsed: Any) -> Entry | None:
@@ -413,7 +445,7 @@ class Cache:
                     continue
                 if not child.name.startswith("e-"):
                     continue
-                size = sum(f.stat().st_size for f in os.scandir(child.path))
+                size = _tree_size(child.path)
                 used = os.stat(os.path.join(child.path, "meta.json")).st_mtime
             except OSError:
                 continue
@@ -550,6 +582,41 @@ class Entry:
             self.cache.disable(exc)
         finally:
             _unlink(tmp)
+
+
+    def put_output(self, options: dict[str, Any], body: dict[str, Any], files: Iterable[Path]) -> None:
+        """Store a verb's written files (copies) and ``body`` (JSON: what it printed) for ``options``: a folder
+        written under a temporary name and renamed into place; a folder already there is replaced."""
+        if not self.cache.writable or not self.folder.is_dir():
+            return
+        target = self.folder / _text_file(options).replace("text.", "out.").removesuffix(".json")
+        tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
+        try:
+            tmp.mkdir()
+            names = []
+            for path in files:
+                shutil.copyfile(path, tmp / path.name)
+                names.append(path.name)
+            (tmp / "result.json").write_text(json.dumps({**body, "options": options, "files": names}, default=str))
+            if target.exists():
+                self.cache.remove(target)
+            os.rename(tmp, target)
+            if self.cache.evict(keep=self.folder.name) > self.cache.limit:  # the entry alone outgrew it
+                self.cache.remove(target)
+        except FileNotFoundError:  # the entry was evicted meanwhile
+            pass
+        except OSError as exc:
+            self.cache.disable(exc)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tree_size(path: str) -> int:
+    """Bytes of the files under ``path`` (an entry, with its stored outputs' folders)."""
+    total = 0
+    for child in os.scandir(path):
+        total += _tree_size(child.path) if child.is_dir(follow_symlinks=False) else child.stat().st_size
+    return total
 
 
 _FULL_CHECK_CELLS = 1 << 20

@@ -239,3 +239,31 @@ def stored_text(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, 
         return None
     store.notify = lambda message: note(message, args.quiet)
     return store.get_text(key[0], options)
+
+
+def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
+    """The files a verb stored for ``args.trace`` with ``options`` and its result.json (see
+    :meth:`profparse.cache.Entry.put_output`), or None; like :func:`stored_text`."""
+    if getattr(args, "no_cache", False):
+        return None
+    from profparse.cache import Cache, load_options
+
+    out = getattr(args, "out", None)
+    store = Cache.open(notify=lambda message: None, inputs=[args.trace], outputs=(out,) if out else ())
+    if store is None:
+        return None
+    key = store.key(args.trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
+    if key is None:
+        return None
+    store.notify = lambda message: note(message, args.quiet)
+    return store.get_output(key[0], options)
+
+
+def output_options(args: argparse.Namespace, libraries: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`text_options` of a verb that writes files, less where they go (``-o``, ``--force``: the files are
+    the same), plus the libraries that render them."""
+    from profparse.cache import library_stamp
+
+    options = {k: v for k, v in text_options(args).items() if k not in ("out", "force")}
+    options["libraries"] = library_stamp(libraries)
+    return options
