@@ -245,3 +245,17 @@ def test_cached_report_writes_the_same_page(tmp_path: Path) -> None:
     assert refused[0] != 0 and refused[2].startswith("profparse: error: ") and refused[2].count("\n") == 1
     assert refused[0] == cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "warm.html"), "--no-cache")[0]
     assert cli(tmp_path, "report", str(trace), "-o", str(tmp_path / "warm.html"), "--force")[:2] == (0, "")
+
+
+def test_cached_diff_is_byte_identical_and_keyed_by_both_traces(tmp_path: Path) -> None:
+    a = truncated_trace(tmp_path / "a.json")
+    b = steps_trace(tmp_path / "b.json", steps=4, kernel_us=30)
+    cold = cli(tmp_path, "diff", str(a), str(b), "--format", "json")
+    assert cold[0] == 0 and cold[3] == list(HEAVY) and "truncated at byte" in cold[2]
+    warm = cli(tmp_path, "diff", str(a), str(b), "--format", "json")
+    assert warm[3] == [] and warm[:3] == cold[:3]
+    assert cli(tmp_path, "diff", str(a), str(b), "--format", "json", "--no-cache")[:3] == cold[:3]
+    steps_trace(b, steps=5, kernel_us=30)  # B changed: A's entry holds no text for it
+    changed = cli(tmp_path, "diff", str(a), str(b), "--format", "json")
+    assert changed[3] == list(HEAVY) and changed[1] != cold[1]
+    assert changed[:3] == cli(tmp_path, "diff", str(a), str(b), "--format", "json", "--no-cache")[:3]

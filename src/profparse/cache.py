@@ -360,8 +360,11 @@ class Cache:
             return None
         wanted = json.loads(json.dumps(options, sort_keys=True, default=str))
         files = body.get("files") if isinstance(body, dict) else None
-        if body.get("options") != wanted or not isinstance(files, list) or not all(
-            isinstance(f, str) and "/" not in f and (folder / f).is_file() for f in files
+        if (
+            not isinstance(files, list)
+            or body.get("options") != wanted
+            or not isinstance(body.get("notes"), list)
+            or not all(isinstance(f, str) and "/" not in f and (folder / f).is_file() for f in files)
         ):
             return None
         try:
@@ -563,7 +566,6 @@ class Entry:
         finally:
             _unlink(tmp)
 
-
     def put_text(self, options: dict[str, Any], stdout: str, notes: list[str], code: int) -> None:
         """Store a verb's rendered result for ``options`` (temp file + rename, like a table)."""
         if not self.cache.writable or not self.folder.is_dir():
@@ -582,7 +584,6 @@ class Entry:
             self.cache.disable(exc)
         finally:
             _unlink(tmp)
-
 
     def put_output(self, options: dict[str, Any], body: dict[str, Any], files: Iterable[Path]) -> None:
         """Store a verb's written files (copies) and ``body`` (JSON: what it printed) for ``options``: a folder

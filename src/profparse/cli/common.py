@@ -223,22 +223,30 @@ def text_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def stored_text(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any] | None:
-    """The result a verb stored for ``args.trace`` with ``options`` (see :meth:`profparse.cache.Entry.put_text`),
-    or None. Silent but for a damaged text: on a miss, loading the trace opens the cache again and says what
-    it has to say."""
+def stored_text(args: argparse.Namespace, options: dict[str, Any], trace: str | None = None) -> dict[str, Any] | None:
+    """The result a verb stored for ``trace`` (default ``args.trace``) with ``options`` (see
+    :meth:`profparse.cache.Entry.put_text`), or None. Silent but for a damaged text: on a miss, loading the
+    trace opens the cache again and says what it has to say."""
+    found = entry_name(args, trace or args.trace)
+    if found is None:
+        return None
+    store, name = found
+    store.notify = lambda message: note(message, args.quiet)
+    return store.get_text(name, options)
+
+
+def entry_name(args: argparse.Namespace, trace: str) -> tuple[Any, str] | None:
+    """(the cache, the name of ``trace``'s entry with ``args``' parse options), or None (no cache, --no-cache,
+    not a regular file). Silent, and imports neither pandas nor pyarrow."""
     if getattr(args, "no_cache", False):
         return None
     from profparse.cache import Cache, load_options
 
-    store = Cache.open(notify=lambda message: None, inputs=[args.trace])
+    store = Cache.open(notify=lambda message: None, inputs=[trace])
     if store is None:
         return None
-    key = store.key(args.trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
-    if key is None:
-        return None
-    store.notify = lambda message: note(message, args.quiet)
-    return store.get_text(key[0], options)
+    key = store.key(trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
+    return None if key is None else (store, key[0])
 
 
 def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
