@@ -259,3 +259,12 @@ def test_cached_diff_is_byte_identical_and_keyed_by_both_traces(tmp_path: Path) 
     changed = cli(tmp_path, "diff", str(a), str(b), "--format", "json")
     assert changed[3] == list(HEAVY) and changed[1] != cold[1]
     assert changed[:3] == cli(tmp_path, "diff", str(a), str(b), "--format", "json", "--no-cache")[:3]
+
+
+def test_the_cache_opening_note_is_printed_warm_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cache.MAX_ENV, "lots")
+    trace = steps_trace(tmp_path / "t.json")
+    cold = cli(tmp_path, "summarize", str(trace))
+    assert f"note: {cache.MAX_ENV}='lots' is not a byte count" in cold[2].splitlines()[0]
+    warm = cli(tmp_path, "summarize", str(trace))
+    assert warm[3] == [] and warm[:3] == cold[:3]

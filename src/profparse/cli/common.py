@@ -230,41 +230,47 @@ def stored_text(args: argparse.Namespace, options: dict[str, Any], trace: str | 
     found = entry_name(args, trace or args.trace)
     if found is None:
         return None
-    store, name = found
+    store, name, heard = found
     store.notify = lambda message: note(message, args.quiet)
-    return store.get_text(name, options)
+    stored = store.get_text(name, options)
+    if stored is not None:
+        for message in heard:  # what opening the cache had to say (a bad PROFPARSE_CACHE_MAX_BYTES), as a miss says
+            note(message, args.quiet)
+    return stored
 
 
-def entry_name(args: argparse.Namespace, trace: str) -> tuple[Any, str] | None:
-    """(the cache, the name of ``trace``'s entry with ``args``' parse options), or None (no cache, --no-cache,
-    not a regular file). Silent, and imports neither pandas nor pyarrow."""
+def entry_name(
+    args: argparse.Namespace, trace: str, outputs: tuple[str, ...] = ()
+) -> tuple[Any, str, list[str]] | None:
+    """(the cache, the name of ``trace``'s entry with ``args``' parse options, the notes opening the cache gave),
+    or None (no cache, --no-cache, not a regular file). Prints nothing (on a miss, loading the trace opens the
+    cache again and says it), and imports neither pandas nor pyarrow."""
     if getattr(args, "no_cache", False):
         return None
     from profparse.cache import Cache, load_options
 
-    store = Cache.open(notify=lambda message: None, inputs=[trace])
+    heard: list[str] = []
+    store = Cache.open(notify=heard.append, inputs=[trace], outputs=outputs)
     if store is None:
         return None
     key = store.key(trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
-    return None if key is None else (store, key[0])
+    return None if key is None else (store, key[0], heard)
 
 
 def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
     """The files a verb stored for ``args.trace`` with ``options`` and its result.json (see
     :meth:`profparse.cache.Entry.put_output`), or None; like :func:`stored_text`."""
-    if getattr(args, "no_cache", False):
-        return None
-    from profparse.cache import Cache, load_options
-
     out = getattr(args, "out", None)
-    store = Cache.open(notify=lambda message: None, inputs=[args.trace], outputs=(out,) if out else ())
-    if store is None:
+    found = entry_name(args, args.trace, (out,) if out else ())
+    if found is None:
         return None
-    key = store.key(args.trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
-    if key is None:
-        return None
+    store, name, heard = found
     store.notify = lambda message: note(message, args.quiet)
-    return store.get_output(key[0], options)
+    stored = store.get_output(name, options)
+    if stored is not None:
+        for message in heard:
+            note(message, args.quiet)
+    return stored
 
 
 def output_options(args: argparse.Namespace, libraries: tuple[str, ...]) -> dict[str, Any]:
