@@ -268,3 +268,19 @@ def test_the_cache_opening_note_is_printed_warm_too(tmp_path: Path, monkeypatch:
     assert f"note: {cache.MAX_ENV}='lots' is not a byte count" in cold[2].splitlines()[0]
     warm = cli(tmp_path, "summarize", str(trace))
     assert warm[3] == [] and warm[:3] == cold[:3]
+
+
+def test_pairs_factorized_as_a_multiindex_does() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from profparse.outputs.perfetto import _factorize_pairs
+
+    rng = np.random.default_rng(7)
+    pid = rng.choice(np.array([3, -1, 2_910_249, 7], dtype=np.int64), 5000)
+    tid = rng.choice(np.array([-549_452_224, 1, 2**40, 5, 1], dtype=np.int64), 5000)
+    codes, pairs = _factorize_pairs(pid, tid)
+    want_codes, want = pd.MultiIndex.from_arrays([pid, tid]).factorize()
+    assert codes.tolist() == want_codes.tolist() and pairs == [tuple(int(v) for v in p) for p in want]
+    assert [pairs[c] for c in codes[:50]] == list(zip(pid[:50].tolist(), tid[:50].tolist(), strict=True))
+    assert _factorize_pairs(np.array([], np.int64), np.array([], np.int64))[1] == []
