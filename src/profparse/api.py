@@ -281,12 +281,10 @@ def load(
     not lie in."""
     if not cache:
         return parse(path, include_marks=include_marks, strict=strict, progress=progress, peak_tflops=peak_tflops)
-    from profparse.cache import Cache
+    from profparse.cache import Cache, load_options
 
     store = Cache.open(**({"notify": notify} if notify else {}), inputs=[path], outputs=outputs)
-    options = {"include_marks": include_marks, "strict": strict}
-    if peak_tflops is not None:  # changes the efficiency tables: its own entry (the default keeps older keys)
-        options["peak_tflops"] = float(peak_tflops)
+    options = load_options(include_marks, strict, peak_tflops)
     with phase_clock.phase("cache.key"):
         key = store.key(path, options) if store is not None else None
     if store is None or key is None:

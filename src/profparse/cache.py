@@ -41,11 +41,13 @@ import uuid
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pandas as pd
+
+# numpy, pandas and pyarrow are imported inside the functions that use them: finding an entry (the key, a stored
+# summary text: summarize_cmd) must not pay their ~0.8 s of imports (docs/performance.md, "Second looks").
 
 FORMAT_VERSION = 1
 DIR_ENV = "PROFPARSE_CACHE_DIR"
@@ -54,7 +56,7 @@ DEFAULT_MAX_BYTES = 2 << 30
 RACY_NS = 2_000_000_000
 STALE_TEMP_S = 3600  # a temporary folder this old was left by a killed run
 _CHUNK = 1 << 20
-_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+LIBRARIES = ("numpy", "pandas", "pyarrow", "msgspec")  # whose versions decide the parsed tables
 _CORE = ("events.arrow", "links.arrow", "links.threads.arrow", "attribution.arrow", "attribution.steps.arrow")
 
 Notify = Callable[[str], None]
@@ -90,15 +92,17 @@ def max_bytes(notify: Notify = _stderr) -> int:
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """A hash of what decides the parsed tables: profparse's sources and version, the format, the libraries."""
-    import msgspec
+    """A hash of what decides the parsed tables: profparse's sources and version, the format, the libraries.
 
+    A library counts by where its ``__init__.py`` lies and that file's size and mtime, found without importing
+    it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` cost 0.8 s of a
+    warm summarize's 1.5 s, and ``importlib.metadata`` 0.12 s."""
     import profparse
 
     h = hashlib.blake2b(digest_size=16)
-    for text in (profparse.__version__, str(FORMAT_VERSION), np.__version__, pd.__version__, pa.__version__):
+    for text in (profparse.__version__, str(FORMAT_VERSION)):
         h.update(text.encode() + b"\0")
-    h.update(msgspec.__version__.encode() + b"\0")
+    h.update(library_stamp(LIBRARIES).encode() + b"\0")
     package = Path(profparse.__file__).parent
     for source in sorted(package.rglob("*.py")):
         h.update(str(source.relative_to(package)).encode() + b"\0")
@@ -117,6 +121,42 @@ def file_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
+#: content hashes this process computed, by stat id: a summarize that misses its stored text and then parses
+#: (api.load keys the file again) does not hash a just-written file, which gets no stat/ record, twice.
+_HASHED: dict[tuple[int, ...], str] = {}
+
+
+def load_options(include_marks: bool, strict: bool, peak_tflops: float | None) -> dict[str, Any]:
+    """The options an entry's key holds (what :func:`profparse.api.load` parses with)."""
+    options: dict[str, Any] = {"include_marks": include_marks, "strict": strict}
+    if peak_tflops is not None:  # changes the efficiency tables: its own entry (the default keeps older keys)
+        options["peak_tflops"] = float(peak_tflops)
+    return options
+
+
+def _text_file(options: dict[str, Any]) -> str:
+    """The file name of a stored text (a verb's rendered result) for the verb's options."""
+    digest = hashlib.blake2b(json.dumps(options, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+    return f"text.{digest}.json"
+
+
+def library_stamp(names: Iterable[str]) -> str:
+    """Where each library's ``__init__.py`` lies, its size and mtime (changed by any reinstall), found without
+    importing it: part of the key of what a library renders (plot's figures: matplotlib)."""
+    import importlib.util
+
+    parts = []
+    for library in names:
+        spec = importlib.util.find_spec(library)
+        origin = spec.origin if spec is not None else None
+        try:
+            st = os.stat(origin) if origin else None
+        except OSError:
+            st = None
+        parts.append(f"{library}={origin}:{st and st.st_size}:{st and st.st_mtime_ns}")
+    return ";".join(parts)
+
+
 def _stat_id(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -126,14 +166,19 @@ def _stat_id(st: os.stat_result) -> tuple[int, ...]:
 
 def write_frame(path: Path, frame: pd.DataFrame) -> None:
     """One DataFrame as an Arrow IPC file (a zero-row frame still as one batch, so categories survive)."""
+    import pyarrow as pa
+
     table = pa.Table.from_pandas(frame, preserve_index=None)
     batches = table.combine_chunks().to_batches() or [pa.RecordBatch.from_pandas(frame, preserve_index=None)]
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema, options=_IPC) as writer:
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema, options=options) as writer:
         for batch in batches:
             writer.write_batch(batch)
 
 
 def read_frame(path: Path) -> pd.DataFrame:
+    import pyarrow as pa
+
     with pa.memory_map(str(path)) as source:
         table = pa.ipc.open_file(source).read_all()
     return table.to_pandas()
@@ -152,6 +197,9 @@ def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
 
 def _arrays_frame(obj: Any) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, Any]]:
     """Split a dataclass into its per-row arrays (one frame), its DataFrames and its other (JSON) fields."""
+    import numpy as np
+    import pandas as pd
+
     arrays, frames, rest = {}, {}, {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -223,10 +271,11 @@ class Cache:
             except OSError:
                 content = ""
             if len(content) != 40:
-                content = file_hash(path)
+                content = _HASHED.get(sid) or file_hash(path)
                 after = os.stat(path)
                 if _stat_id(after) != sid:
                     return None  # changed while hashed
+                _HASHED[sid] = content
                 if time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > RACY_NS:
                     self._write_text(record, content)
         except OSError:
@@ -247,6 +296,8 @@ class Cache:
 
     def get(self, name: str, path: str | Path) -> tuple[Any, Entry] | None:
         """(raw, links, attribution), Entry for the entry ``name``; None on a miss or a corrupt entry."""
+        import pyarrow as pa
+
         folder = self.root / name
         if not folder.is_dir():
             return None
@@ -265,10 +316,69 @@ class Cache:
             pass
         return parts, entry
 
+    def get_text(self, name: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        """The text a verb stored in entry ``name`` for ``options`` (``stdout``, ``notes``: its stderr lines,
+        ``code``: its exit status), or None. Reads one small JSON file: no numpy, pandas or pyarrow."""
+        target = self.root / name / _text_file(options)
+        try:
+            text = target.read_text()
+        except OSError:  # none stored (or no cache folder at all): a miss
+            return None
+        try:
+            stored = json.loads(text)
+        except ValueError as exc:
+            self.notify(f"warning: cached text {target} is unreadable ({_short(exc)}); removed")
+            _unlink(target)
+            return None
+        wanted = json.loads(json.dumps(options, sort_keys=True, default=str))
+        if not (
+            isinstance(stored, dict)
+            and stored.get("options") == wanted
+            and isinstance(stored.get("stdout"), str)
+            and isinstance(stored.get("notes"), list)
+            and all(isinstance(n, str) for n in stored["notes"])
+            and isinstance(stored.get("code"), int)
+        ):
+            return None
+        try:
+            os.utime(self.root / name / "meta.json")  # last used, for eviction
+        except OSError:
+            pass
+        return stored
+
+    def get_output(self, name: str, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
+        """The files a verb stored in entry ``name`` for ``options`` (its ``result.json``, the folder holding
+        them; see :meth:`Entry.put_output`), or None (none stored, or one of its files is missing)."""
+        folder = self.root / name / _text_file(options).replace("text.", "out.").removesuffix(".json")
+        try:
+            body = json.loads((folder / "result.json").read_text())
+        except OSError:
+            return None
+        except ValueError as exc:
+            self.notify(f"warning: cached output {folder} is unreadable ({_short(exc)}); removed")
+            self.remove(folder)
+            return None
+        wanted = json.loads(json.dumps(options, sort_keys=True, default=str))
+        files = body.get("files") if isinstance(body, dict) else None
+        if (
+            not isinstance(files, list)
+            or body.get("options") != wanted
+            or not isinstance(body.get("notes"), list)
+            or not all(isinstance(f, str) and "/" not in f and (folder / f).is_file() for f in files)
+        ):
+            return None
+        try:
+            os.utime(self.root / name / "meta.json")  # last used, for eviction
+        except OSError:
+            pass
+        return body, folder
+
     # -- writing --
 
     def put(self, name: str, parsed: Any) -> Entry | None:
         """Store a ParsedTrace's inputs as entry ``name``; the Entry (whoever wrote it), or None."""
+        import pyarrow as pa
+
         if not self.writable:
             return None
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
@@ -338,7 +448,7 @@ class Cache:
                     continue
                 if not child.name.startswith("e-"):
                     continue
-                size = sum(f.stat().st_size for f in os.scandir(child.path))
+                size = _tree_size(child.path)
                 used = os.stat(os.path.join(child.path, "meta.json")).st_mtime
             except OSError:
                 continue
@@ -419,6 +529,8 @@ class Entry:
 
     def table(self, name: str) -> pd.DataFrame | None:
         """A stored table, or None (not stored yet; an unreadable file is removed with a warning)."""
+        import pyarrow as pa
+
         target = self.folder / f"table.{name}.arrow"
         try:
             return read_frame(target)
@@ -431,6 +543,8 @@ class Entry:
 
     def put_table(self, name: str, frame: pd.DataFrame) -> None:
         """Store a computed table (temp file + rename); one that does not read back identical is not kept."""
+        import pyarrow as pa
+
         if not self.cache.writable or name in self.uncacheable or not self.folder.is_dir():
             return
         tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
@@ -452,6 +566,59 @@ class Entry:
         finally:
             _unlink(tmp)
 
+    def put_text(self, options: dict[str, Any], stdout: str, notes: list[str], code: int) -> None:
+        """Store a verb's rendered result for ``options`` (temp file + rename, like a table)."""
+        if not self.cache.writable or not self.folder.is_dir():
+            return
+        body = {"options": options, "stdout": stdout, "notes": notes, "code": code}
+        tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
+        target = self.folder / _text_file(options)
+        try:
+            tmp.write_text(json.dumps(body, sort_keys=True, default=str))
+            os.replace(tmp, target)
+            if self.cache.evict(keep=self.folder.name) > self.cache.limit:  # the entry alone outgrew it
+                _unlink(target)
+        except FileNotFoundError:  # the entry was evicted meanwhile
+            pass
+        except OSError as exc:
+            self.cache.disable(exc)
+        finally:
+            _unlink(tmp)
+
+    def put_output(self, options: dict[str, Any], body: dict[str, Any], files: Iterable[Path]) -> None:
+        """Store a verb's written files (copies) and ``body`` (JSON: what it printed) for ``options``: a folder
+        written under a temporary name and renamed into place; a folder already there is replaced."""
+        if not self.cache.writable or not self.folder.is_dir():
+            return
+        target = self.folder / _text_file(options).replace("text.", "out.").removesuffix(".json")
+        tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
+        try:
+            tmp.mkdir()
+            names = []
+            for path in files:
+                shutil.copyfile(path, tmp / path.name)
+                names.append(path.name)
+            (tmp / "result.json").write_text(json.dumps({**body, "options": options, "files": names}, default=str))
+            if target.exists():
+                self.cache.remove(target)
+            os.rename(tmp, target)
+            if self.cache.evict(keep=self.folder.name) > self.cache.limit:  # the entry alone outgrew it
+                self.cache.remove(target)
+        except FileNotFoundError:  # the entry was evicted meanwhile
+            pass
+        except OSError as exc:
+            self.cache.disable(exc)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tree_size(path: str) -> int:
+    """Bytes of the files under ``path`` (an entry, with its stored outputs' folders)."""
+    total = 0
+    for child in os.scandir(path):
+        total += _tree_size(child.path) if child.is_dir(follow_symlinks=False) else child.stat().st_size
+    return total
+
 
 _FULL_CHECK_CELLS = 1 << 20
 
@@ -460,6 +627,8 @@ def _write_checked(path: Path, frame: pd.DataFrame) -> bool:
     """Write ``frame``; whether it reads back the same. A big frame without object columns is checked by its
     schema only (dtypes, columns): Arrow holds such columns losslessly, and reading back the event table of a
     100 MB trace to compare values cost 0.6 s of the 1.5 s that storing it took (under load)."""
+    import pyarrow as pa
+
     write_frame(path, frame)
     if frame.size <= _FULL_CHECK_CELLS or any(str(t) == "object" for t in frame.dtypes):
         return _same(frame, read_frame(path))
@@ -503,6 +672,8 @@ def _write_core(folder: Path, parsed: Any) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     """JSON for the numpy scalars a header or attribution may hold."""
+    import numpy as np
+
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON")

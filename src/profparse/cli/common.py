@@ -195,14 +195,96 @@ def parse_input(args: argparse.Namespace, warn: bool = True) -> Any:
 
 
 def print_warnings(args: argparse.Namespace, parsed: Any) -> None:
-    """Print the truncation note and the quality checks' warnings of ``parsed`` to stderr."""
+    """Print :func:`input_notes` of ``parsed`` to stderr."""
+    for message in input_notes(args.trace, parsed):
+        note(message, args.quiet)
+
+
+def input_notes(trace: str, parsed: Any) -> list[str]:
+    """The warnings :func:`parse_input` prints about a parsed trace (truncation, quality checks), in order."""
+    notes = []
     report = parsed.raw.report
     if report.truncated:
-        note(
-            f"warning: {args.trace}: truncated at byte {report.truncated_at_byte}; "
-            f"recovered {report.events_read} complete events",
-            args.quiet,
+        notes.append(
+            f"warning: {trace}: truncated at byte {report.truncated_at_byte}; "
+            f"recovered {report.events_read} complete events"
         )
     for w in parsed.warnings.itertuples(index=False):
         if w.severity != "info" and w.check != "truncated":
-            note(f"{w.severity}: {args.trace}: {w.message}", args.quiet)
+            notes.append(f"{w.severity}: {trace}: {w.message}")
+    return notes
+
+
+#: Environment variables that can change a verb's result (besides the options): part of a stored text's key.
+RESULT_ENV = ("PROFPARSE_TORCH_FLOPS",)  # profparse.analysis.flops.TORCH_ENV
+
+
+def text_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What a verb's printed result depends on besides the trace's content and profparse's code (both in the
+    cache entry's name): every option (present and future; ``-q`` only hides notes, which are replayed
+    through it; the trace's path as given, which the result names), and :data:`RESULT_ENV`."""
+    options = {
+        k: v for k, v in sorted(vars(args).items()) if k not in ("quiet", "run", "prints_result") and not callable(v)
+    }
+    options["env"] = {name: os.environ.get(name) for name in RESULT_ENV}
+    return options
+
+
+def stored_text(args: argparse.Namespace, options: dict[str, Any], trace: str | None = None) -> dict[str, Any] | None:
+    """The result a verb stored for ``trace`` (default ``args.trace``) with ``options`` (see
+    :meth:`profparse.cache.Entry.put_text`), or None. Silent but for a damaged text: on a miss, loading the
+    trace opens the cache again and says what it has to say."""
+    found = entry_name(args, trace or args.trace)
+    if found is None:
+        return None
+    store, name, heard = found
+    store.notify = lambda message: note(message, args.quiet)
+    stored = store.get_text(name, options)
+    if stored is not None:
+        for message in heard:  # what opening the cache had to say (a bad PROFPARSE_CACHE_MAX_BYTES), as a miss says
+            note(message, args.quiet)
+    return stored
+
+
+def entry_name(
+    args: argparse.Namespace, trace: str, outputs: tuple[str, ...] = ()
+) -> tuple[Any, str, list[str]] | None:
+    """(the cache, the name of ``trace``'s entry with ``args``' parse options, the notes opening the cache gave),
+    or None (no cache, --no-cache, not a regular file). Prints nothing (on a miss, loading the trace opens the
+    cache again and says it), and imports neither pandas nor pyarrow."""
+    if getattr(args, "no_cache", False):
+        return None
+    from profparse.cache import Cache, load_options
+
+    heard: list[str] = []
+    store = Cache.open(notify=heard.append, inputs=[trace], outputs=outputs)
+    if store is None:
+        return None
+    key = store.key(trace, load_options(not args.no_marks, args.strict, getattr(args, "peak_tflops", None)))
+    return None if key is None else (store, key[0], heard)
+
+
+def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
+    """The files a verb stored for ``args.trace`` with ``options`` and its result.json (see
+    :meth:`profparse.cache.Entry.put_output`), or None; like :func:`stored_text`."""
+    out = getattr(args, "out", None)
+    found = entry_name(args, args.trace, (out,) if out else ())
+    if found is None:
+        return None
+    store, name, heard = found
+    store.notify = lambda message: note(message, args.quiet)
+    stored = store.get_output(name, options)
+    if stored is not None:
+        for message in heard:
+            note(message, args.quiet)
+    return stored
+
+
+def output_options(args: argparse.Namespace, libraries: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`text_options` of a verb that writes files, less where they go (``-o``, ``--force``: the files are
+    the same), plus the libraries that render them."""
+    from profparse.cache import library_stamp
+
+    options = {k: v for k, v in text_options(args).items() if k not in ("out", "force")}
+    options["libraries"] = library_stamp(libraries)
+    return options

@@ -1,12 +1,27 @@
-"""``profparse diff A B``: what changed per stage and level, and the kernels and ops that moved most."""
+"""``profparse diff A B``: what changed per stage and level, and the kernels and ops that moved most.
+
+The text is stored in A's cache entry, keyed by B's entry and the options (docs/cache.md): the same diff again
+prints it without importing pandas or reading either trace's tables.
+"""
 
 from __future__ import annotations
 
 import argparse
 import copy
 
-from profparse.cli.common import add_cache_option, emit, int_option, parse_input
-from profparse.diff import FORMATS, TOP_N, render_diff
+from profparse.cli.choices import DIFF_FORMATS as FORMATS
+from profparse.cli.choices import DIFF_TOP_N as TOP_N
+from profparse.cli.common import (
+    add_cache_option,
+    emit,
+    entry_name,
+    input_notes,
+    int_option,
+    note,
+    parse_input,
+    stored_text,
+    text_options,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,10 +50,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    b_entry = entry_name(args, args.b)
+    options = {**text_options(args), "b_entry": b_entry and b_entry[1]}  # stored in A's entry, keyed by B's
+    stored = stored_text(args, options, args.a) if b_entry is not None else None
+    if stored is not None:  # these two traces, these options, this code: what the first run printed
+        for message in stored["notes"]:
+            note(message, args.quiet)
+        emit(stored["stdout"])
+        return stored["code"]
+    from profparse.diff import render_diff
+
     parsed = []
     for path in (args.a, args.b):
         one = copy.copy(args)
         one.trace = path
         parsed.append(parse_input(one))
-    emit(render_diff(parsed[0], parsed[1], args.format, top=args.top, per_step=args.per_step))
+    text = render_diff(parsed[0], parsed[1], args.format, top=args.top, per_step=args.per_step)
+    emit(text)
+    if parsed[0].cache is not None and b_entry is not None:
+        notes = input_notes(args.a, parsed[0]) + input_notes(args.b, parsed[1])
+        parsed[0].cache.put_text(options, text, notes, 0)
     return 0

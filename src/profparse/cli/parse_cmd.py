@@ -30,11 +30,11 @@ TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces
 
 def add_metric_option(parser: argparse.ArgumentParser) -> None:
     """``--metric`` of the verbs that compare ranks (summarize, report)."""
-    from profparse.ranks import DEFAULT_METRIC, METRICS
+    from profparse.cli.choices import DEFAULT_METRIC, METRICS
 
     parser.add_argument(
         "--metric",
-        choices=tuple(METRICS),
+        choices=METRICS,
         default=DEFAULT_METRIC,
         help=f"for a folder of ranks: the time compared across ranks (default: {DEFAULT_METRIC})",
     )

@@ -1,11 +1,29 @@
-"""``profparse plot TRACE -o DIR``: PNG and SVG pictures, one per kind, one colour per stage."""
+"""``profparse plot TRACE -o DIR``: PNG and SVG pictures, one per kind, one colour per stage.
+
+The figures are stored in the trace's cache entry with the options that drew them (docs/cache.md): the same
+command again copies them (matplotlib took 1-2 s per figure and format at 300 MB; docs/performance.md).
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+from pathlib import Path
 
-from profparse.cli.common import add_input_options, check_output, emit, int_option, note, output_option, parse_input
-from profparse.outputs.plots import FORMATS, PLOT_KINDS
+from profparse.cli.choices import PLOT_FORMATS as FORMATS
+from profparse.cli.choices import PLOT_KINDS
+from profparse.cli.common import (
+    add_input_options,
+    check_output,
+    emit,
+    input_notes,
+    int_option,
+    note,
+    output_option,
+    output_options,
+    parse_input,
+    stored_output,
+)
 
 MAX_DPI = 1000  # a 12 x 6 inch figure at 1000 dpi is 72 Mpixel already
 
@@ -47,17 +65,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profparse.outputs.plots import write_plots
-
     check_output(args, "dir", "plot", [args.trace])
-    parsed = parse_input(args)
-    results = write_plots(
-        parsed, args.out, kinds=args.kind, formats=args.formats or FORMATS, force=args.force, dpi=args.dpi
-    )
+    options = output_options(args, ("matplotlib",))
+    stored = stored_output(args, options)
+    if stored is not None:  # this trace, these options, this code: the figures the first run drew
+        body, folder = stored
+        for message in body["notes"]:
+            note(message, args.quiet)
+        results = copy_plots(args, body["results"], folder)
+    else:
+        from profparse.outputs.plots import write_plots
+
+        parsed = parse_input(args)
+        drawn = write_plots(
+            parsed, args.out, kinds=args.kind, formats=args.formats or FORMATS, force=args.force, dpi=args.dpi
+        )
+        results = [{"kind": r.kind, "files": [f.name for f in r.files], "skipped": r.skipped} for r in drawn]
+        if parsed.cache is not None:
+            body = {"notes": input_notes(args.trace, parsed), "results": results}
+            parsed.cache.put_output(options, body, [f for r in drawn for f in r.files])
     lines = [
-        f"{r.kind}: skipped ({r.skipped})" if r.skipped else f"{r.kind}: {' '.join(map(str, r.files))}" for r in results
+        f"{r['kind']}: skipped ({r['skipped']})"
+        if r["skipped"]
+        else f"{r['kind']}: {' '.join(str(Path(args.out) / f) for f in r['files'])}"
+        for r in results
     ]
     emit("".join(f"{line}\n" for line in lines), required=False)
-    drawn = sum(1 for r in results if not r.skipped)
-    note(f"wrote {drawn} of {len(results)} plots into {args.out}/", args.quiet)
+    drawn_count = sum(1 for r in results if not r["skipped"])
+    note(f"wrote {drawn_count} of {len(results)} plots into {args.out}/", args.quiet)
     return 0
+
+
+def copy_plots(args: argparse.Namespace, results: list[dict], folder: Path) -> list[dict]:
+    """Write the stored figures into ``-o`` as :func:`profparse.outputs.plots.write_plots` writes drawn ones
+    (one atomic folder; with --force only the chosen kinds' and formats' files are replaced)."""
+    from profparse.outputs.files import atomic_dir
+
+    kinds = args.kind or list(PLOT_KINDS)
+    owns = [f"{kind}.{fmt}" for kind in kinds for fmt in args.formats or FORMATS]
+    with atomic_dir(args.out, force=args.force, verb="plot", inputs=[args.trace], owns=owns) as tmp:
+        for r in results:
+            for name in r["files"]:
+                shutil.copyfile(folder / name, tmp / name)
+    return results

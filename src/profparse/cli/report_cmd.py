@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from profparse.cli.common import add_input_options, check_output, note, output_option, parse_input
+from profparse.cli.common import (
+    add_input_options,
+    check_output,
+    input_notes,
+    note,
+    output_option,
+    output_options,
+    parse_input,
+    stored_output,
+)
 from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, resolve_input, run_rank_tasks
 
 
@@ -30,28 +40,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profparse.outputs.report import ranks_payload, trace_payload, write_report
-
     is_ranks = resolve_input(args)  # a capture's run folder is its one trace
     check_output(args, "file", "report", [args.trace])
-    failed = None
-    if is_ranks:
-        from profparse import ranks
+    if not is_ranks:
+        return run_trace(args)
+    from profparse import ranks
+    from profparse.outputs.report import ranks_payload, write_report
 
-        if ranks.is_rank_dataset(args.trace):
-            results = ranks.results_from_dataset(args.trace)
-            for r in results:
-                if not r.ok:
-                    print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
-            run_ = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
-        else:
-            run_ = run_rank_tasks(args, None)
-        payload = ranks_payload(run_.results, args.trace, args.metric)
-        failed = run_ if run_.failed and not args.keep_going else None
+    if ranks.is_rank_dataset(args.trace):
+        results = ranks.results_from_dataset(args.trace)
+        for r in results:
+            if not r.ok:
+                print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
+        run_ = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
     else:
-        payload = trace_payload(parse_input(args))
+        run_ = run_rank_tasks(args, None)
+    payload = ranks_payload(run_.results, args.trace, args.metric)
     size = write_report(payload, args.out, force=args.force, inputs=[args.trace])
     note(f"wrote {args.out} ({size / 1e6:,.2f} MB)", args.quiet)
-    if failed is not None:
-        raise partial_failure(failed, None)
+    if run_.failed and not args.keep_going:
+        raise partial_failure(run_, None)
     return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """One trace's page; stored in its cache entry (docs/cache.md), so the same command again copies it."""
+    options = output_options(args, ())
+    stored = stored_output(args, options)
+    if stored is not None:  # this trace, these options, this code: the page the first run wrote
+        body, folder = stored
+        for message in body["notes"]:
+            note(message, args.quiet)
+        size = copy_report(args, folder / body["files"][0])
+    else:
+        from profparse.outputs.report import trace_payload, write_report
+
+        parsed = parse_input(args)
+        size = write_report(trace_payload(parsed), args.out, force=args.force, inputs=[args.trace])
+        if parsed.cache is not None:
+            parsed.cache.put_output(options, {"notes": input_notes(args.trace, parsed)}, [Path(args.out)])
+    note(f"wrote {args.out} ({size / 1e6:,.2f} MB)", args.quiet)
+    return 0
+
+
+def copy_report(args: argparse.Namespace, page: Path) -> int:
+    """Write a stored page to ``-o`` as :func:`profparse.outputs.report.write_report` does; its size."""
+    from profparse.outputs.files import atomic_file
+
+    data = page.read_bytes()
+    with atomic_file(args.out, force=args.force, inputs=[args.trace]) as tmp:
+        tmp.write_bytes(data)
+    return len(data)

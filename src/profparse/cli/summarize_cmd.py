@@ -3,6 +3,9 @@
 ``profparse summarize FOLDER``: for a folder of rank traces (or a dataset written by ``parse FOLDER``), the time of
 each stage on each rank, the slowest rank per stage and its lead over the median. A capture's run folder (one trace
 plus the ``manifest.json`` ``profparse capture`` writes) is summarized as its trace.
+
+A single trace's summary is stored in its cache entry with the options that made it (docs/cache.md): the same
+command again prints it, and its notes, without importing pandas (0.1 s instead of 1.5 s at 300 MB).
 """
 
 from __future__ import annotations
@@ -10,9 +13,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from profparse.cli.common import add_input_options, add_peak_option, emit, int_option, parse_input
+from profparse.cli.choices import SUMMARY_FORMATS as FORMATS
+from profparse.cli.choices import SUMMARY_TOP_N as TOP_N
+from profparse.cli.common import (
+    add_input_options,
+    add_peak_option,
+    emit,
+    input_notes,
+    int_option,
+    note,
+    parse_input,
+    stored_text,
+    text_options,
+)
 from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, resolve_input, run_rank_tasks
-from profparse.outputs.summary import FORMATS, TOP_N, render_summary
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +45,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if resolve_input(args):  # a capture's run folder is its one trace
         return run_ranks(args)
+    options = text_options(args)
+    stored = stored_text(args, options)
+    if stored is not None:  # this trace, these options, this code: print what the first run printed
+        for message in stored["notes"]:
+            note(message, args.quiet)
+        emit(stored["stdout"])
+        return stored["code"]
+    from profparse.outputs.summary import render_summary
+
     parsed = parse_input(args)
-    emit(render_summary(parsed, fmt=args.format, top=args.top))
+    text = render_summary(parsed, fmt=args.format, top=args.top)
+    emit(text)
+    if parsed.cache is not None:
+        parsed.cache.put_text(options, text, input_notes(args.trace, parsed), 0)
     return 0
 
 

@@ -113,15 +113,8 @@ def stage_intervals(
     left empty is dropped), so the intervals of a track never overlap while covering the same time.
     """
     events = parsed.raw.events
-    links = parsed.links
     attribution = parsed.attribution
-    ts = events["ts_ns"].to_numpy()
-    dur = events["dur_ns"].to_numpy()
-    end = ts + dur
-    host = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
-    host &= ~mixed_containers(links.parent, links.depth, attribution.stage)
-    gpu = kind_mask(events, GPU_ACTIVITY_KINDS)
-    rows = np.flatnonzero(host | gpu)
+    rows, gpu, ts, end = _activity_rows(parsed)
     empty_tracks = pd.DataFrame(
         {c: pd.Series(dtype=t) for c, t in _TRACK_DTYPES.items()},
     )
@@ -130,9 +123,7 @@ def stage_intervals(
 
     pid = events["pid"].to_numpy()[rows]
     tid = events["tid"].to_numpy()[rows]
-    keys = pd.MultiIndex.from_arrays([pid, tid])
-    track, uniques = keys.factorize()
-    track = track.astype(np.int64)
+    track, uniques = _factorize_pairs(pid, tid)
     s, e = ts[rows], end[rows]
     order = np.lexsort((-(e - s), s, track))
     rows, track, s, e = rows[order], track[order], s[order], e[order]
@@ -178,6 +169,38 @@ def stage_intervals(
     return StageTracks(tracks, intervals)
 
 
+def _activity_rows(parsed: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows :func:`stage_intervals` merges (host spans of one stage, GPU activity), the GPU mask, every
+    event's start and end."""
+    events = parsed.raw.events
+    links = parsed.links
+    ts = events["ts_ns"].to_numpy()
+    dur = events["dur_ns"].to_numpy()
+    end = ts + dur
+    host = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
+    host &= ~mixed_containers(links.parent, links.depth, parsed.attribution.stage)
+    gpu = kind_mask(events, GPU_ACTIVITY_KINDS)
+    return np.flatnonzero(host | gpu), gpu, ts, end
+
+
+def activity_span(parsed: Any) -> int | None:
+    """From the first start to the last end of what :func:`stage_intervals` merges (its intervals' span,
+    without merging them); None when there is nothing."""
+    rows, _, ts, end = _activity_rows(parsed)
+    return int(end[rows].max() - ts[rows].min()) if len(rows) else None
+
+
+def _factorize_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Codes of the (a, b) pairs in order of first appearance, and the pairs: what ``MultiIndex.factorize``
+    gives, without the MultiIndex's tuples of every row (3.7 s of the timeline of a 300 MB trace)."""
+    ca, ua = pd.factorize(a)
+    cb, ub = pd.factorize(b)
+    width = max(len(ub), 1)
+    codes, first = pd.factorize(ca.astype(np.int64) * width + cb)
+    pairs = [(int(ua[k // width]), int(ub[k % width])) for k in first]
+    return codes.astype(np.int64), pairs
+
+
 _TRACK_DTYPES = {
     "track": "int64",
     "kind": "object",
@@ -205,7 +228,9 @@ def _empty_intervals(rule_names: list[str]) -> pd.DataFrame:
     )
 
 
-def _tracks(parsed: Any, uniques: pd.MultiIndex, rows: np.ndarray, track: np.ndarray, gpu: np.ndarray) -> pd.DataFrame:
+def _tracks(
+    parsed: Any, uniques: list[tuple[int, int]], rows: np.ndarray, track: np.ndarray, gpu: np.ndarray
+) -> pd.DataFrame:
     events = parsed.raw.events
     n = len(uniques)
     is_gpu = np.zeros(n, dtype=bool)
@@ -326,8 +351,7 @@ def load_substep_intervals(parsed: Any) -> pd.DataFrame | None:
         return None
     pid = events["pid"].to_numpy()[rows]
     tid = events["tid"].to_numpy()[rows]
-    track, uniques = pd.MultiIndex.from_arrays([pid, tid]).factorize()
-    track = track.astype(np.int64)
+    track, uniques = _factorize_pairs(pid, tid)
     s = events["ts_ns"].to_numpy()[rows]
     e = s + dur[rows]
     order = np.lexsort((-(e - s), s, track))

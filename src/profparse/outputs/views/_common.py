@@ -101,13 +101,12 @@ def style() -> dict[str, Any]:
 def timeline_intervals(parsed: Any, max_rects: int | None = None, pixels: int = 2000) -> tuple[Any, int]:
     """Stage intervals merged to about a pixel (1/``pixels`` of the span); coarser while there are more than
     ``max_rects`` (default :data:`MAX_RECTS`). Returns (StageTracks, gap in ns)."""
-    from profparse.outputs.perfetto import stage_intervals
+    from profparse.outputs.perfetto import activity_span, stage_intervals
 
     limit = MAX_RECTS if max_rects is None else max_rects
-    fine = stage_intervals(parsed, gap_ns=0)
-    if fine.intervals.empty:
-        return fine, 0
-    span = int(fine.intervals["end_ns"].max() - fine.intervals["start_ns"].min())
+    span = activity_span(parsed)  # the intervals' span, without merging them at gap 0 first (half the time)
+    if span is None:
+        return stage_intervals(parsed, gap_ns=0), 0
     gap = max(span // pixels, 1)
     tracks = stage_intervals(parsed, gap_ns=gap)
     while len(tracks.intervals) > limit and gap < span:

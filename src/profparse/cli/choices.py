@@ -1,0 +1,28 @@
+"""The option choices and defaults the verbs' parsers need, without importing the modules that define them.
+
+Building the command line must not import pandas, numpy or pyarrow (0.8 s): a cached ``summarize`` prints its
+stored text without them (docs/performance.md, "Second looks"). Each constant here equals the library's own
+(``tests/test_second_looks.py`` checks that), which stays the source of truth.
+"""
+
+from __future__ import annotations
+
+SUMMARY_FORMATS = ("text", "json", "csv", "markdown")  # profparse.outputs.summary.FORMATS
+SUMMARY_TOP_N = 5  # profparse.outputs.summary.TOP_N
+DIFF_FORMATS = ("text", "json", "markdown")  # profparse.diff.FORMATS
+DIFF_TOP_N = 10  # profparse.diff.TOP_N
+PLOT_KINDS = (  # profparse.outputs.plots.PLOT_KINDS (the views, in order)
+    "stages",
+    "timeline",
+    "top_kernels",
+    "top_ops",
+    "top_runtime",
+    "communication",
+    "roofline",
+    "memory",
+    "layers",
+    "load",
+)
+PLOT_FORMATS = ("png", "svg")  # profparse.outputs.plots.FORMATS
+METRICS = ("host_wall", "host_ops", "gpu_time", "gpu_busy", "gpu_idle")  # profparse.ranks.METRICS
+DEFAULT_METRIC = "host_wall"  # profparse.ranks.DEFAULT_METRIC
