@@ -1033,12 +1033,16 @@ class TraceDecoder:
 
     def _final(self, buf: bytes) -> tuple[list[Decoded], bytes]:
         """Decode what is left at end of file: the last events, ``]`` and the trailer, or a truncated tail."""
-        # The ']' closing the events, from the structure when it is intact: the last ']' of the text may close an
-        # array of the trailer (Kineto writes ``"INFO": ["...", ...]`` after the events); else (damaged text) the
-        # last one, as before. One vectorised scan of the last chunk.
+        # The ']' closing the events: where the structure closes the array when the text is intact (the last ']'
+        # of the text may close an array of the trailer: Kineto writes ``"INFO": ["...", ...]`` after the events),
+        # else the last ']' (a damaged event can put a bracket that closes early); the first whose trailer parses.
+        # One vectorised scan of the last chunk.
         _, array_close = _event_ends(buf, 0, len(buf))
-        close = array_close if array_close is not None and buf[array_close] == 93 else buf.rfind(b"]")
-        if close >= 0:
+        candidates = [array_close] if array_close is not None and buf[array_close] == 93 else []
+        last = buf.rfind(b"]")
+        if last >= 0 and last not in candidates:
+            candidates.append(last)
+        for close in candidates:
             if self._parse_trailer(buf[close + 1 :]):
                 items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
                 self._check_damage(final=True)  # the document ends as it should: damage before is skipped
