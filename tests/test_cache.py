@@ -192,6 +192,18 @@ def test_changed_content_is_a_new_entry_even_with_the_old_mtime(
     assert len(entries()) == 2
 
 
+def test_a_racy_file_rewritten_with_an_equal_stat_is_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite within one clock tick leaves size and times equal: a file written just now is never known by its
+    stat, not even by the process that hashed it (no stale tables for the new content)."""
+    monkeypatch.setattr(cache, "_stat_id", lambda st: (st.st_dev, st.st_ino, st.st_size))  # one tick, always
+    trace = built_trace(tmp_path / "t.json", kernel_us=10)
+    assert profparse.load(trace).kernels["dur_ns"].max() == 20_000
+    built_trace(trace, kernel_us=40)  # same name, inode and size
+    assert profparse.load(trace).kernels["dur_ns"].max() == 40_000
+
+
 def test_a_file_written_just_now_is_hashed_every_time(tmp_path: Path) -> None:
     trace = built_trace(tmp_path / "t.json")
     assert profparse.load(trace).cache is not None

@@ -121,8 +121,10 @@ def file_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
-#: content hashes this process computed, by stat id: a summarize that misses its stored text and then parses
-#: (api.load keys the file again) does not hash a just-written file, which gets no stat/ record, twice.
+#: content hashes this process computed, by stat id, of files older than RACY_NS (as the stat/ records): a
+#: summarize that misses its stored text and then parses (api.load keys the file again) does not hash twice even
+#: where the cache folder is read-only. A file written less than RACY_NS ago is hashed each time: a rewrite within
+#: the same clock tick, same size, leaves its stat unchanged.
 _HASHED: dict[tuple[int, ...], str] = {}
 
 
@@ -275,9 +277,9 @@ class Cache:
                 after = os.stat(path)
                 if _stat_id(after) != sid:
                     return None  # changed while hashed
-                _HASHED[sid] = content
                 if time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > RACY_NS:
                     self._write_text(record, content)
+                    _HASHED[sid] = content  # not for a racy file: rewritten within one clock tick, its stat is equal
         except OSError:
             return None
         config = hashlib.blake2b(
