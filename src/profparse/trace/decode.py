@@ -43,6 +43,7 @@ NEED_FIXED = 128 << 20
 BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
 
 Num = int | float
+ABSENT = -(2**63)  # an integer ``args`` key not in the event (see :class:`Args`); == events.NULL
 
 
 class Args(
@@ -74,27 +75,32 @@ class Args(
         "pg_ranks": "Process Group Ranks",
     },
 ):
-    """The ``args`` keys profparse reads; all others are skipped without being materialised."""
+    """The ``args`` keys profparse reads; all others are skipped without being materialised.
 
-    correlation: int | None = None
-    external_id: int | None = None
-    sequence_number: int | None = None
-    fwd_thread_id: int | None = None
-    stream: int | None = None
-    device: int | None = None
-    bytes: int | None = None
-    mem_bytes: int | None = None
-    total_allocated: int | None = None
-    total_reserved: int | None = None
-    device_type: int | None = None
-    device_id: int | None = None
-    addr: int | None = None
-    python_id: int | None = None
-    python_parent_id: int | None = None
-    comm_in_nelems: int | None = None
-    comm_out_nelems: int | None = None
-    comm_group_size: int | None = None
-    comm_seq: int | None = None
+    An integer key that is absent decodes as :data:`ABSENT` (one shared int, the event table's NULL), not None:
+    a column of a chunk is then a tuple of ints that numpy converts in C, and one without any value is found by
+    ``tuple.count(ABSENT)`` (an identity check per item). None is left for an explicit JSON ``null``.
+    """
+
+    correlation: int | None = ABSENT
+    external_id: int | None = ABSENT
+    sequence_number: int | None = ABSENT
+    fwd_thread_id: int | None = ABSENT
+    stream: int | None = ABSENT
+    device: int | None = ABSENT
+    bytes: int | None = ABSENT
+    mem_bytes: int | None = ABSENT
+    total_allocated: int | None = ABSENT
+    total_reserved: int | None = ABSENT
+    device_type: int | None = ABSENT
+    device_id: int | None = ABSENT
+    addr: int | None = ABSENT
+    python_id: int | None = ABSENT
+    python_parent_id: int | None = ABSENT
+    comm_in_nelems: int | None = ABSENT
+    comm_out_nelems: int | None = ABSENT
+    comm_group_size: int | None = ABSENT
+    comm_seq: int | None = ABSENT
     name: str | None = None
     # kept as the JSON text as written (msgspec.Raw: a slice of the input, no Python objects built), None when
     # absent; turned into categorical string columns by events.chunk_columns (shapes repeat: few distinct values)
