@@ -41,6 +41,7 @@ from profparse.trace.decode import (
     Args,
     DecodeReport,
     Event,
+    FastChunk,
     FastEvent,
     ReadSequentially,
     TraceDecoder,
@@ -204,7 +205,7 @@ def _int_array(values: list[Any]) -> np.ndarray:
 
 
 def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> np.ndarray:
-    """ts/dur values (float, int, :class:`FloatText` or None) -> float64, ``missing`` for None.
+    """ts/dur values (float, int, the text of a float or None) -> float64, ``missing`` for None.
 
     Text is parsed by Arrow, correctly rounded like msgspec and ``float()``; the result equals decoding floats.
     ``text``: the values as an Arrow string array, when the caller has it already.
@@ -217,19 +218,32 @@ def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> 
         else:
             try:
                 arr = pa.array(values, pa.float64())  # ints, floats and None
-            except pa.ArrowInvalid:  # FloatText (anything else fails here too)
+            except pa.ArrowInvalid:  # text (anything else fails here too)
                 arr = pa.array(values, pa.string()).cast(pa.float64())
         if arr.null_count:
             arr = pc.fill_null(arr, missing)
         return arr.to_numpy(zero_copy_only=False).copy()
     except (pa.ArrowException, TypeError, OverflowError, UnicodeError):
+        if text is not None:  # e.g. 1e400, which Arrow refuses and float() makes infinite
+            values = text.to_pylist()
         return np.array([missing if v is None else float(v) for v in values], dtype=np.float64)
 
 
-def _text_column(values: Any) -> pa.Array | None:
-    """``ts`` values as an Arrow string array when all are :class:`FloatText` (or None, not all), else None.
+def _fast_ts_text(chunk: FastChunk) -> pa.Array:
+    """A :class:`FastChunk`'s ``ts`` column as an Arrow string array (null where absent), from its buffers: no
+    Python object per value. The text is ASCII (every value is a JSON number)."""
+    offsets = chunk.ts_offsets
+    n = len(offsets) - 1
+    present = offsets[1:] != offsets[:-1]
+    validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(chunk.ts_data)])
 
-    Arrow refuses ints and floats; a plain ``str`` cannot be here (the decoder takes only int, FloatText or None).
+
+def _text_column(values: Any) -> pa.Array | None:
+    """``ts`` values as an Arrow string array when all are text (or None, not all), else None.
+
+    Arrow refuses ints and floats (``ts`` of :class:`Event`); the text of :class:`FastEvent` is taken by
+    :func:`_fast_ts_text` instead.
     """
     try:
         text = pa.array(values, pa.string())
@@ -466,8 +480,12 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     cat_values, cols["cat_code"] = _local_codes(cat)
     name_values, cols["name_code"] = _local_codes(name)
     del ph, cat
-    text = _text_column(ts_values)
-    ts = _float_column(ts_values, np.nan, text)
+    if isinstance(events, FastChunk):  # ts as JSON text (numbers, or empty where absent)
+        text = _fast_ts_text(events)
+        ts = _float_column(None, np.nan, text)
+    else:
+        text = _text_column(ts_values)
+        ts = _float_column(ts_values, np.nan, text)
     dur = _float_column(dur_values, 0.0)
     del dur_values
     missing_ts = np.isnan(ts)
@@ -477,10 +495,12 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     ts[missing_ts | absurd] = 0.0
     dur[absurd] = 0.0
     if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
-        if not isinstance(events[0], FastEvent):  # floats were parsed: read the timestamps' text again
+        if not isinstance(events, FastChunk):  # floats were parsed: read the timestamps' text again
             ts_values = [t.ts for t in _TS_TEXT.decode(raw_chunk)]
             text = None
         exact = _exact_ts_fast(text)
+        if exact is None and text is not None:
+            ts_values = text.to_pylist()
         cols["ts_ns"] = exact if exact is not None else _exact_ts_ns(ts_values)
     else:
         cols["ts_ns"] = _us_to_ns(ts)
