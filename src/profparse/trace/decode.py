@@ -150,8 +150,10 @@ class FastEvent(msgspec.Struct, gc=False):
     The text keeps nanosecond digits that a float64 of microseconds loses, so one decoding pass serves both the
     float and the exact timestamp paths. A chunk where a ``ts`` is not a number (null, a string) is decoded again
     with :class:`Event` and repaired event by event. Raw instead of a ``float_hook`` that made a str per float:
-    msgspec no longer calls back into Python per event (decode 11.9 -> 10.3 ms per 1 MiB chunk, a100_ddp tile,
-    loaded machine), and the column is built from one ``bytes.join`` (:class:`FastChunk`).
+    msgspec no longer calls back into Python per event (decode alone 11.9 -> 10.3 ms per 1 MiB chunk on the
+    a100_ddp tile, loaded machine), and the column is built from one ``bytes.join`` (:class:`FastChunk`) instead
+    of an Arrow conversion of the str objects. Where ``ts`` are whole microseconds (v100_resnet50_legacy2021:
+    ints, no hook before) decoding is ~10% slower and the columns ~8% faster: the same worker CPU.
     """
 
     ph: str = ""

@@ -281,7 +281,8 @@ def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
 def _exact_ts_uniform(text: pa.Array) -> np.ndarray | None:
     """:func:`_exact_ts_fast` where every value has the same width, digits and one dot at the same place (Kineto
     writes ``%.3f`` of 16-digit microseconds): the digits are read from Arrow's data buffer as an (n, width)
-    byte matrix by numpy, no string kernels. 1.25 -> 0.1 ms per 1 MiB chunk (a100_ddp tile, loaded machine).
+    byte matrix by numpy, no string kernels: 0.78 -> 0.42 ms per 1 MiB chunk (a100_ddp and v100_ns tiles, best
+    of 5).
     None when the values are not of that form (then the string kernels decide)."""
     n = len(text)
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * text.offset)
@@ -393,8 +394,10 @@ def _arg_columns(args: tuple[Any, ...]) -> tuple[dict[str, np.ndarray | None], d
     numpy converts in C; Arrow only where that fails (an explicit null, an int beyond int64). Rows are selected
     with ``itertools.compress`` / ``filter(None, ...)`` (structs and Raw values are truthy, None is not): C loops
     with no mask array. Each present text field is dictionary-encoded by Arrow (shapes repeat: few distinct texts
-    reach Python). Against the previous version (Arrow for every integer field, numpy masks from ``is_not``),
-    CPU ms per 1 MiB chunk, same process, min of 5: see docs/performance.md.
+    reach Python). Against the previous version (Arrow for every integer field, numpy masks from ``is_not``, one
+    Arrow call per text field), CPU ms per 1 MiB chunk, min of 7, alternating runs: 5.7-6.2 -> 4.1-4.3 on the
+    a100_ddp tile (a collective's text fields on a few events of every chunk), 3.0-3.3 -> 2.8-2.9 on the
+    v100_resnet50_legacy2021 tile (input shapes on 38% of the events).
     """
     n = len(args)
     ints: dict[str, np.ndarray | None] = dict.fromkeys(_INT_ARG_NAMES)
@@ -438,7 +441,7 @@ def _take(values: tuple[Any, ...], index: np.ndarray) -> tuple[Any, ...]:
 def _text_codes(items: list[bytes]) -> tuple[list[bytes], np.ndarray]:
     """Distinct byte strings in order of first appearance and a code per item: Arrow's ``dictionary_encode``, or
     a dict for a few items (Arrow costs ~0.1 ms per call, a dict ~0.1 us per item: a collective's 5 text fields on
-    4 events of a chunk were 1.7 ms of a 17 ms chunk, loaded machine)."""
+    4 events of a chunk took 1.7 ms of a 17 ms chunk on a loaded machine)."""
     if len(items) < 256:
         index: dict[bytes, int] = {}
         codes = [index.setdefault(b, len(index)) for b in items]
