@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from profparse.trace.decode import Args
-from profparse.trace.events import INT_ARG_COLUMNS, NULL, TEXT_ARG_COLUMNS, read_trace
+from profparse.trace.events import INT_ARG_COLUMNS, NULL, TEXT_ARG_COLUMNS, _exact_ts_uniform, read_trace
 
 KEY_OF = dict(zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True))
 INT_KEYS = {KEY_OF[attr]: column for column, attr in INT_ARG_COLUMNS}
@@ -131,3 +133,91 @@ def test_missing_cat_is_the_empty_category(tmp_path):
         assert table["category"].astype(object).tolist() == [c or "" for c in chunk]
         kinds = {None: "other", "": "other", "cpu_op": "cpu_op", "kernel": "kernel"}
         assert table["kind"].astype(str).tolist() == [kinds[c] for c in chunk]
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        [f"{1712195495519689 + i}.{(37 * i) % 1000:03d}" for i in range(50)],  # 19 digits, Kineto's %.3f
+        [f"{4458677732820 + 3 * i}.{(11 * i) % 1000:03d}" for i in range(50)],  # 16 digits
+        [f"{9223372036854775 - i}.{807 - i:03d}" for i in range(50)],  # up to the last int64 nanosecond
+        [f"{1712195495519689 + i}.{i % 10}" for i in range(50)],  # one decimal
+        [f"{1712195495519689 + i}.{i % 100:02d}" for i in range(50)],  # two decimals, same width
+    ],
+)
+def test_exact_ts_from_the_text_buffer_equals_decimal_arithmetic(written):
+    """_exact_ts_uniform (digits read from Arrow's buffer) gives what Decimal gives, for every form it takes."""
+    got = _exact_ts_uniform(pa.array(written, pa.string()))
+    assert got is not None and got.dtype == np.int64
+    assert got.tolist() == [int(Decimal(t) * 1000) for t in written]
+    sliced = pa.array(["0.5", *written], pa.string())[1:]  # an array that starts at an offset into its buffers
+    assert _exact_ts_uniform(sliced).tolist() == got.tolist()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        ["1712195495519689.047", "1712195495519690.5"],  # widths differ
+        ["-1712195495519.047", "-1712195495520.047"],  # a sign
+        ["1712195495519.0470", "1712195495520.0470"],  # four decimals
+        ["1.712195495519047e12", "1.712195495519048e12"],  # not only digits
+        ["1712195495519689", "1712195495519690"],  # no dot
+        ["9999999999999999.999", "9999999999999999.998"],  # beyond int64 nanoseconds
+    ],
+)
+def test_exact_ts_from_the_text_buffer_declines_other_forms(tmp_path, written):
+    """Text it does not take is left to the string kernels / Decimal: the table still holds exact ns."""
+    assert _exact_ts_uniform(pa.array(written, pa.string())) is None
+    if written[0].startswith("9999"):
+        return  # beyond int64 ns: absurd, dropped (test_decode covers it)
+    body = ",".join(f'{{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":{t},"dur":1}}' for t in written)
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents":[' + body + "]}")
+    table = read_trace(path, workers=1).events
+    assert table["ts_ns"].tolist() == [int(Decimal(t) * 1000) for t in written]
+
+
+def test_text_args_with_the_same_count_on_other_rows(tmp_path):
+    """Text fields of one chunk with equal counts on different rows (the previous field's rows are reused only
+    when they hold the field), and a field on many rows (Arrow's dictionary encoding, not the dict)."""
+    doc = []
+    for i in range(600):
+        args: dict = {"External id": i}
+        if i in (1, 5):
+            args["Collective name"] = "allreduce"
+            args["Process Group Ranks"] = f"[{i}]"
+        if i in (2, 6):
+            args["dtype"] = "Float" if i == 2 else "Half"
+        if i % 2:
+            args["Input Dims"] = [[i % 7], [3]]
+        doc.append({"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5,
+                    "args": args})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    table = read_trace(path, workers=1).events
+    for key in ("Collective name", "Process Group Ranks", "dtype", "Input Dims"):
+        column = TEXT_KEYS[key]
+        got = table[column].astype(object).tolist()
+        want = [expected_text(e["args"][key]) if key in e["args"] else None for e in doc]
+        assert [None if pd.isna(g) else g for g in got] == want, key
+    assert table["input_dims"].cat.categories.size == 7
+
+
+def test_ts_that_is_not_a_number_reads_the_chunk_again(tmp_path):
+    """null and string ``ts`` (the fast decode takes numbers only): the chunk is decoded with Event, the event
+    with null ts is dropped and counted, the string is read as a number; no flow events: flow_id is NULL."""
+    doc = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10.125 + i, "dur": 1}
+           for i in range(6)]
+    doc[2]["ts"] = None
+    doc[4]["ts"] = "14.5"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    raw = read_trace(path, workers=1)
+    assert raw.events["name"].tolist() == ["op0", "op1", "op3", "op4", "op5"]
+    assert raw.events["ts_ns"].tolist() == [10125, 11125, 13125, 14500, 15125]
+    assert raw.report.dropped == {"event without ts": 1}
+    assert (raw.events["flow_id"] == NULL).all()
+
+
+def expected_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)

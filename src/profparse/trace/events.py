@@ -22,8 +22,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_not, itemgetter
+from itertools import compress
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,13 @@ import pyarrow.compute as pc
 from msgspec.structs import astuple
 
 from profparse.trace.decode import (
+    ABSENT,
     BYTES_PER_EVENT,
     TEXT_ARG_FIELDS,
     Args,
     DecodeReport,
     Event,
+    FastChunk,
     FastEvent,
     ReadSequentially,
     TraceDecoder,
@@ -203,7 +205,7 @@ def _int_array(values: list[Any]) -> np.ndarray:
 
 
 def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> np.ndarray:
-    """ts/dur values (float, int, :class:`FloatText` or None) -> float64, ``missing`` for None.
+    """ts/dur values (float, int, the text of a float or None) -> float64, ``missing`` for None.
 
     Text is parsed by Arrow, correctly rounded like msgspec and ``float()``; the result equals decoding floats.
     ``text``: the values as an Arrow string array, when the caller has it already.
@@ -216,19 +218,32 @@ def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> 
         else:
             try:
                 arr = pa.array(values, pa.float64())  # ints, floats and None
-            except pa.ArrowInvalid:  # FloatText (anything else fails here too)
+            except pa.ArrowInvalid:  # text (anything else fails here too)
                 arr = pa.array(values, pa.string()).cast(pa.float64())
         if arr.null_count:
             arr = pc.fill_null(arr, missing)
         return arr.to_numpy(zero_copy_only=False).copy()
     except (pa.ArrowException, TypeError, OverflowError, UnicodeError):
+        if text is not None:  # e.g. 1e400, which Arrow refuses and float() makes infinite
+            values = text.to_pylist()
         return np.array([missing if v is None else float(v) for v in values], dtype=np.float64)
 
 
-def _text_column(values: Any) -> pa.Array | None:
-    """``ts`` values as an Arrow string array when all are :class:`FloatText` (or None, not all), else None.
+def _fast_ts_text(chunk: FastChunk) -> pa.Array:
+    """A :class:`FastChunk`'s ``ts`` column as an Arrow string array (null where absent), from its buffers: no
+    Python object per value. The text is ASCII (every value is a JSON number)."""
+    offsets = chunk.ts_offsets
+    n = len(offsets) - 1
+    present = offsets[1:] != offsets[:-1]
+    validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(chunk.ts_data)])
 
-    Arrow refuses ints and floats; a plain ``str`` cannot be here (the decoder takes only int, FloatText or None).
+
+def _text_column(values: Any) -> pa.Array | None:
+    """``ts`` values as an Arrow string array when all are text (or None, not all), else None.
+
+    Arrow refuses ints and floats (``ts`` of :class:`Event`); the text of :class:`FastEvent` is taken by
+    :func:`_fast_ts_text` instead.
     """
     try:
         text = pa.array(values, pa.string())
@@ -245,6 +260,9 @@ def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
     parse the digits as an integer, scale to nanoseconds. None when any value is not of that form."""
     if text is None or text.null_count or len(text) == 0:
         return None
+    uniform = _exact_ts_uniform(text)
+    if uniform is not None:
+        return uniform
     dot = pc.find_substring(text, ".").to_numpy()
     decimals = pc.binary_length(text).to_numpy() - dot - 1
     if (dot < 1).any() or (decimals < 1).any() or (decimals > 3).any():
@@ -260,8 +278,40 @@ def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
     return digits * scale
 
 
-def _flow_ids(values: list[Any]) -> np.ndarray:
+def _exact_ts_uniform(text: pa.Array) -> np.ndarray | None:
+    """:func:`_exact_ts_fast` where every value has the same width, digits and one dot at the same place (Kineto
+    writes ``%.3f`` of 16-digit microseconds): the digits are read from Arrow's data buffer as an (n, width)
+    byte matrix by numpy, no string kernels: 0.78 -> 0.42 ms per 1 MiB chunk (a100_ddp and v100_ns tiles, best
+    of 5).
+    None when the values are not of that form (then the string kernels decide)."""
+    n = len(text)
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * text.offset)
+    width = int(offsets[1] - offsets[0])
+    if not 3 <= width <= 20 or (np.diff(offsets) != width).any():  # at most 19 digits: < 2**64
+        return None
+    data = np.frombuffer(text.buffers()[2], dtype=np.uint8, count=n * width, offset=int(offsets[0]))
+    data = data.reshape(n, width)
+    dot = int(np.argmax(data[0] == 46))  # '.'
+    decimals = width - dot - 1
+    if data[0, dot] != 46 or dot < 1 or not 1 <= decimals <= 3 or (data[:, dot] != 46).any():
+        return None
+    numbers = (np.delete(data, dot, axis=1) - np.uint8(48)).T.copy()  # wraps below '0': each digit must be <= 9
+    if (numbers > 9).any():
+        return None
+    digits = numbers[0].astype(np.uint64)
+    for column in numbers[1:]:  # Horner, one column of digits at a time (an integer matmul is 5x slower)
+        digits *= np.uint64(10)
+        digits += column
+    scale = int(_NS_PER_UNIT[decimals])
+    if int(digits.max()) > np.iinfo(np.int64).max // scale:
+        return None
+    return digits.astype(np.int64) * scale
+
+
+def _flow_ids(values: tuple[Any, ...]) -> np.ndarray:
     """Flow ``id`` values -> int64 with ``NULL`` where missing or not an integer (string ids)."""
+    if values.count(None) == len(values):  # no flow event in the chunk: one identity check per row
+        return np.full(len(values), NULL, dtype=np.int64)
     try:
         arr = pa.array(values, type=pa.int64())
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
@@ -334,53 +384,70 @@ def _json_text(raw: Any) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _take(values: Any, index: list[int]) -> tuple[Any, ...]:
-    """``values[i] for i in index`` as a tuple, the loop in C (itemgetter)."""
-    return (values[index[0]],) if len(index) == 1 else itemgetter(*index)(values)
-
-
-def _present(values: Any) -> np.ndarray:
-    """Bool mask of the items that are not None (the comparisons in C)."""
-    return np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=len(values))
-
-
 def _arg_columns(args: tuple[Any, ...]) -> tuple[dict[str, np.ndarray | None], dict[str, tuple[list[str], np.ndarray]]]:
     """The ``args`` columns of a chunk: integer columns (``NULL`` where missing; None where all are missing) and,
     per text field present, (distinct strings, int64 code per row, ``NULL`` where absent).
 
     One transposition of the events that have ``args`` (``astuple`` + ``zip``, in C) serves every field; a field
-    absent from the chunk (most of them in most chunks) costs one ``tuple.count(None)``. Each present integer field
-    is converted by Arrow, each present text field dictionary-encoded by Arrow (shapes repeat: few distinct texts
-    reach Python). Measured against one Arrow struct conversion of 20-field tuples plus per-row list comprehensions
-    for the text fields (CPU ms per 1 MiB chunk, same process): 8.8 -> 5.2 (v100_ns_resolution_5steps tile), 5.8
-    -> 3.5 (v100_resnet50_legacy2021 tile, input shapes).
+    absent from the chunk (most of them in most chunks) costs one ``tuple.count`` (identity checks). An integer
+    field is a tuple of ints (absent keys decode as the shared ``ABSENT`` == ``NULL``, see decode.Args) that
+    numpy converts in C; Arrow only where that fails (an explicit null, an int beyond int64). Rows are selected
+    with ``itertools.compress`` / ``filter(None, ...)`` (structs and Raw values are truthy, None is not): C loops
+    with no mask array. Each present text field is dictionary-encoded by Arrow (shapes repeat: few distinct texts
+    reach Python). Against the previous version (Arrow for every integer field, numpy masks from ``is_not``, one
+    Arrow call per text field), CPU ms per 1 MiB chunk, min of 7, alternating runs: 5.7-6.2 -> 4.1-4.3 on the
+    a100_ddp tile (a collective's text fields on a few events of every chunk), 3.0-3.3 -> 2.8-2.9 on the
+    v100_resnet50_legacy2021 tile (input shapes on 38% of the events).
     """
     n = len(args)
     ints: dict[str, np.ndarray | None] = dict.fromkeys(_INT_ARG_NAMES)
     texts: dict[str, tuple[list[str], np.ndarray]] = {}
-    mask = _present(args)
-    rows = None if mask.all() else np.flatnonzero(mask)  # None: every event has args
-    if rows is not None and not len(rows):
-        return ints, texts
-    present = args if rows is None else _take(args, rows.tolist())
+    present = list(filter(None, args))
     m = len(present)
+    if not m:
+        return ints, texts
+    rows = None if m == n else np.fromiter(compress(range(n), args), dtype=np.int64, count=m)  # None: all rows
+    hits = None  # rows (of ``present``) of the last text field
     for attr, values in zip(Args.__struct_fields__, zip(*map(astuple, present), strict=True), strict=True):
-        if values.count(None) == m:
-            continue
         column = _INT_ARG_OF.get(attr)
         if column is not None:
+            if values.count(ABSENT) == m:
+                continue
             try:
-                found = pc.fill_null(pa.array(values, pa.int64()), NULL).to_numpy()
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # an int beyond int64
+                found = np.fromiter(values, dtype=np.int64, count=m)  # ~25% less than np.array (no shape search)
+            except (TypeError, OverflowError):  # an explicit null, an int beyond int64
                 found = _int_array(list(values))
             ints[column] = _scatter(found, rows, n)
         elif attr in _TEXT_ARG_SET:
-            hits = np.flatnonzero(_present(values))
-            encoded = pa.array(list(map(bytes, _take(values, hits.tolist()))), pa.binary()).dictionary_encode()
+            k = m - values.count(None)
+            if not k:
+                continue
+            # text fields come in groups on the same events (a collective's name, dtype, process group): the rows
+            # of the previous field are checked (k items) instead of found again (m items)
+            if hits is None or len(hits) != k or None in _take(values, hits):
+                hits = np.fromiter(compress(range(m), values), dtype=np.int64, count=k)
             codes = np.full(n, NULL, dtype=np.int64)
-            codes[hits if rows is None else rows[hits]] = encoded.indices.to_numpy()
-            texts[attr] = ([_json_text(b) for b in encoded.dictionary.to_pylist()], codes)
+            distinct, local = _text_codes(list(map(bytes, filter(None, values))))
+            codes[hits if rows is None else rows[hits]] = local
+            texts[attr] = ([_json_text(b) for b in distinct], codes)
     return ints, texts
+
+
+def _take(values: tuple[Any, ...], index: np.ndarray) -> tuple[Any, ...]:
+    """``values[i] for i in index`` as a tuple, the loop in C (itemgetter)."""
+    return (values[int(index[0])],) if len(index) == 1 else itemgetter(*index.tolist())(values)
+
+
+def _text_codes(items: list[bytes]) -> tuple[list[bytes], np.ndarray]:
+    """Distinct byte strings in order of first appearance and a code per item: Arrow's ``dictionary_encode``, or
+    a dict for a few items (Arrow costs ~0.1 ms per call, a dict ~0.1 us per item: a collective's 5 text fields on
+    4 events of a chunk took 1.7 ms of a 17 ms chunk on a loaded machine)."""
+    if len(items) < 256:
+        index: dict[bytes, int] = {}
+        codes = [index.setdefault(b, len(index)) for b in items]
+        return list(index), np.array(codes, dtype=np.int64)
+    encoded = pa.array(items, pa.binary()).dictionary_encode()
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy()
 
 
 def _scatter(values: np.ndarray, rows: np.ndarray | None, n: int) -> np.ndarray:
@@ -416,8 +483,12 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     cat_values, cols["cat_code"] = _local_codes(cat)
     name_values, cols["name_code"] = _local_codes(name)
     del ph, cat
-    text = _text_column(ts_values)
-    ts = _float_column(ts_values, np.nan, text)
+    if isinstance(events, FastChunk):  # ts as JSON text (numbers, or empty where absent)
+        text = _fast_ts_text(events)
+        ts = _float_column(None, np.nan, text)
+    else:
+        text = _text_column(ts_values)
+        ts = _float_column(ts_values, np.nan, text)
     dur = _float_column(dur_values, 0.0)
     del dur_values
     missing_ts = np.isnan(ts)
@@ -427,10 +498,12 @@ def chunk_columns(events: list[Event] | list[FastEvent], raw_chunk: bytes | None
     ts[missing_ts | absurd] = 0.0
     dur[absurd] = 0.0
     if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
-        if not isinstance(events[0], FastEvent):  # floats were parsed: read the timestamps' text again
+        if not isinstance(events, FastChunk):  # floats were parsed: read the timestamps' text again
             ts_values = [t.ts for t in _TS_TEXT.decode(raw_chunk)]
             text = None
         exact = _exact_ts_fast(text)
+        if exact is None and text is not None:
+            ts_values = text.to_pylist()
         cols["ts_ns"] = exact if exact is not None else _exact_ts_ns(ts_values)
     else:
         cols["ts_ns"] = _us_to_ns(ts)
