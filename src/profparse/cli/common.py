@@ -168,9 +168,8 @@ def note(message: str, quiet: bool) -> None:
         print(f"profparse: {display(message)}", file=sys.stderr)  # trace and file names may hold control characters
 
 
-def parse_input(args: argparse.Namespace, warn: bool = True) -> Any:
-    """Run the library's data path on ``args.trace`` with the common options (through the cache, docs/cache.md);
-    ``warn``: print the quality checks' warnings now (else the caller calls :func:`print_warnings`)."""
+def parse_input(args: argparse.Namespace) -> Any:
+    """Run the library's data path on ``args.trace`` with the common options (through the cache, docs/cache.md)."""
     from profparse.api import load
 
     progress = progress_bar(args.trace, args.quiet)
@@ -189,15 +188,9 @@ def parse_input(args: argparse.Namespace, warn: bool = True) -> Any:
     finally:
         if progress is not None:
             progress.close()
-    if warn:
-        print_warnings(args, parsed)
-    return parsed
-
-
-def print_warnings(args: argparse.Namespace, parsed: Any) -> None:
-    """Print :func:`input_notes` of ``parsed`` to stderr."""
     for message in input_notes(args.trace, parsed):
         note(message, args.quiet)
+    return parsed
 
 
 def input_notes(trace: str, parsed: Any) -> list[str]:

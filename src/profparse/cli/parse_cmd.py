@@ -20,7 +20,6 @@ from profparse.cli.common import (
     note,
     output_option,
     parse_input,
-    print_warnings,
     steps_bar,
 )
 from profparse.errors import PartialFailureError, UsageError
@@ -132,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         return run_ranks(args)
     from profparse.outputs.parquet import TABLES, write_parquet
 
-    parsed = parse_input(args, warn=False)  # the quality checks run with the tables (outputs/parquet.py's lanes)
+    parsed = parse_input(args)
     bar = steps_bar(len(TABLES), "writing tables", args.quiet)
     advance = None if bar is None else lambda _: bar.update(1)
     try:
@@ -140,7 +139,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print_warnings(args, parsed)
     note(f"wrote {out}/ ({len(parsed.raw.events):,} events)", args.quiet)
     return 0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -160,13 +159,6 @@ def _write_timed(table: Table, path: Path, metadata: dict[str, str] | None) -> N
             out.write_table(_arrow(part(start, min(start + ROW_GROUP, rows)), metadata), row_group_size=ROW_GROUP)
 
 
-#: The tables after the first run in two lanes side by side, in threads (numpy and Arrow release the GIL for most
-#: of their work): this one, in this order, is what needs the host time (stage summary, quality checks, levels);
-#: the other lane holds every other table in its order, except that ``flops`` comes first there and
-#: ``efficiency`` (which needs both) last.
-HOST_TIME_LANE = ("stage_summary", "warnings", "steps", "runtime_calls", "stage_levels")
-
-
 def write_tables(
     frames: Mapping[str, Table | Callable[[], Table]],
     folder: Path,
@@ -174,39 +166,27 @@ def write_tables(
     on_table: Callable[[str], Any] | None = None,
 ) -> None:
     """One file per table. ``frames`` may hold functions that compute a table, each called only when its turn
-    comes. The first table (the biggest: events) is written in its own thread, and the others in two lanes
-    (:data:`HOST_TIME_LANE` and the rest), each one table at a time, so that the three overlap (Parquet encoding
-    and most numpy work run without the GIL). ``on_table(name)`` is called as each table is done."""
+    comes. The first table (the biggest: events) is written in a second thread while the others are computed and
+    written here one by one, so the two overlap (Parquet encoding and most numpy work run without the GIL) and
+    no more than one of the other tables exists at a time. ``on_table(name)`` is called as each table is done."""
     items = list(frames.items())
     if not items:
         return
     (first_name, first), rest = items[0], items[1:]
-    first_lane = sorted((i for i in rest if i[0] in HOST_TIME_LANE), key=lambda i: HOST_TIME_LANE.index(i[0]))
-    other = [i for i in rest if i[0] not in HOST_TIME_LANE]
-    lanes = [first_lane, sorted(other, key=lambda i: (i[0] != "flops", i[0] == "efficiency"))]  # stable sort
-    if os.environ.get("PROFPARSE_ONE_LANE"):
-        lanes = [rest, []]
     wall, cpu = time.perf_counter(), phase_clock.cpu()
-
-    def run_lane(lane: list[tuple[str, Table | Callable[[], Table]]]) -> None:
-        for name, item in lane:
-            _write(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
-            release_memory()
-            if on_table is not None:
-                on_table(name)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        pending = [
-            pool.submit(_write, _made(first) if callable(first) else first, folder / f"{first_name}.parquet", metadata)
-        ]
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        pending = writer.submit(
+            _write, _made(first) if callable(first) else first, folder / f"{first_name}.parquet", metadata
+        )
         del first
-        if lanes[1]:
-            pending.append(pool.submit(run_lane, lanes[1]))
         try:
-            run_lane(lanes[0])
+            for name, item in rest:
+                _write(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
+                release_memory()
+                if on_table is not None:
+                    on_table(name)
         finally:
-            for future in pending:
-                future.result()
+            pending.result()
     release_memory()
     if on_table is not None:
         on_table(first_name)
