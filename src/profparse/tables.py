@@ -412,7 +412,11 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
     below = np.zeros(groups, dtype=np.int64)
     order = _group_start_order(key, segments.start) if len(key) else np.zeros(0, dtype=np.int64)
     key, start, end, level = key[order], segments.start[order], segments.end[order], segments.level[order]
+    present = np.bincount(level, minlength=len(HOST_LEVELS)) > 0
     for i, name in enumerate(HOST_LEVELS):
+        if not present[i]:  # no piece of this level: the union up to it is the one before; skipping the pass saves
+            out[name] = np.zeros(groups, dtype=np.int64)  # 2-3 of the 6 on traces without Python stacks
+            continue
         upto = level <= i  # a subset of sorted rows stays sorted: one sort serves every level
         covered = np.zeros(groups, dtype=np.int64)
         if upto.any():
