@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,14 +228,20 @@ def stored_text(args: argparse.Namespace, options: dict[str, Any], trace: str | 
     """The result a verb stored for ``trace`` (default ``args.trace``) with ``options`` (see
     :meth:`profparse.cache.Entry.put_text`), or None. Silent but for a damaged text: on a miss, loading the
     trace opens the cache again and says what it has to say."""
-    found = entry_name(args, trace or args.trace)
+    return _stored(args, trace or args.trace, (), lambda store, name: store.get_text(name, options))
+
+
+def _stored(args: argparse.Namespace, trace: str, outputs: tuple[str, ...], get: Callable[[Any, str], Any]) -> Any:
+    """``get(cache, entry name)`` for ``trace``'s entry, or None; on a hit, what opening the cache had to say
+    (a bad PROFPARSE_CACHE_MAX_BYTES) is printed, as a miss says it."""
+    found = entry_name(args, trace, outputs)
     if found is None:
         return None
     store, name, heard = found
     store.notify = lambda message: note(message, args.quiet)
-    stored = store.get_text(name, options)
+    stored = get(store, name)
     if stored is not None:
-        for message in heard:  # what opening the cache had to say (a bad PROFPARSE_CACHE_MAX_BYTES), as a miss says
+        for message in heard:
             note(message, args.quiet)
     return stored
 
@@ -261,16 +268,7 @@ def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[di
     """The files a verb stored for ``args.trace`` with ``options`` and its result.json (see
     :meth:`profparse.cache.Entry.put_output`), or None; like :func:`stored_text`."""
     out = getattr(args, "out", None)
-    found = entry_name(args, args.trace, (out,) if out else ())
-    if found is None:
-        return None
-    store, name, heard = found
-    store.notify = lambda message: note(message, args.quiet)
-    stored = store.get_output(name, options)
-    if stored is not None:
-        for message in heard:
-            note(message, args.quiet)
-    return stored
+    return _stored(args, args.trace, (out,) if out else (), lambda store, name: store.get_output(name, options))
 
 
 def output_options(args: argparse.Namespace, libraries: tuple[str, ...]) -> dict[str, Any]:

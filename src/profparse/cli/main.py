@@ -184,6 +184,7 @@ def _internal(exc: Exception) -> int:
 _set_handler(_started_with if callable(_started_with) else signal.default_int_handler)  # modules loaded
 _set_handler(_term_started_with if _term_started_with is not None else signal.SIG_DFL, signal.SIGTERM)
 
+
 def entry() -> NoReturn:
     """The ``profparse`` command: :func:`main`, then exit without tearing down the heap.
 
@@ -192,6 +193,8 @@ def entry() -> NoReturn:
     at once after flushing its streams. Tests call :func:`main`, which returns normally.
     """
     code = main()
+    if code == 130:  # interrupted: the normal exit, whose handlers release what a stopped worker pool still holds
+        sys.exit(code)  # (its semaphores: else the resource tracker warns about them on stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -175,6 +175,22 @@ def rank_progress(total: int, quiet: bool) -> Any:
     return tqdm(total=total, unit="rank", desc="ranks", leave=False, file=sys.stderr)
 
 
+def rank_run(args: argparse.Namespace) -> Any:
+    """The ranks of ``args.trace`` for a summary: read from a dataset ``parse DIR`` wrote (its failed ranks said on
+    stderr, one line each), else parsed now (:func:`run_rank_tasks`)."""
+    from profparse import ranks
+
+    if not ranks.is_rank_dataset(args.trace):
+        return run_rank_tasks(args, None)
+    results = ranks.results_from_dataset(args.trace)
+    for r in results:
+        if not r.ok:
+            print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
+    run = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
+    run.matches, run.match_warnings = ranks.read_matches(args.trace)
+    return run
+
+
 def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
     """Parse (and with ``out``, write) every rank; report failures and notes on stderr, one line each."""
     from profparse import ranks

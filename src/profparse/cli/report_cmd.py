@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from profparse.cli.common import (
@@ -16,7 +15,7 @@ from profparse.cli.common import (
     parse_input,
     stored_output,
 )
-from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, resolve_input, run_rank_tasks
+from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, rank_run, resolve_input
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,17 +43,9 @@ def run(args: argparse.Namespace) -> int:
     check_output(args, "file", "report", [args.trace])
     if not is_ranks:
         return run_trace(args)
-    from profparse import ranks
     from profparse.outputs.report import ranks_payload, write_report
 
-    if ranks.is_rank_dataset(args.trace):
-        results = ranks.results_from_dataset(args.trace)
-        for r in results:
-            if not r.ok:
-                print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
-        run_ = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
-    else:
-        run_ = run_rank_tasks(args, None)
+    run_ = rank_run(args)
     payload = ranks_payload(run_.results, args.trace, args.metric)
     size = write_report(payload, args.out, force=args.force, inputs=[args.trace])
     note(f"wrote {args.out} ({size / 1e6:,.2f} MB)", args.quiet)

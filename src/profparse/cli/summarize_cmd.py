@@ -11,7 +11,6 @@ command again prints it, and its notes, without importing pandas (0.1 s instead 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from profparse.cli.choices import SUMMARY_FORMATS as FORMATS
 from profparse.cli.choices import SUMMARY_TOP_N as TOP_N
@@ -26,7 +25,7 @@ from profparse.cli.common import (
     stored_text,
     text_options,
 )
-from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, resolve_input, run_rank_tasks
+from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, rank_run, resolve_input
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -65,15 +64,7 @@ def run(args: argparse.Namespace) -> int:
 def run_ranks(args: argparse.Namespace) -> int:
     from profparse import ranks
 
-    if ranks.is_rank_dataset(args.trace):
-        results = ranks.results_from_dataset(args.trace)
-        for r in results:
-            if not r.ok:
-                print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
-        run = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
-        run.matches, run.match_warnings = ranks.read_matches(args.trace)
-    else:
-        run = run_rank_tasks(args, None)
+    run = rank_run(args)
     data = ranks.ranks_summary_data(
         run.results,
         metric=args.metric,
