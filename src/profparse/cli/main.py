@@ -119,19 +119,19 @@ def _inputs(args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     guard_std_streams()
-    try:
-        parser = build_parser()  # the verbs import what their options need: a Ctrl-C here is an interrupt too
+    try:  # the verbs import what they need as they start (lazily): a Ctrl-C during those imports is an interrupt too
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
+            return exc.code if isinstance(exc.code, int) else UsageError.exit_code
+        from profparse.outputs import files
+
+        quiet = getattr(args, "quiet", False)
+        files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
     except KeyboardInterrupt:
         print("profparse: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
-        return exc.code if isinstance(exc.code, int) else UsageError.exit_code
-    from profparse.outputs import files
-
-    quiet = getattr(args, "quiet", False)
-    files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
     previous_term = _set_handler(_terminate, signal.SIGTERM)
     try:
         if common.STDOUT_CLOSED and getattr(args, "prints_result", False):
