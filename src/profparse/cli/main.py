@@ -193,8 +193,13 @@ def entry() -> NoReturn:
     at once after flushing its streams. Tests call :func:`main`, which returns normally.
     """
     code = main()
-    if code == 130:  # interrupted: the normal exit, whose handlers release what a stopped worker pool still holds
-        sys.exit(code)  # (its semaphores: else the resource tracker warns about them on stderr)
+    if code == EXIT_INTERRUPTED and "multiprocessing.util" in sys.modules:
+        # a stopped worker pool's semaphores: released as the normal exit would (else the resource tracker warns
+        # about them on stderr); not the normal exit itself, where a late second Ctrl-C can kill the process
+        try:
+            sys.modules["multiprocessing.util"]._exit_function()
+        except BaseException:  # noqa: BLE001 - exiting anyway
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
