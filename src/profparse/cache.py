@@ -136,10 +136,23 @@ def load_options(include_marks: bool, strict: bool, peak_tflops: float | None) -
     return options
 
 
+def _options_digest(options: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(options, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+
+
 def _text_file(options: dict[str, Any]) -> str:
     """The file name of a stored text (a verb's rendered result) for the verb's options."""
-    digest = hashlib.blake2b(json.dumps(options, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
-    return f"text.{digest}.json"
+    return f"text.{_options_digest(options)}.json"
+
+
+def _output_folder(options: dict[str, Any]) -> str:
+    """The folder name of a verb's stored files (and their ``result.json``) for the verb's options."""
+    return f"out.{_options_digest(options)}"
+
+
+def _as_stored(options: dict[str, Any]) -> Any:
+    """``options`` as they read back from a stored JSON file (what a stored result is compared with)."""
+    return json.loads(json.dumps(options, sort_keys=True, default=str))
 
 
 def library_stamp(names: Iterable[str]) -> str:
@@ -312,10 +325,7 @@ class Cache:
             self.notify(f"warning: cache entry {folder} is unreadable ({_short(exc)}); removed, parsing again")
             self.remove(folder)
             return None
-        try:
-            os.utime(folder / "meta.json")  # last used, for eviction
-        except OSError:
-            pass
+        self._touch(name)
         return parts, entry
 
     def get_text(self, name: str, options: dict[str, Any]) -> dict[str, Any] | None:
@@ -332,26 +342,22 @@ class Cache:
             self.notify(f"warning: cached text {target} is unreadable ({_short(exc)}); removed")
             _unlink(target)
             return None
-        wanted = json.loads(json.dumps(options, sort_keys=True, default=str))
         if not (
             isinstance(stored, dict)
-            and stored.get("options") == wanted
+            and stored.get("options") == _as_stored(options)
             and isinstance(stored.get("stdout"), str)
             and isinstance(stored.get("notes"), list)
             and all(isinstance(n, str) for n in stored["notes"])
             and isinstance(stored.get("code"), int)
         ):
             return None
-        try:
-            os.utime(self.root / name / "meta.json")  # last used, for eviction
-        except OSError:
-            pass
+        self._touch(name)
         return stored
 
     def get_output(self, name: str, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
         """The files a verb stored in entry ``name`` for ``options`` (its ``result.json``, the folder holding
         them; see :meth:`Entry.put_output`), or None (none stored, or one of its files is missing)."""
-        folder = self.root / name / _text_file(options).replace("text.", "out.").removesuffix(".json")
+        folder = self.root / name / _output_folder(options)
         try:
             body = json.loads((folder / "result.json").read_text())
         except OSError:
@@ -360,20 +366,23 @@ class Cache:
             self.notify(f"warning: cached output {folder} is unreadable ({_short(exc)}); removed")
             self.remove(folder)
             return None
-        wanted = json.loads(json.dumps(options, sort_keys=True, default=str))
         files = body.get("files") if isinstance(body, dict) else None
         if (
             not isinstance(files, list)
-            or body.get("options") != wanted
+            or body.get("options") != _as_stored(options)
             or not isinstance(body.get("notes"), list)
             or not all(isinstance(f, str) and "/" not in f and (folder / f).is_file() for f in files)
         ):
             return None
+        self._touch(name)
+        return body, folder
+
+    def _touch(self, name: str) -> None:
+        """Mark entry ``name`` as just used (its ``meta.json``'s mtime orders eviction)."""
         try:
-            os.utime(self.root / name / "meta.json")  # last used, for eviction
+            os.utime(self.root / name / "meta.json")
         except OSError:
             pass
-        return body, folder
 
     # -- writing --
 
@@ -592,7 +601,7 @@ class Entry:
         written under a temporary name and renamed into place; a folder already there is replaced."""
         if not self.cache.writable or not self.folder.is_dir():
             return
-        target = self.folder / _text_file(options).replace("text.", "out.").removesuffix(".json")
+        target = self.folder / _output_folder(options)
         tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
         try:
             tmp.mkdir()

@@ -231,6 +231,14 @@ def stored_text(args: argparse.Namespace, options: dict[str, Any], trace: str | 
     return _stored(args, trace or args.trace, (), lambda store, name: store.get_text(name, options))
 
 
+def replay_text(args: argparse.Namespace, stored: dict[str, Any]) -> int:
+    """Print a stored result as the run that stored it did (its notes, its output); its exit code."""
+    for message in stored["notes"]:
+        note(message, args.quiet)
+    emit(stored["stdout"])
+    return stored["code"]
+
+
 def _stored(args: argparse.Namespace, trace: str, outputs: tuple[str, ...], get: Callable[[Any, str], Any]) -> Any:
     """``get(cache, entry name)`` for ``trace``'s entry, or None; on a hit, what opening the cache had to say
     (a bad PROFPARSE_CACHE_MAX_BYTES) is printed, as a miss says it."""

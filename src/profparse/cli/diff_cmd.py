@@ -17,8 +17,8 @@ from profparse.cli.common import (
     entry_name,
     input_notes,
     int_option,
-    note,
     parse_input,
+    replay_text,
     stored_text,
     text_options,
 )
@@ -54,10 +54,7 @@ def run(args: argparse.Namespace) -> int:
     options = {**text_options(args), "b_entry": b_entry and b_entry[1]}  # stored in A's entry, keyed by B's
     stored = stored_text(args, options, args.a) if b_entry is not None else None
     if stored is not None:  # these two traces, these options, this code: what the first run printed
-        for message in stored["notes"]:
-            note(message, args.quiet)
-        emit(stored["stdout"])
-        return stored["code"]
+        return replay_text(args, stored)
     from profparse.diff import render_diff
 
     parsed = []

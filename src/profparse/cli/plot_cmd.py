@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         body, folder = stored
         for message in body["notes"]:
             note(message, args.quiet)
-        results = copy_plots(args, body["results"], folder)
+        results = body["results"]
+        copy_plots(args, results, folder)
     else:
         from profparse.outputs.plots import write_plots
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def copy_plots(args: argparse.Namespace, results: list[dict], folder: Path) -> list[dict]:
+def copy_plots(args: argparse.Namespace, results: list[dict], folder: Path) -> None:
     """Write the stored figures into ``-o`` as :func:`profparse.outputs.plots.write_plots` writes drawn ones
     (one atomic folder; with --force only the chosen kinds' and formats' files are replaced)."""
     from profparse.outputs.files import atomic_dir
@@ -107,4 +108,3 @@ def copy_plots(args: argparse.Namespace, results: list[dict], folder: Path) -> l
         for r in results:
             for name in r["files"]:
                 shutil.copyfile(folder / name, tmp / name)
-    return results

@@ -20,8 +20,8 @@ from profparse.cli.common import (
     emit,
     input_notes,
     int_option,
-    note,
     parse_input,
+    replay_text,
     stored_text,
     text_options,
 )
@@ -47,10 +47,7 @@ def run(args: argparse.Namespace) -> int:
     options = text_options(args)
     stored = stored_text(args, options)
     if stored is not None:  # this trace, these options, this code: print what the first run printed
-        for message in stored["notes"]:
-            note(message, args.quiet)
-        emit(stored["stdout"])
-        return stored["code"]
+        return replay_text(args, stored)
     from profparse.outputs.summary import render_summary
 
     parsed = parse_input(args)

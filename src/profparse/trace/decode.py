@@ -1070,7 +1070,7 @@ class TraceDecoder:
         # of the text may close an array of the trailer: Kineto writes ``"INFO": ["...", ...]`` after the events),
         # else the last ']' (a damaged event can put a bracket that closes early); the first whose trailer parses.
         # One vectorised scan of the last chunk.
-        _, array_close = _event_ends(buf, 0, len(buf))
+        ends, array_close = _event_ends(buf, 0, len(buf))
         candidates = [array_close] if array_close is not None and buf[array_close] == 93 else []
         last = buf.rfind(b"]")
         if last >= 0 and last not in candidates:
@@ -1080,15 +1080,15 @@ class TraceDecoder:
                 items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
                 self._check_damage(final=True)  # the document ends as it should: damage before is skipped
                 return items, b""
-        items = self._final_careful(buf)
+        items = self._final_careful(buf, ends, array_close)
         self._check_damage(final=True)
         return items, b""
 
-    def _final_careful(self, buf: bytes) -> list[Decoded]:
-        """:meth:`_final` by the structure of the text: events up to the ``]`` that closes the array (skipping
-        malformed ones), the trailer up to the ``}`` that closes the document, and anything after that ignored
-        (counted in ``report.trailing_bytes``, not a truncation). No ``]``: the file was cut short."""
-        ends, close = _event_ends(buf, 0, len(buf))
+    def _final_careful(self, buf: bytes, ends: np.ndarray, close: int | None) -> list[Decoded]:
+        """:meth:`_final` by the structure of the text (``ends``, ``close``: :func:`_event_ends` of ``buf``):
+        events up to the ``]`` that closes the array (skipping malformed ones), the trailer up to the ``}`` that
+        closes the document, and anything after that ignored (counted in ``report.trailing_bytes``, not a
+        truncation). No ``]``: the file was cut short."""
         if close is None or buf[close] != 93:  # ']'
             stop = int(ends[-1]) if ends.size else 0
             items = self._decode_region(buf, 0, stop)[0] if stop else []
