@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import REPO_GPU_TRACES
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
@@ -122,6 +123,25 @@ def test_hand_built_trace_same_tables_cold_and_warm(tmp_path: Path, monkeypatch:
     assert by_stage["forward"] == 3 * 10_000 and by_stage["backward"] == 3 * 20_000
     assert by_stage["optimizer"] == 3 * 5_000
     assert int(by_stage.sum()) == int(warm.kernels["dur_ns"].sum())  # the parts add up to the whole
+
+
+def test_frames_stored_in_batches_read_back_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame longer than a batch is stored one slice at a time (categoricals, text, NULL-filled ints): the
+    warm load of the sample trace gives back every table equal, cell for cell, in more than one batch."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(cache, "BATCH_ROWS", 1000)
+    monkeypatch.setattr(cache, "_FULL_CHECK_CELLS", 10**12)  # compare every value as it is stored, not the schema
+    trace = REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz"  # in every clone; 31 k events, NCCL text args
+    cold = profparse.load(trace)
+    assert len(cold.raw.events) > 3 * 1000
+    with pa.memory_map(str(cold.cache.folder / "events.arrow")) as source:
+        assert pa.ipc.open_file(source).num_record_batches == -(-len(cold.raw.events) // 1000)
+    uncached = profparse.load(trace, cache=False)
+    no_json_reading(monkeypatch)
+    warm = profparse.load(trace)
+    assert_same_trace(uncached, warm)
+    assert warm.stage_summary.equals(cold.stage_summary)
 
 
 def test_sample_trace_summarize_json_same_cold_warm_and_uncached(
