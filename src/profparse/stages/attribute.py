@@ -20,6 +20,7 @@ _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _DEPTH_BITS = 12
 _RULE_BITS = 12
+_RULE_LAST = (1 << _RULE_BITS) - 1  # rule indexes are stored as _RULE_LAST - index (see _own_keys)
 
 
 @dataclass
@@ -248,18 +249,24 @@ def _needs_phases(rule: StageRule) -> bool:
     return any(c in PHASE_CONDITIONS for c in rule.when.split(","))
 
 
-def _decide(masks: dict[int, np.ndarray], rules: list[StageRule], links: Links, n: int) -> np.ndarray:
+def _own_keys(masks: dict[int, np.ndarray], rules: list[StageRule], depth: np.ndarray, own: np.ndarray) -> None:
+    """Put into ``own`` (in place, 0 where none) each row's best matching rule of ``masks`` as a key that orders
+    rules by priority, then depth (innermost), then table order (the first rule wins a tie: its index is stored
+    reversed). Taking the maximum lets the second pass add the phase rules to the first pass's keys instead of
+    matching all ~40 rules again (0.1 s CPU at 1.26 M rows)."""
+    depth_term = depth.astype(np.int64).clip(0, (1 << _DEPTH_BITS) - 1) << _RULE_BITS
+    for index, mask in masks.items():
+        rows = np.flatnonzero(mask)
+        key = ((rules[index].priority + 1) << (_DEPTH_BITS + _RULE_BITS)) + (_RULE_LAST - index)
+        own[rows] = np.maximum(own[rows], depth_term[rows] + key)
+
+
+def _decide(own: np.ndarray, links: Links) -> np.ndarray:
     """Per row the index of the deciding rule (highest priority over the row and its ancestors, on equal
-    priority the innermost), -1 where none matched."""
-    depth = links.depth.astype(np.int64).clip(0, (1 << _DEPTH_BITS) - 1)
-    own = np.zeros(n, dtype=np.int64)
-    for index in sorted(masks, reverse=True):  # lowest priority first, so higher ones overwrite
-        mask = masks[index]
-        key = (rules[index].priority + 1) << (_DEPTH_BITS + _RULE_BITS)
-        own[mask] = key + (depth[mask] << _RULE_BITS) + index
+    priority the innermost), -1 where none matched; ``own``: the rows' own keys (:func:`_own_keys`)."""
     best = own.copy()
     parent = links.parent
-    if n:
+    if len(best):
         by_depth, bounds = depth_order(links.depth)
         for d in range(1, int(links.depth.max()) + 1):
             rows = by_depth[bounds[d] : bounds[d + 1]]
@@ -267,7 +274,7 @@ def _decide(masks: dict[int, np.ndarray], rules: list[StageRule], links: Links, 
             ok = p >= 0
             rows, p = rows[ok], p[ok]
             best[rows] = np.maximum(best[rows], best[p])
-    return np.where(best > 0, best & ((1 << _RULE_BITS) - 1), -1)
+    return np.where(best > 0, _RULE_LAST - (best & ((1 << _RULE_BITS) - 1)), -1)
 
 
 def attribute(
@@ -302,16 +309,18 @@ def attribute(
     }
     stage_of_rule = np.array([STAGE_CODE[r.stage] for r in rules] + [STAGE_CODE["other"]] * 3, dtype=np.int8)
 
+    own = np.zeros(n, dtype=np.int64)
     masks = {
         i: _rule_mask(r, events, links, thread_names, context) for i, r in enumerate(rules) if not _needs_phases(r)
     }
-    first = _decide(masks, rules, links, n)
+    _own_keys(masks, rules, links.depth, own)
+    del masks
+    first = _decide(own, links)
     evidence_stage = np.where(first >= 0, stage_of_rule[first.clip(0)], -1)
     context.update(phase_conditions(events, links, evidence_stage, STAGES, main, steps, real_steps))
-    for i, r in enumerate(rules):
-        if _needs_phases(r):
-            masks[i] = _rule_mask(r, events, links, thread_names, context)
-    decided = _decide(masks, rules, links, n)
+    masks = {i: _rule_mask(r, events, links, thread_names, context) for i, r in enumerate(rules) if _needs_phases(r)}
+    _own_keys(masks, rules, links.depth, own)
+    decided = _decide(own, links)
 
     rule = np.full(n, rule_names.index(NOT_ACTIVITY), dtype=np.int16)
     matched = decided >= 0

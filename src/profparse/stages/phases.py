@@ -134,16 +134,19 @@ def phase_conditions(
     ts = events["ts_ns"].to_numpy()
     window, in_window = windows(ts, steps)
     runs = find_runs(events, links, stage, stages, main, window)
-    on_main = links.host & (links.thread == main)
+    # every condition holds on main-thread host rows only: computed on those rows (a third to a half of a GPU
+    # trace's rows) and scattered into full-length masks (0.25 -> 0.1 s CPU at 1.26 M rows, a100 tile)
+    main_rows = np.flatnonzero(links.host & (links.thread == main))
     out = {name: np.zeros(n, dtype=bool) for name in PHASE_CONDITIONS}
-    out["in_step"] = on_main & (in_window if not steps.empty else True)
+    out["in_step"][main_rows] = in_window[main_rows] if not steps.empty else True
     code = {name: i for i, name in enumerate(RUN_STAGES)}
     if runs.empty:
         return out
     has = set(runs["stage"].tolist())
     inference = code["forward"] in has and code["backward"] not in has and code["optimizer"] not in has
-    out["no_training"] = on_main & inference
+    out["no_training"][main_rows] = inference
 
+    ts, window = ts[main_rows], window[main_rows]
     r_start = runs["start_ns"].to_numpy()
     r_end = runs["end_ns"].to_numpy()
     r_window = runs["window"].to_numpy()
@@ -151,22 +154,26 @@ def phase_conditions(
     k = np.searchsorted(r_start, ts, side="right") - 1
     prev_ok = k >= 0
     kc = k.clip(0, len(runs) - 1)
-    inside = on_main & prev_ok & (ts < r_end[kc]) & (r_window[kc] == window)
+    inside = prev_ok & (ts < r_end[kc]) & (r_window[kc] == window)
     for name in RUN_STAGES:
-        out[f"{name}_phase"] = inside & (r_stage[kc] == code[name])
+        out[f"{name}_phase"][main_rows] = inside & (r_stage[kc] == code[name])
 
     # a gap event lies wholly in its gap: a long frame around the phases (``<module>``, ``train()``) is not in one
-    end = ts + events["dur_ns"].to_numpy()
-    gap = on_main & ~inside & ((k + 1 >= len(runs)) | (end <= r_start[(k + 1).clip(0, len(runs) - 1)]))
+    end = ts + events["dur_ns"].to_numpy()[main_rows]
+    gap = ~inside & ((k + 1 >= len(runs)) | (end <= r_start[(k + 1).clip(0, len(runs) - 1)]))
     prev_stage = np.where(prev_ok & (r_window[kc] == window), r_stage[kc], -1)
     k_next = (k + 1).clip(0, len(runs) - 1)
     next_stage = np.where((k + 1 < len(runs)) & (r_window[k_next] == window), r_stage[k_next], -1)
-    out["before_forward"] = gap & (next_stage == code["forward"])
+    out["before_forward"][main_rows] = gap & (next_stage == code["forward"])
     # the seed comes right before the engine starts, after the last forward op; a zero_grad may sit in between
-    out["between_forward_and_backward"] = gap & (next_stage == code["backward"]) & (prev_stage != code["backward"])
+    out["between_forward_and_backward"][main_rows] = (
+        gap & (next_stage == code["backward"]) & (prev_stage != code["backward"])
+    )
     for name in ("forward", "backward", "optimizer"):
-        out[f"after_{name}"] = gap & (prev_stage == code[name])
-    out["between_backward_and_optimizer"] = gap & (prev_stage == code["backward"]) & (next_stage == code["optimizer"])
+        out[f"after_{name}"][main_rows] = gap & (prev_stage == code[name])
+    out["between_backward_and_optimizer"][main_rows] = (
+        gap & (prev_stage == code["backward"]) & (next_stage == code["optimizer"])
+    )
 
     forward = np.flatnonzero(r_stage == code["forward"])
     if len(forward):
@@ -177,7 +184,7 @@ def phase_conditions(
         names = events["name"].cat.categories
         proof = (LOAD_INIT, LOAD_COPY) if real_steps else (LOAD_INIT,)
         evidence = np.fromiter((any(p.search(str(x)) for p in proof) for x in names), bool, len(names))
-        ops = kind_mask(events, {"cpu_op"})
-        if (early & ops & evidence[events["name"].cat.codes.to_numpy()]).any():
-            out["before_first_forward"] = early
+        ops = kind_mask(events, {"cpu_op"})[main_rows]
+        if (early & ops & evidence[events["name"].cat.codes.to_numpy()[main_rows]]).any():
+            out["before_first_forward"][main_rows] = early
     return out
