@@ -226,6 +226,52 @@ def test_jobs_2_and_dask_give_the_same_dataset(built, tmp_path, dask_address):
     assert_same_dataset(tmp_path / "j1", tmp_path / "dask")
 
 
+def _step_mfu(out: Path) -> dict[int, tuple[float, float]]:
+    """Per rank: the step row's (peak_tflops, mfu) in a written dataset's efficiency table."""
+    eff = ranks.read_table(out, "efficiency")
+    step = eff[eff["scope"] == "step"]
+    assert sorted(step["rank"]) == [0, 1]
+    return {int(r.rank): (float(r.peak_tflops), float(r.mfu)) for r in step.itertuples()}
+
+
+def test_peak_tflops_reaches_every_rank_worker(tmp_path, dask_address, monkeypatch):
+    """parse FOLDER --peak-tflops P: each rank's MFU = model FLOPs / (step time x P), in this process, in worker
+    processes and on Dask; doubling P halves it exactly. The default is the device's peak (H100 bf16)."""
+    from test_efficiency import BACKWARD_MODEL, FORWARD, H100_BF16
+    from test_efficiency import build as flops_trace
+
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for r in (0, 1):
+        flops_trace(folder / f"rank{r}.json")
+    step_s = 1e-3  # the trace's one ProfilerStep lasts 1000 us
+    default = tmp_path / "default"
+    assert main(["parse", str(folder), "-o", str(default), "-j", "1", "-q"]) == 0
+    expected = (FORWARD + BACKWARD_MODEL) / (step_s * H100_BF16 * 1e12)
+    assert {r: (p, pytest.approx(m)) for r, (p, m) in _step_mfu(default).items()} == {
+        r: (H100_BF16, expected) for r in (0, 1)
+    }
+    where = {"j1": ["-j", "1"], "j2": ["-j", "2"], "dask": ["--scheduler", dask_address]}
+    for name, option in where.items():
+        got = {}
+        for peak in (100, 200):
+            out = tmp_path / f"{name}-{peak}"
+            assert main(["parse", str(folder), "-o", str(out), "--peak-tflops", str(peak), *option, "-q"]) == 0
+            got[peak] = _step_mfu(out)
+            for rank, (used, mfu) in got[peak].items():
+                assert used == peak, (name, rank)
+                assert mfu == pytest.approx((FORWARD + BACKWARD_MODEL) / (step_s * peak * 1e12)), (name, rank)
+        for rank in (0, 1):
+            assert got[100][rank][1] / got[200][rank][1] == pytest.approx(2.0, rel=1e-12), (name, rank)
+            assert got[100][rank][1] / _step_mfu(default)[rank][1] == pytest.approx(H100_BF16 / 100, rel=1e-12)
+    # summarize FOLDER (no tables written) hands the same peak to its rank tasks
+    sent = []
+    real = ranks.run.run_tasks
+    monkeypatch.setattr(ranks.run, "run_tasks", lambda tasks, **kw: sent.extend(tasks) or real(tasks, **kw))
+    assert main(["summarize", str(folder), "--peak-tflops", "250", "-j", "1", "-q"]) == 0
+    assert [t.peak_tflops for t in sent] == [250.0, 250.0]
+
+
 def test_unreadable_rank_is_reported_and_the_others_are_written(built, tmp_path, capsys):
     folder = tmp_path / "in"
     shutil.copytree(built, folder)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -312,6 +313,31 @@ def test_parse_writes_collective_matches_and_summarize_reads_them_back(tmp_path,
             assert back.loc[1, "waiting_ns"] == 0
         else:
             assert "Late ranks" in from_dataset and "slow_kernel" in from_dataset
+
+
+def _page_payload(page: Path) -> dict:
+    """The JSON the report page embeds in its ``<script id="payload">``."""
+    text = page.read_text(encoding="utf-8")
+    return json.loads(re.search(r'<script type="application/json" id="payload">(.*?)</script>', text, re.S).group(1))
+
+
+def test_report_shows_the_late_ranks_summarize_prints(tmp_path, capsys):
+    """Folder and written dataset alike: the page's late ranks are summarize's (rank 1, backward, both steps)."""
+    folder = ranks_folder(tmp_path, 3, 1, [200.0, 100.0])
+    dataset = tmp_path / "tables"
+    assert main(["parse", str(folder), "-o", str(dataset), "-j", "1", "-q"]) == 0
+    for source in (folder, dataset):
+        assert main(["summarize", str(source), "--format", "json", "-q", "-j", "1"]) == 0
+        printed = json.loads(capsys.readouterr().out)["late_ranks"]
+        assert main(["summarize", str(source), "-q", "-j", "1"]) == 0
+        text = capsys.readouterr().out
+        assert "backward: rank 1 arrived last in 2 of 2 collectives" in text, source
+        page = tmp_path / f"{source.name}.html"
+        assert main(["report", str(source), "-o", str(page), "-q", "-j", "1"]) == 0
+        shown = _page_payload(page)["ranks"]["late_ranks"]
+        late = [(s["stage"], s["late_rank"], s["times_last"]) for s in shown["stages"] if s["late_rank"] is not None]
+        assert late == [("backward", 1, 2)], source  # ground truth: only rank 1 was delayed, in backward
+        assert shown == printed, source
 
 
 def test_an_older_dataset_without_matches_says_so(tmp_path, capsys):

@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     from profparse.outputs.report import ranks_payload, write_report
 
     run_ = rank_run(args)
-    payload = ranks_payload(run_.results, args.trace, args.metric)
+    payload = ranks_payload(
+        run_.results, args.trace, args.metric, matches=run_.matches, match_warnings=run_.match_warnings
+    )
     size = write_report(payload, args.out, force=args.force, inputs=[args.trace])
     note(f"wrote {args.out} ({size / 1e6:,.2f} MB)", args.quiet)
     if run_.failed and not args.keep_going:

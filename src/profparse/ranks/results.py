@@ -17,6 +17,7 @@ class RankTask:
     out_root: str | None = None
     include_marks: bool = True
     strict: bool = False
+    peak_tflops: float | None = None  # --peak-tflops: the peak MFU is measured against (None: the device's)
 
 
 @dataclass

@@ -50,7 +50,9 @@ class RanksRun:
         return ranks_table(self.results)
 
 
-def _tasks(files: Sequence[RankFile], out_root: Path | None, include_marks: bool, strict: bool) -> list[RankTask]:
+def _tasks(
+    files: Sequence[RankFile], out_root: Path | None, include_marks: bool, strict: bool, peak_tflops: float | None
+) -> list[RankTask]:
     root = str(out_root.resolve()) if out_root is not None else None
     return [
         RankTask(
@@ -60,6 +62,7 @@ def _tasks(files: Sequence[RankFile], out_root: Path | None, include_marks: bool
             out_root=root,
             include_marks=include_marks,
             strict=strict,
+            peak_tflops=peak_tflops,
         )
         for f in files
     ]
@@ -81,6 +84,7 @@ def parse_ranks(
     force: bool = False,
     include_marks: bool = True,
     strict: bool = False,
+    peak_tflops: float | None = None,
     rank_from: str = "auto",
     files: Sequence[RankFile] | None = None,
     on_done: Callable[[RankResult], None] | None = None,
@@ -90,20 +94,23 @@ def parse_ranks(
     Failed ranks do not stop the others: they are listed in ``RanksRun.failed`` and in the ``failed_ranks`` table,
     and the ranks that were read are written complete. Raises only when no rank at all could be read (nothing is
     written then) or for bad requests (folder not found, output exists without ``force``, ranks stated twice).
+    ``peak_tflops``: the peak every rank's MFU is measured against (default: its device's), as in
+    :func:`profparse.parse`; it travels to the workers in each :class:`RankTask` (local processes and Dask alike).
     """
     from profparse.outputs.files import atomic_dir
 
     start = time.perf_counter()
     files = list(files) if files is not None else prepare(folder, rank_from)
     if out_dir is None:
-        results = run_tasks(_tasks(files, None, include_marks, strict), jobs=jobs, scheduler=scheduler, on_done=on_done)
+        tasks = _tasks(files, None, include_marks, strict, peak_tflops)
+        results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
         _raise_if_none_read(folder, results)
         matches, warnings = _match(results)
         return RanksRun(str(folder), files, results, None, time.perf_counter() - start, matches, warnings)
     out = Path(out_dir)
     with atomic_dir(out, force=force, verb="parse", inputs=[folder]) as tmp:
-        tasks = _tasks(files, tmp, include_marks, strict)
+        tasks = _tasks(files, tmp, include_marks, strict, peak_tflops)
         results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
         _raise_if_output_failed(results)

@@ -20,7 +20,7 @@ def run_rank(task: RankTask) -> RankResult:
     start = time.perf_counter()
     result = RankResult(path=task.path, rank=task.rank, source=task.source, ok=False)
     try:
-        parsed = parse(task.path, include_marks=task.include_marks, strict=task.strict)
+        parsed = parse(task.path, include_marks=task.include_marks, strict=task.strict, peak_tflops=task.peak_tflops)
         result.header_rank = parsed.rank
         result.events = int(len(parsed.raw.events))
         result.devices = gpu_devices(parsed)

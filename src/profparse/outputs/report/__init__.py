@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -124,15 +125,21 @@ def trace_payload(parsed: Any) -> dict[str, Any]:
     }
 
 
-def ranks_payload(results: Any, folder: str, metric: str) -> dict[str, Any]:
-    """The page's data for a folder of ranks: ``ranks.ranks_summary_data`` (heatmap, stragglers, per rank)."""
+def ranks_payload(
+    results: Any,
+    folder: str,
+    metric: str,
+    *,
+    matches: pd.DataFrame | None = None,
+    match_warnings: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The page's data for a folder of ranks: ``ranks.ranks_summary_data`` (heatmap, stragglers, late ranks, per
+    rank). ``matches``, ``match_warnings``: the run's ``collective_matches`` (``RanksRun.matches``), as summarize
+    passes them; without them a rank dataset (whose results carry no collective rows) shows no late ranks."""
     from profparse.ranks import ranks_summary_data
 
-    return {
-        "kind": "ranks",
-        "title": display(Path(folder).name or folder),
-        "ranks": plain(ranks_summary_data(results, metric=metric, folder=folder)),
-    }
+    data = ranks_summary_data(results, metric=metric, folder=folder, matches=matches, match_warnings=match_warnings)
+    return {"kind": "ranks", "title": display(Path(folder).name or folder), "ranks": plain(data)}
 
 
 def _asset(name: str) -> str:
