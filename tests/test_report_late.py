@@ -116,3 +116,13 @@ def test_late_ranks_section_says_why_it_is_empty(tmp_path, capsys):
     cells, text = late_cells(write(plain, tmp_path / "plain.html", "-j", "1"))
     assert cells.state == "none" and not cells.stage
     assert "No collective was matched across ranks" in text
+
+
+def test_match_warnings_are_on_the_page(tmp_path, capsys):
+    """Rank 1 recorded one more allreduce: summarize's warning is on the page, and the rest is still matched."""
+    folder = ranks_folder(tmp_path, 2, 1, DELAYS_US, extra_allreduce=True)
+    warnings = json.loads(summarize(folder, capsys, "json"))["late_ranks"]["warnings"]
+    assert len(warnings) == 1 and "different numbers of collectives" in warnings[0]
+    cells, text = late_cells(write(folder, tmp_path / "page.html", "-j", "1"))
+    assert cells.state == "shown" and f"warning: {warnings[0]}" in text
+    assert cells.stage[("backward", "late_rank")] == "1" and cells.stage[("backward", "times_last")] == "2"
