@@ -370,6 +370,81 @@
     }), "", 3));
   }
 
+  // -- the late ranks of a folder of ranks (profparse.ranks.late.late_data, worded as summarize words it) --------
+  function signed(ns) { return ns == null ? "-" : (ns > 0 ? "+" : "") + fmt(ns); }
+  function nameLabel(name) {  // a kernel or op name without "void " and its argument list (the full name on hover)
+    var t = name.replace(/^void /, ""), open = t.indexOf("(");
+    return open > 0 ? t.slice(0, open) : t;
+  }
+  function lateCell(stage, field, value, text) {  // data-late-* (not data-value: the heatmap test reads those)
+    return el("td", {"data-late-stage": stage, "data-late-field": field, "data-late-value": value == null ? "" : String(value), text: text});
+  }
+  function rankLink(rank) { return el("a", {href: "#rank-" + rank, text: "rank " + rank}); }
+
+  function lateRanks(s, L, metric) {
+    if (!L.available) {
+      s.dataset.late = "unavailable";
+      s.appendChild(el("p", {class: "skipped", text: "Not in this dataset: it was written by an older profparse, before collectives were matched across ranks; parse the traces again to see which rank the others wait for."}));
+      return;
+    }
+    if (!L.collectives) {
+      s.dataset.late = "none";
+      s.appendChild(el("p", {class: "skipped", text: "No collective was matched across ranks: no NCCL/RCCL collective kernels ran on two or more ranks."}));
+      return;
+    }
+    s.dataset.late = "shown";
+    s.appendChild(el("p", {class: "sub", text: L.collectives + " collectives matched across " + L.ranks + " ranks, each counted in the stage its last rank was in. " +
+      "A collective's transfer begins when the last rank starts its kernel: until then the others wait."}));
+    L.warnings.forEach(function (w) { s.appendChild(el("p", {class: "late-warning", text: "warning: " + w})); });
+    s.appendChild(table(["stage", "collectives", "with a late rank", "late rank", "arrived last", "mean delay", "max delay", "waiting (all ranks)", "transfer", "waiting %"],
+      L.stages.map(function (st) {
+        var known = st.late_rank != null;
+        return el("tr", {"data-late-stage": st.stage}, [
+          el("td", {class: "l"}, [chip(st.stage), st.stage]),
+          lateCell(st.stage, "collectives", st.collectives, String(st.collectives)),
+          lateCell(st.stage, "late", st.late, String(st.late)),
+          el("td", {"data-late-stage": st.stage, "data-late-field": "late_rank", "data-late-value": known ? String(st.late_rank) : ""}, [known ? rankLink(st.late_rank) : "none"]),
+          lateCell(st.stage, "times_last", st.times_last, known ? st.times_last + " of " + st.collectives : "-"),
+          lateCell(st.stage, "mean_delay_ns", st.mean_delay_ns, fmt(st.mean_delay_ns)),
+          lateCell(st.stage, "max_delay_ns", st.max_delay_ns, fmt(st.max_delay_ns)),
+          lateCell(st.stage, "waiting_ns", st.waiting_ns, fmt(st.waiting_ns)),
+          lateCell(st.stage, "transfer_ns", st.transfer_ns, fmt(st.transfer_ns)),
+          el("td", {text: pct(st.waiting_share)})]);
+      }), "late"));
+    s.appendChild(el("p", {class: "note", text: "late rank: the rank that arrived last most often in the stage's collectives; delay: how much later it started its kernel than the median of the others; " +
+      "waiting: the part of each rank's collective kernels before the last rank started (the rest is transfer). Clock skew between hosts biases all of these (docs/ranks.md)."}));
+    L.stages.forEach(function (st) {
+      if (st.late_rank == null) return;
+      var r = st.late_rank, mine = L.per_rank.filter(function (x) { return x.stage === st.stage; }), others = 0;
+      mine.forEach(function (x) { if (x.rank !== r) others += x.waiting_ns; });
+      var line = st.stage + ": rank " + r + " arrived last in " + st.times_last + " of " + st.collectives + " collectives";
+      var times = st.stage_ns;
+      if (times && times.rank_ns != null) line += "; its " + st.stage + " took " + fmt(times.rank_ns) + ", the median rank " + fmt(times.median_ns) + " (" + metric + ")";
+      var box = el("div", {class: "late-stage", "data-late-stage": st.stage}, [el("h3", {}, [chip(st.stage), line])]);
+      box.appendChild(el("p", {class: "note", text: "The other ranks waited " + fmt(others) + " in all in the " + st.stage + " collectives; rank " + r +
+        " started " + fmt(st.mean_delay_ns) + " after the median of the others on average, " + fmt(st.max_delay_ns) + " at most."}));
+      var waits = el("div", {}, [el("h4", {text: "Per rank, in the " + st.stage + " collectives"}), table(["rank", "arrived last", "waiting", "transfer", "waiting %"], mine.map(function (x) {
+        var all = x.waiting_ns + x.transfer_ns, f = function (field, v, text) { var td = lateCell(st.stage, field, v, text); td.setAttribute("data-late-rank", String(x.rank)); return td; };
+        return el("tr", {class: x.rank === r ? "is-late" : ""}, [el("td", {class: "l"}, [rankLink(x.rank)]), f("rank_times_last", x.times_last, String(x.times_last)),
+          f("rank_waiting_ns", x.waiting_ns, fmt(x.waiting_ns)), f("rank_transfer_ns", x.transfer_ns, fmt(x.transfer_ns)), el("td", {text: pct(all ? x.waiting_ns / all : null)})]);
+      }))]);
+      var diffs = st.differences || {}, body = [];
+      ["kernels", "ops"].forEach(function (kind) {
+        (diffs[kind] || []).forEach(function (x) {
+          body.push(el("tr", {"data-late-stage": st.stage, "data-late-kind": kind.slice(0, -1), "data-late-name": x.name}, [el("td", {class: "l", text: kind.slice(0, -1)}),
+            el("td", {class: x.delta_ns > 0 ? "more" : "less", text: signed(x.delta_ns)}), el("td", {text: fmt(x.rank_ns)}), el("td", {text: fmt(x.median_ns)}),
+            el("td", {class: "l name", title: x.name, text: nameLabel(x.name)})]));
+        });
+      });
+      var what = el("div", {}, [el("h4", {text: "What rank " + r + " did differently in " + st.stage + " (against the median rank)"})]);
+      var diffTable = table(["", "more", "rank " + r, "median", "name"], body);
+      diffTable.querySelector("th:last-child").className = "l";  // the names are left-aligned
+      what.appendChild(body.length ? diffTable : el("p", {class: "note", text: "No kernel or op time differs."}));
+      box.appendChild(el("div", {class: "pair"}, [waits, what]));
+      s.appendChild(box);
+    });
+  }
+
   var RENDER = {stages: stagesView, timeline: timelineView, top_kernels: topView, top_ops: topView, top_runtime: topView,
     memory: memoryView, layers: layersView, load: loadView};
 
@@ -418,6 +493,7 @@
       return el("tr", {}, [el("td", {class: "l", text: r.stage}), el("td", {text: fmt(r.median_ns)}), el("td", {text: fmt(r.min_ns)}), el("td", {text: fmt(r.max_ns)}),
         el("td", {}, r.slowest_rank == null ? ["-"] : !r.lead_ns ? ["none (all equal)"] : [el("a", {href: "#rank-" + r.slowest_rank, text: "rank " + r.slowest_rank})]), el("td", {text: fmt(r.lead_ns)})]);
     })));
+    if (d.late_ranks) lateRanks(section(app, "late-ranks", "Late ranks", toc), d.late_ranks, d.metric_column.replace(/_ns$/, "").replace(/_/g, " "));
     if (d.failed_ranks.length) {
       var f = section(app, "failed", "Failed ranks", toc);
       f.appendChild(table(["rank", "file", "error"], d.failed_ranks.map(function (r) { return el("tr", {}, [el("td", {class: "l", text: String(r.rank)}), el("td", {class: "l", text: r.file}), el("td", {class: "l", text: r.error})]); })));
