@@ -88,6 +88,31 @@ def test_columns_equal_the_file_row_by_row(tmp_path, chunk_bytes):
     assert ids["stream 7"] != ids["9223372036854775808"]  # two labels, two ids
 
 
+STRING_INTS = ["0x0", "7", " 12 ", "-3", "1.5", "stream", "99999999999999999999", 5, None]
+
+
+@pytest.mark.parametrize("chunk_bytes", [400, 1 << 20])
+def test_string_integer_args_take_the_fast_path(tmp_path, chunk_bytes):
+    """An integer args key written as a string (ROCm: a runtime call's ``"stream": "0x0"``) is the int it spells
+    (``int()``'s rules: " 12 " is 12) or NULL ("0x0", "1.5", a word, beyond int64), as the per-event repair
+    gives; the chunk is decoded in one pass (FastChunk), not event by event."""
+    from profparse.trace.decode import FastChunk, TraceDecoder
+
+    doc = [{"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 1, "tid": 2, "ts": 10.0 + i,
+            "dur": 0.5, "args": {"stream": STRING_INTS[i % len(STRING_INTS)], "correlation": i}}
+           for i in range(45)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    body = json.dumps(doc).encode()[1:-1]  # the events, as the reader hands them to the decoder
+    events, text = TraceDecoder("")._decode(body)
+    assert isinstance(events, FastChunk) and text is not None
+    table = read_trace(path, chunk_bytes=chunk_bytes, workers=1).events
+    want = {"0x0": NULL, "7": 7, " 12 ": 12, "-3": -3, "1.5": NULL, "stream": NULL, "99999999999999999999": NULL,
+            5: 5, None: NULL}
+    assert table["stream"].tolist() == [want[e["args"]["stream"]] for e in doc]
+    assert table["correlation"].tolist() == list(range(45))
+
+
 def test_chunk_without_any_args(tmp_path):
     doc = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": "x", "ts": 1.0 + i, "dur": 1.0}
            for i in range(5)]

@@ -79,28 +79,31 @@ class Args(
 
     An integer key that is absent decodes as :data:`ABSENT` (one shared int, the event table's NULL), not None:
     a column of a chunk is then a tuple of ints that numpy converts in C, and one without any value is found by
-    ``tuple.count(ABSENT)`` (an identity check per item). None is left for an explicit JSON ``null``.
+    ``tuple.count(ABSENT)`` (an identity check per item). None is left for an explicit JSON ``null``. A string is
+    accepted too (ROCm traces write a runtime call's ``stream`` as ``"0x0"``) and turned into an int, or NULL, as
+    :func:`coerce_event` does, by :func:`profparse.trace.events.chunk_columns`: a chunk with one such event used to
+    fail the fast decoding and be decoded event by event (see profparse.trace.events._arg_columns).
     """
 
-    correlation: int | None = ABSENT
-    external_id: int | None = ABSENT
-    sequence_number: int | None = ABSENT
-    fwd_thread_id: int | None = ABSENT
-    stream: int | None = ABSENT
-    device: int | None = ABSENT
-    bytes: int | None = ABSENT
-    mem_bytes: int | None = ABSENT
-    total_allocated: int | None = ABSENT
-    total_reserved: int | None = ABSENT
-    device_type: int | None = ABSENT
-    device_id: int | None = ABSENT
-    addr: int | None = ABSENT
-    python_id: int | None = ABSENT
-    python_parent_id: int | None = ABSENT
-    comm_in_nelems: int | None = ABSENT
-    comm_out_nelems: int | None = ABSENT
-    comm_group_size: int | None = ABSENT
-    comm_seq: int | None = ABSENT
+    correlation: int | str | None = ABSENT
+    external_id: int | str | None = ABSENT
+    sequence_number: int | str | None = ABSENT
+    fwd_thread_id: int | str | None = ABSENT
+    stream: int | str | None = ABSENT
+    device: int | str | None = ABSENT
+    bytes: int | str | None = ABSENT
+    mem_bytes: int | str | None = ABSENT
+    total_allocated: int | str | None = ABSENT
+    total_reserved: int | str | None = ABSENT
+    device_type: int | str | None = ABSENT
+    device_id: int | str | None = ABSENT
+    addr: int | str | None = ABSENT
+    python_id: int | str | None = ABSENT
+    python_parent_id: int | str | None = ABSENT
+    comm_in_nelems: int | str | None = ABSENT
+    comm_out_nelems: int | str | None = ABSENT
+    comm_group_size: int | str | None = ABSENT
+    comm_seq: int | str | None = ABSENT
     name: str | None = None
     # kept as the JSON text as written (msgspec.Raw: a slice of the input, no Python objects built), None when
     # absent; turned into categorical string columns by events.chunk_columns (shapes repeat: few distinct values)
