@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import pytest
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
@@ -59,3 +60,27 @@ def test_row_groups_can_be_skipped_by_time_and_step(tmp_path, monkeypatch):
     assert 0 < len(kept) < meta.num_row_groups
     got = ds.dataset(out / "events.parquet").to_table(filter=ds.field("ts_ns") >= cut)
     assert got.num_rows == int((events["ts_ns"] >= cut).sum())
+
+
+def test_duckdb_reads_the_tables_as_pandas_does(tmp_path):
+    """What a user's DuckDB reads from ``parse -o`` (integers DELTA_BINARY_PACKED, text dictionary-encoded, NULLs)
+    is what pandas reads: the kernel time per stage and the stage of every event (a real A100 trace)."""
+    duckdb = pytest.importorskip("duckdb")
+    from conftest import REPO_GPU_TRACES
+
+    out = write_parquet(profparse.parse(REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz"), tmp_path / "out")
+    kernels = pq.read_table(out / "kernels.parquet").to_pandas()
+    by_stage = kernels.groupby("stage", observed=True)["dur_ns"].sum()
+    rows = duckdb.sql(f"SELECT stage, sum(dur_ns) FROM '{out}/kernels.parquet' GROUP BY stage").fetchall()
+    assert {stage: int(total) for stage, total in rows} == {str(s): int(t) for s, t in by_stage.items()}
+    assert len(by_stage) >= 3 and int(by_stage.sum()) == int(kernels["dur_ns"].sum())
+    events = pq.read_table(out / "events.parquet", columns=["trace_index", "ts_ns", "stage", "correlation"])
+    events = events.to_pandas()
+    got = duckdb.sql(f"SELECT trace_index, ts_ns, stage, correlation FROM '{out}/events.parquet' ORDER BY trace_index")
+    frame = got.df()
+    assert frame["ts_ns"].tolist() == events["ts_ns"].tolist()
+    assert frame["stage"].astype(str).tolist() == events["stage"].astype(str).tolist()
+    missing = events["correlation"].isna()
+    assert 0 < missing.sum() < len(events) and frame["correlation"].isna().tolist() == missing.tolist()
+    values = events["correlation"].dropna().astype("int64").tolist()
+    assert frame["correlation"].dropna().astype("int64").tolist() == values
