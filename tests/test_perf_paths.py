@@ -160,3 +160,30 @@ def test_innermost_ancestor_level_sweep_equals_walking_up(shared_trace):
     order2, bounds2 = depth_order(other)
     assert (np.diff(other[order2]) >= 0).all() and not np.array_equal(order, order2)
     assert bounds2[-1] == n
+
+
+def test_piece_windows_from_cut_intervals_equal_step_window(shared_trace):
+    """host_segments looks each piece's step window up by the cut interval it lies in; step_window over every
+    piece gives the same windows."""
+    from profparse.stages.attribute import step_window
+
+    p = parsed(shared_trace)
+    seg = tables.host_segments(p.raw.events, p.links, p.attribution)
+    expected = step_window(seg.start, p.attribution.steps)
+    assert (expected >= 0).any()
+    np.testing.assert_array_equal(seg.step_index, expected)
+
+
+def test_factorize_sorted_equals_multiindex_factorize(shared_trace):
+    """gpu_time's packed-key grouping numbers groups as a sorted factorize of the (step, gap, device) tuples."""
+    p = parsed(shared_trace)
+    events, step = p.raw.events, p.attribution.step
+    rows = np.flatnonzero(events["kind"].isin(["kernel", "gpu_memcpy", "gpu_memset"]).to_numpy())
+    gap = np.searchsorted(p.attribution.steps["start_ns"].to_numpy(), events["ts_ns"].to_numpy()[rows], "right")
+    columns = (step[rows], np.where(step[rows] == tables.NULL, gap, -1), events["device"].to_numpy()[rows])
+    group, first, last = tables._factorize_sorted(*columns)
+    expected, uniques = pd.factorize(pd.MultiIndex.from_arrays(list(columns)), sort=True)
+    assert len(uniques) >= 1
+    np.testing.assert_array_equal(group, expected)
+    np.testing.assert_array_equal(first, uniques.get_level_values(0).to_numpy().astype(np.int64))
+    np.testing.assert_array_equal(last, uniques.get_level_values(2).to_numpy().astype(np.int64))

