@@ -187,3 +187,22 @@ def test_factorize_sorted_equals_multiindex_factorize(shared_trace):
     np.testing.assert_array_equal(group, expected)
     np.testing.assert_array_equal(first, uniques.get_level_values(0).to_numpy().astype(np.int64))
     np.testing.assert_array_equal(last, uniques.get_level_values(2).to_numpy().astype(np.int64))
+
+
+def test_repeated_hash_marks_exactly_the_repeated_rows(shared_trace):
+    """quality's sort-then-lookup of repeated row hashes marks the rows that another row equals, as a DataFrame
+    duplicated() over those columns does (rows listed twice stand in for duplicated events)."""
+    from profparse import quality
+
+    events = parsed(shared_trace).raw.events
+    rows = np.flatnonzero((events["kind"] != "metadata").to_numpy())
+    rows = np.sort(np.concatenate([rows, rows[::97]]))
+    columns = [c for c in events.columns if c != "trace_index"]
+    expected = events.iloc[rows][columns].duplicated(keep=False).to_numpy()
+    assert expected.any() and not expected.all()
+    np.testing.assert_array_equal(quality._repeated_hash(events, rows, columns), expected)
+    unique = np.flatnonzero((events["kind"] != "metadata").to_numpy())
+    np.testing.assert_array_equal(
+        quality._repeated_hash(events, unique, columns),
+        events.iloc[unique][columns].duplicated(keep=False).to_numpy(),
+    )
