@@ -401,8 +401,12 @@ def _cut_at_steps(
     else:
         cuts = np.unique(np.concatenate([steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()]))
         lo = np.searchsorted(cuts, start, side="right")
-        hi = np.searchsorted(cuts, end, side="left")
-        pieces = np.maximum(hi - lo, 0) + 1
+        # a piece crosses a cut iff the first cut after its start lies before its end: the second searchsorted (for
+        # the ends) then runs on those few pieces only (0.025 s of 1.3 M pieces)
+        crosses = np.flatnonzero(cuts[np.minimum(lo, len(cuts) - 1)] < end)
+        crosses = crosses[lo[crosses] < len(cuts)]
+        pieces = np.ones(len(start), dtype=np.int64)
+        pieces[crosses] = np.searchsorted(cuts, end[crosses], side="left") - lo[crosses] + 1
         cut_lo = lo - 1  # the cut a piece starts at or after (-1: before the first cut)
         if (pieces > 1).any():
             idx = np.repeat(np.arange(len(start)), pieces)
@@ -472,7 +476,8 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     labels = np.concatenate([step_labels(attribution), [NULL]])  # as stage_summary's rows: step numbers in order
     index = np.full(len(seg.step_index), len(labels) - 1, dtype=np.int64)  # outside every window
     inside = seg.step_index >= 0
-    index[inside] = np.searchsorted(labels[:-1], numbers[seg.step_index[inside]])
+    label_of_window = np.searchsorted(labels[:-1], numbers)  # per window, not per piece (0.025 s of 1.3 M)
+    index[inside] = label_of_window[seg.step_index[inside]]
     # Pieces are cut at every window boundary, so the windows (and "outside") split time into disjoint parts: the
     # total per stage (a union over the whole trace) is the sum of the per-window unions, exactly. Summing instead
     # of a second host_levels pass over all pieces saves a quarter of host_time (0.5 of 2.0 s at 100 MB, cProfile).
@@ -663,7 +668,8 @@ def stage_summary(
         found[found] = step_values[pos[found]] == values[found]
         return np.where(found, pos, len(step_values))
 
-    key = step_rows(step) * n_stages + attribution.stage
+    codes, distinct = pd.factorize(step, sort=True)  # step_rows of the few distinct steps, not of every event
+    key = step_rows(np.asarray(distinct, dtype=np.int64))[codes] * n_stages + attribution.stage  # (0.04 s)
     groups = len(labels) * n_stages
 
     def total(mask: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
