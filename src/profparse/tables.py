@@ -440,16 +440,19 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
     key, start, end, level = key[order], segments.start[order], segments.end[order], segments.level[order]
     present = np.bincount(level, minlength=len(HOST_LEVELS)) > 0
     start, end = _on_one_line(key, start, end)  # once for every level's pass, instead of once per pass (0.1 s)
+    heads = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else order
+    ids = key[heads]
     for i, name in enumerate(HOST_LEVELS):
         if not present[i]:  # no piece of this level: the union up to it is the one before; skipping the pass saves
             out[name] = np.zeros(groups, dtype=np.int64)  # 2-3 of the 6 on traces without Python stacks
             continue
-        upto = level <= i  # a subset of sorted rows stays sorted: one sort serves every level
         covered = np.zeros(groups, dtype=np.int64)
-        if upto.any():
-            g = key[upto]
-            heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
-            covered[g[heads]] = _line_union(start[upto], end[upto], heads)
+        if len(heads):
+            # Pieces of later levels become empty intervals at their own start, which change no union in a sweep
+            # sorted by start: one sort and one set of group heads serve every level, each pass runs on the full
+            # arrays without taking a subset of them (host_levels 0.22 -> 0.19 s on 1.37 M pieces).
+            upto_end = np.where(level <= i, end, start)
+            covered[ids] = _line_union(start.copy(), upto_end, heads)
         out[name] = covered - below
         below = covered
     out["wall"] = below
