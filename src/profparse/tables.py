@@ -155,6 +155,8 @@ def op_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd
 def _group_start_order(group: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Indices sorting by (group, start, index), like ``np.lexsort((start, group))`` but in one pass when
     (group, start) fits in one int64 key."""
+    if not len(start):
+        return np.zeros(0, dtype=np.intp)
     s0 = int(start.min())
     span = int(start.max()) - s0 + 1
     if int(group.min()) >= 0 and (int(group.max()) + 1) * span < 2**62:
@@ -372,7 +374,7 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     # a parent's own time: the gaps before, between and after its children (sorted by start; the running maximum
     # of the children's ends covers siblings that overlap)
     child = np.flatnonzero(parent >= 0)
-    child = child[np.lexsort((ts[rows[child]], parent[child]))]
+    child = child[_group_start_order(parent[child], ts[rows[child]])]  # one packed-key sort, not lexsort's two
     par = parent[child]  # event rows of the parents, one per child
     c_start, c_end = ts[rows[child]], end[rows[child]]
     reach = _group_running_max(par, c_end)
