@@ -32,7 +32,7 @@ from profparse.analysis.peaks import device_peaks
 from profparse.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
+from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
 STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded or unfit", "around counted ops")
@@ -133,6 +133,20 @@ def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def _below(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Rows with a proper ancestor in ``mask``: ``innermost_ancestor_of_kind(...) >= 0`` as a boolean sweep, level by
+    level from the roots (half the time of the index sweep, 0.009 s instead of 0.019 s of 1.26 M events)."""
+    out = np.zeros(len(parent), dtype=bool)
+    if not len(parent):
+        return out
+    order, bounds = depth_order(depth)
+    for d in range(1, len(bounds) - 1):
+        rows = order[bounds[d] : bounds[d + 1]]
+        p = parent[rows]
+        out[rows] = mask[p] | out[p]
+    return out
+
+
 def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) -> Counts:
     """Decide, for every CPU op, whether and how its FLOPs count (see the module docstring)."""
     n = len(events)
@@ -146,11 +160,11 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     # per row: comparing 1.26 M gathered strings took 0.03 s
     vector = has_cost & ~tensor & ~view
     tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
-    vector &= ~_above(parent, tensor) & (innermost_ancestor_of_kind(parent, depth, tensor) < 0)
-    vector &= innermost_ancestor_of_kind(parent, depth, vector) < 0  # outermost: layer_norm, not its parts
+    vector &= ~_above(parent, tensor) & ~_below(parent, depth, tensor)
+    vector &= ~_below(parent, depth, vector)  # outermost: layer_norm, not its parts
     work = tensor | vector
     # views (no work) count only alone: a reshape that copies is counted at its clone
-    view &= ~_above(parent, work) & (innermost_ancestor_of_kind(parent, depth, work | view) < 0)
+    view &= ~_above(parent, work) & ~_below(parent, depth, work | view)
     counted = work | view
     flops, nbytes = np.zeros(n), np.zeros(n)
     counted_rows = np.flatnonzero(counted)
