@@ -552,13 +552,7 @@ def gpu_time(events: pd.DataFrame, attribution: Attribution) -> GpuTime:
     idle = np.zeros_like(busy)
     span = np.zeros(groups, dtype=np.int64)
     if groups:
-        end = ts + dur
-        first = np.full(groups, np.iinfo(np.int64).max)
-        np.minimum.at(first, group, ts)
-        last = np.full(groups, np.iinfo(np.int64).min)
-        np.maximum.at(last, group, end)
-        span = last - first
-        _split_gpu_span(group.astype(np.int64), ts, end, stage, busy, overlap, idle)
+        span = _split_gpu_span(group.astype(np.int64), ts, ts + dur, stage, busy, overlap, idle)
     return GpuTime(step=step_of_group, device=device_of_group, span=span, busy=busy, overlap=overlap, idle=idle)
 
 
@@ -593,9 +587,11 @@ def _split_gpu_span(
     busy: np.ndarray,
     overlap: np.ndarray,
     idle: np.ndarray,
-) -> None:
+) -> np.ndarray:
     """The sweep behind :func:`gpu_time`: adds each elementary segment between consecutive start/end points of a
-    group to ``busy``/``overlap``/``idle`` at ``group * n_stages + charged stage`` (in place)."""
+    group to ``busy``/``overlap``/``idle`` at ``group * n_stages + charged stage`` (in place). Returns each group's
+    span (first start to last end), read off the sorted points instead of ``np.minimum.at``/``np.maximum.at``
+    over every event (0.025 s of 1 M GPU events)."""
     n_stages = len(STAGES)
     m = len(start)
     pg = np.concatenate([group, group])
@@ -637,6 +633,11 @@ def _split_gpu_span(
     )
     sel = gap & (length > 0)
     idle += np.bincount(key[sel] + next_stage[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
+    span = np.zeros(len(busy) // n_stages, dtype=np.int64)
+    heads = np.flatnonzero(group_start)  # sorted by time within a group: its first point starts earliest, its last
+    tails = np.concatenate([heads[1:], [len(pt)]]) - 1  # ends latest (no activity ends before it starts)
+    span[pg[heads]] = pt[tails] - pt[heads]
+    return span
 
 
 def stage_summary(
