@@ -441,7 +441,7 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
     order = _group_start_order(key, segments.start) if len(key) else np.zeros(0, dtype=np.int64)
     key, start, end, level = key[order], segments.start[order], segments.end[order], segments.level[order]
     present = np.bincount(level, minlength=len(HOST_LEVELS)) > 0
-    start, end = _on_one_line(key, start, end)  # once for every level's pass, instead of once per pass (0.1 s)
+    start, end = _on_one_line(key, start, end)  # once for all levels, not once per pass (0.014 s a pass)
     heads = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else order
     ids = key[heads]
     for i, name in enumerate(HOST_LEVELS):
