@@ -177,3 +177,49 @@ def test_first_row_of_equals_the_pandas_lookup() -> None:
         expected = by_key.reindex(wanted).fillna(-1).to_numpy().astype(np.int64)
         assert np.array_equal(first_row_of(keys, rows, wanted), expected)
     assert first_row_of(np.array([4, 4, 9]), np.array([10, 11, 12]), np.array([4, 9, 5])).tolist() == [10, 12, -1]
+
+
+def test_piece_windows_from_cut_intervals_equal_step_window(shared_trace):
+    """host_segments looks each piece's step window up by the cut interval it lies in; step_window over every
+    piece gives the same windows."""
+    from profparse.stages.attribute import step_window
+
+    p = parsed(shared_trace)
+    seg = tables.host_segments(p.raw.events, p.links, p.attribution)
+    expected = step_window(seg.start, p.attribution.steps)
+    assert (expected >= 0).any()
+    np.testing.assert_array_equal(seg.step_index, expected)
+
+
+def test_factorize_sorted_equals_multiindex_factorize(shared_trace):
+    """gpu_time's packed-key grouping numbers groups as a sorted factorize of the (step, gap, device) tuples."""
+    p = parsed(shared_trace)
+    events, step = p.raw.events, p.attribution.step
+    rows = np.flatnonzero(events["kind"].isin(["kernel", "gpu_memcpy", "gpu_memset"]).to_numpy())
+    gap = np.searchsorted(p.attribution.steps["start_ns"].to_numpy(), events["ts_ns"].to_numpy()[rows], "right")
+    columns = (step[rows], np.where(step[rows] == tables.NULL, gap, -1), events["device"].to_numpy()[rows])
+    group, first, last = tables._factorize_sorted(*columns)
+    expected, uniques = pd.factorize(pd.MultiIndex.from_arrays(list(columns)), sort=True)
+    assert len(uniques) >= 1
+    np.testing.assert_array_equal(group, expected)
+    np.testing.assert_array_equal(first, uniques.get_level_values(0).to_numpy().astype(np.int64))
+    np.testing.assert_array_equal(last, uniques.get_level_values(2).to_numpy().astype(np.int64))
+
+
+def test_repeated_hash_marks_exactly_the_repeated_rows(shared_trace):
+    """quality's sort-then-lookup of repeated row hashes marks the rows that another row equals, as a DataFrame
+    duplicated() over those columns does (rows listed twice stand in for duplicated events)."""
+    from profparse import quality
+
+    events = parsed(shared_trace).raw.events
+    rows = np.flatnonzero((events["kind"] != "metadata").to_numpy())
+    rows = np.sort(np.concatenate([rows, rows[::97]]))
+    columns = [c for c in events.columns if c != "trace_index"]
+    expected = events.iloc[rows][columns].duplicated(keep=False).to_numpy()
+    assert expected.any() and not expected.all()
+    np.testing.assert_array_equal(quality._repeated_hash(events, rows, columns), expected)
+    unique = np.flatnonzero((events["kind"] != "metadata").to_numpy())
+    np.testing.assert_array_equal(
+        quality._repeated_hash(events, unique, columns),
+        events.iloc[unique][columns].duplicated(keep=False).to_numpy(),
+    )

@@ -62,7 +62,9 @@ def _stream_overlaps(events: pd.DataFrame, activity: np.ndarray) -> tuple[int, i
     return int(overlap.sum()), int(np.minimum(reach - ts[1:], end[1:] - ts[1:])[overlap].sum())
 
 
-_FIRST_KEY = ("ts_ns", "dur_ns", "pid", "tid", "name", "kind")  # rows equal on every column are equal on these
+#: Rows equal on every column are equal on these. Two columns leave as few rows as six did on the shared and sample
+#: traces (at most 2 in a thousand) and hash in half the time (0.066 -> 0.036 s of 1.26 M events).
+_FIRST_KEY = ("ts_ns", "name")
 
 
 def _repeated_hash(events: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> np.ndarray:
@@ -73,15 +75,21 @@ def _repeated_hash(events: pd.DataFrame, rows: np.ndarray, columns: list[str]) -
         values = series.cat.codes.to_numpy() if isinstance(series.dtype, pd.CategoricalDtype) else series.to_numpy()
         h *= np.uint64(0x9E3779B97F4A7C15)  # wraps around: fine for a hash
         h += values[rows].astype(np.uint64, copy=False)
-    return pd.Series(h).duplicated(keep=False).to_numpy()
+    # Sorting the hashes (numpy's SIMD sort) finds the repeated values; a hash lookup of those few marks their rows.
+    # Same answer as pd.Series(h).duplicated(keep=False): 0.02-0.04 s instead of 0.15 s on 1.26 M rows.
+    ordered = np.sort(h)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return np.zeros(len(h), dtype=bool)
+    return pd.Series(h).isin(np.unique(repeated)).to_numpy()
 
 
 def _duplicate_rows(events: pd.DataFrame, mask: np.ndarray, key: list[str]) -> np.ndarray:
     """Rows (positions, in order) of ``mask`` that are equal to another row on every column of ``key``.
 
-    Narrowed in two hashes: first on a few columns (time, thread, name, kind), which on a real trace leaves a few
+    Narrowed in two hashes: first on :data:`_FIRST_KEY` (start time, name), which on a real trace leaves a few
     rows in a thousand, then on every column of ``key`` for those; only rows whose full hash repeats are compared.
-    Hashing all ~45 columns of every row was 0.45 s of 1.26 M events; the narrowing makes it ~0.1 s."""
+    Hashing all ~45 columns of every row was 0.45 s of 1.26 M events; the narrowing makes it ~0.05 s."""
     rows = np.flatnonzero(mask)
     first = [c for c in _FIRST_KEY if c in key]
     for columns in (first, key):

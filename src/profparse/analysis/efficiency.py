@@ -32,7 +32,7 @@ from profparse.analysis.peaks import device_peaks
 from profparse.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
+from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
 STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded or unfit", "around counted ops")
@@ -83,7 +83,7 @@ def _costs(events: pd.DataFrame, rows: np.ndarray) -> CostIndex:
             key = codes[0]
             for code, size in zip(codes[1:], sizes[1:], strict=True):
                 key = key * size + code
-            distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            distinct, first, inverse = _unique_first_inverse(key)
         else:
             distinct, first, inverse = np.unique(
                 np.stack(codes, axis=1), axis=0, return_index=True, return_inverse=True
@@ -109,6 +109,18 @@ def _costs(events: pd.DataFrame, rows: np.ndarray) -> CostIndex:
     )
 
 
+def _unique_first_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(key, return_index=True, return_inverse=True)`` by a hash factorize and a sort of the few distinct
+    values instead of a sort of every key (0.035 -> 0.01 s for the ops of 1.26 M events)."""
+    codes, uniques = pd.factorize(key)  # codes in order of first appearance
+    seen = np.maximum.accumulate(codes)
+    first = np.flatnonzero(np.concatenate([[True], seen[1:] > seen[:-1]])) if len(codes) else codes
+    by_value = np.argsort(uniques, kind="stable")
+    rank = np.empty(len(uniques), dtype=np.int64)
+    rank[by_value] = np.arange(len(uniques))
+    return np.asarray(uniques)[by_value], first[by_value], rank[codes]
+
+
 def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Every proper ancestor of the rows in ``mask`` (each row is marked once: O(n) plus one pass per level)."""
     out = np.zeros(len(parent), dtype=bool)
@@ -121,6 +133,20 @@ def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def _below(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Rows with a proper ancestor in ``mask``: ``innermost_ancestor_of_kind(...) >= 0`` as a boolean sweep, level by
+    level from the roots (half the time of the index sweep, 0.009 s instead of 0.019 s of 1.26 M events)."""
+    out = np.zeros(len(parent), dtype=bool)
+    if not len(parent):
+        return out
+    order, bounds = depth_order(depth)
+    for d in range(1, len(bounds) - 1):
+        rows = order[bounds[d] : bounds[d + 1]]
+        p = parent[rows]
+        out[rows] = mask[p] | out[p]
+    return out
+
+
 def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) -> Counts:
     """Decide, for every CPU op, whether and how its FLOPs count (see the module docstring)."""
     n = len(events)
@@ -130,14 +156,15 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     has_cost = costs.combo >= 0
     combo = np.maximum(costs.combo, 0)
     tensor = has_cost & costs.tensor[combo] if len(costs.tensor) else np.zeros(n, bool)
-    view = has_cost & (costs.family[combo] == "view") if len(costs.family) else np.zeros(n, bool)
+    view = has_cost & (costs.family == "view")[combo] if len(costs.family) else np.zeros(n, bool)  # per combo, not
+    # per row: comparing 1.26 M gathered strings took 0.03 s
     vector = has_cost & ~tensor & ~view
     tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
-    vector &= ~_above(parent, tensor) & (innermost_ancestor_of_kind(parent, depth, tensor) < 0)
-    vector &= innermost_ancestor_of_kind(parent, depth, vector) < 0  # outermost: layer_norm, not its parts
+    vector &= ~_above(parent, tensor) & ~_below(parent, depth, tensor)
+    vector &= ~_below(parent, depth, vector)  # outermost: layer_norm, not its parts
     work = tensor | vector
     # views (no work) count only alone: a reshape that copies is counted at its clone
-    view &= ~_above(parent, work) & (innermost_ancestor_of_kind(parent, depth, work | view) < 0)
+    view &= ~_above(parent, work) & ~_below(parent, depth, work | view)
     counted = work | view
     flops, nbytes = np.zeros(n), np.zeros(n)
     counted_rows = np.flatnonzero(counted)
@@ -192,12 +219,13 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
         status[op & (known | (events["input_dims"].cat.codes.to_numpy() < 0))] = 3  # shapes absent or unfit
     else:
         status[op] = 3
-    covered = innermost_ancestor_of_kind(parent, depth, counted) >= 0
+    counting = innermost_ancestor_of_kind(parent, depth, counted)  # once for covered and owner (a sweep: 0.02 s)
+    covered = counting >= 0
     status[covered & op] = -1
     status[op & _above(parent, counted) & (status >= 0)] = 4
     status[counted] = 0
     status[linked] = 1
-    owner = np.where(counted, np.arange(n), innermost_ancestor_of_kind(parent, depth, counted))
+    owner = np.where(counted, np.arange(n), counting)
     owner = np.where(owner >= 0, owner, np.where(op, np.arange(n), -1))  # uncounted ops own their own kernels
     modules = _module_calls(events, links)
     call = innermost_ancestor_of_kind(parent, depth, modules)

@@ -80,11 +80,15 @@ def stage_levels(
         "runtime_count": (runtime, None),
         "device_count": (activity, None),
     }
-    step_values = np.unique(step[step != NULL])
-    step_index = np.searchsorted(step_values, step)
+    # a sorted factorize ranks the steps in one hash pass (NULL, the smallest int64, ranks first): np.unique and a
+    # searchsorted of every event took 0.06 s of 1.26 M events
+    rank, sorted_steps = pd.factorize(step, sort=True)
+    step_values = np.asarray(sorted_steps[sorted_steps != NULL], dtype=np.int64)
+    step_index = rank.astype(np.int64) - (len(sorted_steps) - len(step_values))
     step_index[step == NULL] = len(step_values)
     labels = np.concatenate([step_values, [NULL]])
     frames = []
+    by_step: dict[str, np.ndarray] = {}
     for scope, index, keys in (("step", step_index, labels), ("total", np.zeros_like(step), np.array([NULL]))):
         key = index * n_stages + stage
         groups = len(keys) * n_stages
@@ -94,8 +98,11 @@ def stage_levels(
             "stage_code": np.tile(np.arange(n_stages), len(keys)),
         }
         for column, (mask, weights) in measures.items():
+            if scope == "total":  # the steps (and outside) partition the events: their sums, exactly (0.02 s)
+                cols[column] = by_step[column].reshape(len(labels), n_stages).sum(axis=0)
+                continue
             w = None if weights is None else weights[mask]
-            cols[column] = np.bincount(key[mask], weights=w, minlength=groups).astype(np.int64)
+            cols[column] = by_step[column] = np.bincount(key[mask], weights=w, minlength=groups).astype(np.int64)
         cols.update(_latency(key[launched], latency, groups))
         frames.append(pd.DataFrame(cols))
     levels = pd.concat(frames, ignore_index=True)
