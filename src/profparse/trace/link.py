@@ -19,11 +19,20 @@ from profparse.trace.events import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_COD
 
 
 def kind_mask(events: pd.DataFrame, kinds: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:
-    """Boolean mask of rows whose ``kind`` is one of ``kinds``."""
+    """Boolean mask of rows whose ``kind`` is one of ``kinds``.
+
+    Up to four kinds by comparisons, more through a lookup table with ``np.take`` (called ~55 times per parse: at
+    1.26 M rows a comparison is 0.13 ms, ``np.take`` 2.2 ms, indexing the table by the int8 codes 4.4 ms)."""
     codes = events["kind"].cat.codes.to_numpy()
-    wanted = np.zeros(len(KIND_CODE), dtype=bool)
-    wanted[[KIND_CODE[k] for k in kinds]] = True
-    return wanted[codes]
+    wanted = sorted({KIND_CODE[k] for k in kinds})
+    if len(wanted) <= 4:
+        mask = codes == wanted[0] if wanted else np.zeros(len(codes), dtype=bool)
+        for code in wanted[1:]:
+            mask |= codes == code
+        return mask
+    table = np.zeros(len(KIND_CODE), dtype=bool)
+    table[wanted] = True
+    return np.take(table, codes)
 
 
 @dataclass
