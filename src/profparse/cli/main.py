@@ -193,10 +193,11 @@ def entry() -> NoReturn:
     at once after flushing its streams. Tests call :func:`main`, which returns normally.
     """
     # The resource tracker (a process multiprocessing starts for the rank workers' semaphores) takes its warning
-    # options from this one: a Ctrl-C to the whole process group while a pool starts can leave it a semaphore that
-    # it then removes itself, with two lines of "leaked semaphore" warnings on stderr after "profparse:
-    # interrupted" (seen in a CI run of tests/test_ranks.py::test_ctrl_c_while_the_pool_starts). The clean-up is
-    # its job; its warnings about doing it are not the user's business.
+    # options from this one. After a Ctrl-C, the exit function below releases what the pool still holds; a Ctrl-C
+    # to the whole process group while the pool starts can still leave the tracker a semaphore that it then
+    # removes itself, with two lines of "leaked semaphore" warnings on stderr after "profparse: interrupted" (seen
+    # in a CI run of tests/test_ranks.py::test_ctrl_c_while_the_pool_starts). The clean-up is its job; its
+    # warnings about doing it are not the user's business.
     sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
     code = main()
     if code == EXIT_INTERRUPTED and "multiprocessing.util" in sys.modules:

@@ -274,7 +274,7 @@ def _decide(own: np.ndarray, links: Links) -> np.ndarray:
             ok = p >= 0
             rows, p = rows[ok], p[ok]
             best[rows] = np.maximum(best[rows], best[p])
-    return np.where(best > 0, _RULE_LAST - (best & ((1 << _RULE_BITS) - 1)), -1)
+    return np.where(best > 0, _RULE_LAST - (best & _RULE_LAST), -1)  # the low bits: the reversed index
 
 
 def attribute(
