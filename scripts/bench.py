@@ -138,12 +138,26 @@ with open(sys.argv[1], "rb") as f:
 doc = msgspec.json.decode(data, type=Doc)
 print("events", len(doc.traceEvents), "decode_s", round(time.perf_counter() - t0, 3), flush=True)
 """
-TOOLS = ("profparse", "hta", "hta06", "decode")
+# The floor of profparse's design: its own reader (the same chunks, processes and msgspec structs as ``parse``)
+# after the imports ``parse`` makes, with the columns left out: every chunk is decoded on all cores and dropped.
+# No pipeline that turns msgspec objects into columns in Python can finish sooner; a peer's time over this floor is
+# the largest ratio such a design can reach on this machine.
+FLOOR_CODE = """
+import sys
+import profparse.api  # what `profparse parse` imports before it reads: numpy, pandas, pyarrow, msgspec
+from profparse.trace import events
+events.chunk_columns = lambda chunk, raw=None: None  # decode each chunk (in the worker processes), keep nothing
+events.EventTableBuilder.add = lambda self, chunk, raw=None: None  # the same for a chunk decoded here
+raw = events.read_trace(sys.argv[1])
+print("events", raw.report.events_read, "rows", len(raw.events), flush=True)
+"""
+TOOLS = ("profparse", "hta", "hta06", "decode", "floor")
 LABELS = {
     "profparse": "profparse parse (end to end)",
     "hta": "HTA 0.5 TraceAnalysis (load)",
     "hta06": "HTA 0.6 traceinsight (load)",
     "decode": "decode only (msgspec, needed fields)",
+    "floor": "floor: imports + profparse's reader on all cores, no columns",
 }
 PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?(?: ([0-9]+))?$", re.M)
 
@@ -615,9 +629,9 @@ def table(results: list[SizeResult]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = [
-        "| JSON | HTA 0.5 / profparse | HTA 0.6 / profparse | profparse / decode only | runs finished "
-        "| load avg (before, after) |",
-        "|---|---|---|---|---|---|",
+        "| JSON | HTA 0.5 / profparse | HTA 0.6 / profparse | profparse / decode only | HTA 0.5 / floor "
+        "| HTA 0.6 / floor | profparse / floor | runs finished | load avg (before, after) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for res in sorted(results, key=lambda r: (r.source, r.bytes)):
         for tool in TOOLS:
@@ -629,7 +643,8 @@ def table(results: list[SizeResult]) -> str:
         load = ", ".join(f"{x:.1f}" for x in res.load)
         ratios.append(
             f"| {_json(res)} | {_ratio(res, 'hta', 'profparse')} | {_ratio(res, 'hta06', 'profparse')} "
-            f"| {_ratio(res, 'profparse', 'decode')} | {fin} | {load} |"
+            f"| {_ratio(res, 'profparse', 'decode')} | {_ratio(res, 'hta', 'floor')} | {_ratio(res, 'hta06', 'floor')} "
+            f"| {_ratio(res, 'profparse', 'floor')} | {fin} | {load} |"
         )
     return "\n".join(lines) + "\n\n" + "\n".join(ratios)
 
@@ -765,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit-gb", type=float, default=20, help="kill a run whose process tree passes this RSS")
     ap.add_argument("--hta-as-gb", type=float, default=20, help="address-space cap for HTA via prlimit (0: none)")
     ap.add_argument("--min-free-gb", type=float, default=1.0, help="kill a run when the machine has less available")
-    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="default: all four")
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="default: all five")
     ap.add_argument(
         "--hta06-python",
         default="/tmp/perf-ti/bin/python",
@@ -790,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     mine = Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
     peer = Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
-    limits = {"profparse": mine, "decode": mine, "hta": peer, "hta06": peer}
+    limits = {"profparse": mine, "decode": mine, "floor": mine, "hta": peer, "hta06": peer}
     if "hta06" in args.tools and not Path(args.hta06_python).exists():
         print(f"no {args.hta06_python}: HTA 0.6 skipped (see --hta06-python)", file=sys.stderr)
         args.tools = [t for t in args.tools if t != "hta06"]
@@ -819,6 +834,8 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = hta_cmd(trace, args.hta_as_gb)
                 elif tool == "hta06":
                     cmd = hta_cmd(trace, args.hta_as_gb, args.hta06_python, HTA06_CODE)
+                elif tool == "floor":
+                    cmd = [sys.executable, "-c", FLOOR_CODE, str(trace)]
                 else:
                     cmd = [sys.executable, "-c", DECODE_CODE, str(trace)]
                 log = args.work_dir / f"{tool}_{label}_{k}.log"

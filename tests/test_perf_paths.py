@@ -110,6 +110,26 @@ def test_bench_decode_baseline_counts_every_event_of_the_file(tmp_path):
         assert int(out.stdout.split()[1]) == len(json.loads(plain.read_bytes())["traceEvents"])
 
 
+def test_bench_floor_decodes_every_event_and_keeps_no_rows(tmp_path):
+    """The floor of scripts/bench.py runs profparse's own reader over the whole file, in worker processes too,
+    and builds no columns: what it measures is decoding alone."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    trace = REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"
+    plain = tmp_path / trace.name[: -len(".gz")]
+    plain.write_bytes(gzip.decompress(trace.read_bytes()))
+    expected = len(json.loads(plain.read_bytes())["traceEvents"])
+    assert plain.stat().st_size > 4 << 20  # several 1 MiB chunks, so two workers share them
+    for workers in ("1", "2"):
+        env = {**os.environ, "PROFPARSE_WORKERS": workers}
+        command = [sys.executable, "-c", bench.FLOOR_CODE, str(plain)]
+        out = subprocess.run(command, capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        words = out.stdout.split()
+        assert (int(words[1]), int(words[3])) == (expected, 0), workers
+
+
 def test_bench_ratios_by_hand():
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
