@@ -206,6 +206,49 @@ def test_parse_folder_writes_a_partitioned_dataset(built, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
+def test_a_second_look_at_a_rank_folder_reads_no_json(built, tmp_path, capsys, monkeypatch):
+    """Each rank goes through the parsed-trace cache: after one verb on the folder, the next reads no JSON and
+    gives what a run without the cache gives; --no-cache stores nothing."""
+    from profparse import cache
+
+    entries = lambda: sorted(Path(os.environ[cache.DIR_ENV]).glob("e-*"))  # noqa: E731
+    summarize = ["summarize", str(built), "--format", "json", "-j", "1", "-q"]
+    assert main([*summarize, "--no-cache"]) == 0
+    uncached = capsys.readouterr().out
+    assert main(["parse", str(built), "-o", str(tmp_path / "plain"), "-j", "1", "-q", "--no-cache"]) == 0
+    assert entries() == []
+    assert main(summarize) == 0
+    cold = capsys.readouterr().out
+    assert len(entries()) == 4  # one per rank (their contents differ)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the JSON was read although the rank is cached")
+
+    monkeypatch.setattr(profparse.api, "parse", refuse)
+    assert main(summarize) == 0
+    warm = capsys.readouterr().out
+    assert main(["parse", str(built), "-o", str(tmp_path / "warm"), "-j", "1", "-q"]) == 0
+    assert json.loads(uncached) == json.loads(cold) == json.loads(warm)
+    assert_same_dataset(tmp_path / "plain", tmp_path / "warm")
+
+
+def test_ranks_on_dask_do_not_use_the_cache(built, tmp_path, monkeypatch):
+    """A Dask cluster's workers keep no entries in folders of theirs; local workers do (``cache=True``)."""
+    from profparse.ranks import run as rank_run
+
+    asked: list[tuple[bool, str | None]] = []
+
+    def record(tasks, **kwargs):
+        asked.extend((t.cache, kwargs.get("scheduler")) for t in tasks)
+        return [ranks.run_rank(t) for t in tasks]  # here, not on a cluster: only the tasks are looked at
+
+    monkeypatch.setattr(rank_run, "run_tasks", record)
+    ranks.parse_ranks(built, None, scheduler="tcp://nowhere:8786", cache=True)
+    ranks.parse_ranks(built, None, jobs=1, cache=True)
+    ranks.parse_ranks(built, None, jobs=1)
+    assert asked == [(False, "tcp://nowhere:8786")] * 4 + [(True, None)] * 4 + [(False, None)] * 4
+
+
 def test_duckdb_reads_the_dataset(built, tmp_path):
     duckdb = pytest.importorskip("duckdb")
     out = tmp_path / "out"

@@ -209,6 +209,7 @@ def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
             peak_tflops=getattr(args, "peak_tflops", None),  # report has no --peak-tflops
             files=files,
             on_done=(lambda result: bar.update(1)) if bar is not None else None,
+            cache=not getattr(args, "no_cache", False),
         )
     finally:
         if bar is not None:

@@ -18,6 +18,8 @@ class RankTask:
     include_marks: bool = True
     strict: bool = False
     peak_tflops: float | None = None  # --peak-tflops: the peak MFU is measured against (None: the device's)
+    cache: bool = False  # through the user's parsed-trace cache (docs/cache.md), as profparse.load
+    output: str | None = None  # the verb's output folder, which the cache must not lie in
 
 
 @dataclass

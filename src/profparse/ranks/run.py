@@ -51,7 +51,13 @@ class RanksRun:
 
 
 def _tasks(
-    files: Sequence[RankFile], out_root: Path | None, include_marks: bool, strict: bool, peak_tflops: float | None
+    files: Sequence[RankFile],
+    out_root: Path | None,
+    include_marks: bool,
+    strict: bool,
+    peak_tflops: float | None,
+    cache: bool = False,
+    output: str | Path | None = None,
 ) -> list[RankTask]:
     root = str(out_root.resolve()) if out_root is not None else None
     return [
@@ -63,6 +69,8 @@ def _tasks(
             include_marks=include_marks,
             strict=strict,
             peak_tflops=peak_tflops,
+            cache=cache,
+            output=str(Path(output).resolve()) if output is not None else None,
         )
         for f in files
     ]
@@ -88,6 +96,7 @@ def parse_ranks(
     rank_from: str = "auto",
     files: Sequence[RankFile] | None = None,
     on_done: Callable[[RankResult], None] | None = None,
+    cache: bool = False,
 ) -> RanksRun:
     """Parse every rank trace of ``folder``; with ``out_dir``, write the partitioned dataset there (atomically).
 
@@ -96,13 +105,17 @@ def parse_ranks(
     written then) or for bad requests (folder not found, output exists without ``force``, ranks stated twice).
     ``peak_tflops``: the peak every rank's MFU is measured against (default: its device's), as in
     :func:`profparse.parse`; it travels to the workers in each :class:`RankTask` (local processes and Dask alike).
+    ``cache``: each rank goes through the user's parsed-trace cache, as :func:`profparse.load` (docs/cache.md), so
+    the next verb on the same folder reads no JSON; not on a Dask cluster, whose workers' folders are not the
+    user's.
     """
     from profparse.outputs.files import atomic_dir
 
     start = time.perf_counter()
     files = list(files) if files is not None else prepare(folder, rank_from)
+    cache = cache and not scheduler
     if out_dir is None:
-        tasks = _tasks(files, None, include_marks, strict, peak_tflops)
+        tasks = _tasks(files, None, include_marks, strict, peak_tflops, cache)
         results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
         _raise_if_none_read(folder, results)
@@ -110,7 +123,7 @@ def parse_ranks(
         return RanksRun(str(folder), files, results, None, time.perf_counter() - start, matches, warnings)
     out = Path(out_dir)
     with atomic_dir(out, force=force, verb="parse", inputs=[folder]) as tmp:
-        tasks = _tasks(files, tmp, include_marks, strict, peak_tflops)
+        tasks = _tasks(files, tmp, include_marks, strict, peak_tflops, cache, out)
         results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
         _raise_if_output_failed(results)

@@ -14,13 +14,22 @@ from profparse.ranks.results import RankResult, RankTask
 
 def run_rank(task: RankTask) -> RankResult:
     """Parse one rank file (and write its partitions when ``task.out_root`` is set). Never raises for bad input."""
-    from profparse.api import parse
+    from profparse.api import load
     from profparse.quality import gpu_devices
 
     start = time.perf_counter()
     result = RankResult(path=task.path, rank=task.rank, source=task.source, ok=False)
+    cache_notes: list[str] = []  # the cache's notes (a damaged entry, cache off), said first with the rank's own
     try:
-        parsed = parse(task.path, include_marks=task.include_marks, strict=task.strict, peak_tflops=task.peak_tflops)
+        parsed = load(
+            task.path,
+            cache=task.cache,
+            include_marks=task.include_marks,
+            strict=task.strict,
+            notify=cache_notes.append,
+            outputs=(task.output,) if task.output else (),
+            peak_tflops=task.peak_tflops,
+        )
         result.header_rank = parsed.rank
         result.events = int(len(parsed.raw.events))
         result.devices = gpu_devices(parsed)
@@ -65,5 +74,6 @@ def run_rank(task: RankTask) -> RankResult:
             f"{task.path}: internal error: {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
         )
         result.exit_code = 70
+    result.notes[:0] = cache_notes
     result.seconds = time.perf_counter() - start
     return result
