@@ -232,6 +232,17 @@ def test_a_second_look_at_a_rank_folder_reads_no_json(built, tmp_path, capsys, m
     assert_same_dataset(tmp_path / "plain", tmp_path / "warm")
 
 
+def test_rank_workers_use_the_callers_cache_folder(built, tmp_path, monkeypatch):
+    """The pool's workers come from a forkserver started once per process, with the environment of that moment;
+    they store each rank where the caller's cache is now, not where it was then."""
+    from profparse import cache
+
+    for name in ("first", "second"):
+        monkeypatch.setenv(cache.DIR_ENV, str(tmp_path / name))
+        ranks.parse_ranks(built, None, jobs=2, cache=True)
+        assert len(list((tmp_path / name).glob("e-*"))) == 4, name
+
+
 def test_ranks_on_dask_do_not_use_the_cache(built, tmp_path, monkeypatch):
     """A Dask cluster's workers keep no entries in folders of theirs; local workers do (``cache=True``)."""
     from profparse.ranks import run as rank_run
