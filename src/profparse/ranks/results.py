@@ -20,9 +20,6 @@ class RankTask:
     peak_tflops: float | None = None  # --peak-tflops: the peak MFU is measured against (None: the device's)
     cache: bool = False  # through the user's parsed-trace cache (docs/cache.md), as profparse.load
     output: str | None = None  # the verb's output folder, which the cache must not lie in
-    # the caller's cache settings (folder, size bound), for a worker whose environment may be older (a forkserver
-    # started before the caller changed them)
-    cache_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

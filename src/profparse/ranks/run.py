@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -61,7 +60,6 @@ def _tasks(
     output: str | Path | None = None,
 ) -> list[RankTask]:
     root = str(out_root.resolve()) if out_root is not None else None
-    settings = _cache_settings() if cache else {}
     return [
         RankTask(
             path=str(Path(f.path).resolve()),
@@ -73,22 +71,9 @@ def _tasks(
             peak_tflops=peak_tflops,
             cache=cache,
             output=str(Path(output).resolve()) if output is not None else None,
-            cache_env=settings,
         )
         for f in files
     ]
-
-
-def _cache_settings() -> dict[str, str]:
-    """This process's cache folder (resolved) and size bound, as environment variables for the workers."""
-    from profparse import cache
-
-    settings = {name: os.environ[name] for name in (cache.MAX_ENV,) if name in os.environ}
-    try:
-        settings[cache.DIR_ENV] = str(cache.cache_root().absolute())
-    except RuntimeError:  # no home folder: the worker finds none either
-        pass
-    return settings
 
 
 def _display_paths(files: Sequence[RankFile], results: list[RankResult]) -> None:

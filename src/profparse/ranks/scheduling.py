@@ -18,14 +18,18 @@ def _failed(task: RankTask, message: str, exit_code: int = 70) -> RankResult:
     return RankResult(path=task.path, rank=task.rank, source=task.source, ok=False, error=message, exit_code=exit_code)
 
 
-def _worker_start(parent: int) -> None:
-    """In each pool worker: leave Ctrl-C to the parent (it stops the pool; a worker's own KeyboardInterrupt only
-    printed a traceback), and exit as soon as the parent is gone (SIGKILL, SIGTERM), rather than wait forever for
-    work from it. Linux also gets the kernel's parent-death signal, for the forkserver the worker was forked from.
+def _worker_start(parent: int, environment: dict[str, str]) -> None:
+    """In each pool worker: take the parent's environment as it is now (the forkserver the worker was forked from
+    keeps the one it started with, so e.g. a changed PROFPARSE_CACHE_DIR would not reach it), leave Ctrl-C to the
+    parent (it stops the pool; a worker's own KeyboardInterrupt only printed a traceback), and exit as soon as the
+    parent is gone (SIGKILL, SIGTERM), rather than wait forever for work from it. Linux also gets the kernel's
+    parent-death signal, for the forkserver the worker was forked from.
     """
     import signal
     import threading
 
+    os.environ.clear()
+    os.environ.update(environment)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes
@@ -123,7 +127,7 @@ def _run_local(
     context.set_forkserver_preload(["profparse.ranks", "profparse.api", "profparse.outputs.parquet"])
     results: dict[int, RankResult] = {}
     broken: list[int] = []
-    start = {"mp_context": context, "initializer": _worker_start, "initargs": (os.getpid(),)}
+    start = {"mp_context": context, "initializer": _worker_start, "initargs": (os.getpid(), dict(os.environ))}
     pool = None
     try:
         with _ctrl_c_held():

@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from profparse.errors import ProfparseError, from_oserror
 from profparse.ranks import late
 from profparse.ranks.dataset import write_rank_tables
 from profparse.ranks.results import RankResult, RankTask
-
-
-@contextmanager
-def _environment(settings: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``settings`` for the block, as it was afterwards."""
-    before = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run_rank(task: RankTask) -> RankResult:
@@ -39,16 +21,15 @@ def run_rank(task: RankTask) -> RankResult:
     result = RankResult(path=task.path, rank=task.rank, source=task.source, ok=False)
     cache_notes: list[str] = []  # the cache's notes (a damaged entry, cache off), said first with the rank's own
     try:
-        with _environment(task.cache_env):
-            parsed = load(
-                task.path,
-                cache=task.cache,
-                include_marks=task.include_marks,
-                strict=task.strict,
-                notify=cache_notes.append,
-                outputs=(task.output,) if task.output else (),
-                peak_tflops=task.peak_tflops,
-            )
+        parsed = load(
+            task.path,
+            cache=task.cache,
+            include_marks=task.include_marks,
+            strict=task.strict,
+            notify=cache_notes.append,
+            outputs=(task.output,) if task.output else (),
+            peak_tflops=task.peak_tflops,
+        )
         result.header_rank = parsed.rank
         result.events = int(len(parsed.raw.events))
         result.devices = gpu_devices(parsed)
