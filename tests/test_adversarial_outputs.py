@@ -257,11 +257,11 @@ def test_leftovers_of_a_killed_run_are_cleaned(work):
     stale_dir.mkdir()
     (stale_dir / MARKER).write_text('{"tool": "profparse", "verb": "parse"}')
     (stale_dir / "events.parquet").write_bytes(b"half")
-    (work / ".tables.lock").write_text(f"{dead.pid}\n")  # a lock file nobody holds
+    (work / ".tables.lock").write_text(f"{dead.pid}\n")  # a lock file nobody holds, which this run did not create
     foreign = work / f".tables.{os.getpid()}.abcdefgh.partial"  # a live process's: kept
     foreign.mkdir()
     assert_success(run_cli(*verb_args("parse", work), "-o", str(out), "-q"))
-    assert not stale_dir.exists() and not (work / ".tables.lock").exists()
+    assert not stale_dir.exists() and (work / ".tables.lock").read_text() == f"{dead.pid}\n"  # used, kept as is
     assert foreign.is_dir()
     foreign.rmdir()
 

@@ -172,21 +172,84 @@ def check_target(
     return True
 
 
+def _lock_refused(lock: Path, why: str) -> OutputRefusedError:
+    return OutputRefusedError(
+        f"{lock}: the output's lock file {why}; profparse did not create it and will not use it "
+        "(remove it, or choose another output path)"
+    )
+
+
+def _check_lock(lock: Path, st: os.stat_result) -> None:
+    """Refuse a lock file profparse must not open or keep: anything but a regular file of this user, one link."""
+    if not stat.S_ISREG(st.st_mode):
+        raise _lock_refused(lock, f"is {_describe(st.st_mode)}")
+    if st.st_uid != os.geteuid():
+        raise _lock_refused(lock, f"belongs to another user (uid {st.st_uid})")
+    if st.st_nlink != 1:
+        raise _lock_refused(lock, f"has {st.st_nlink} hard links")
+
+
+#: Flags of every open of a lock file: never through a symbolic link, never kept by a child, never a terminal,
+#: and never blocking (a FIFO planted under the lock's name would otherwise wait for a writer).
+_LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+
+
+def _open_lock(lock: Path) -> tuple[int, bool] | None:
+    """Open ``lock``: ``(fd, created)``, or None when it vanished between two looks (try again).
+
+    A new lock is created with ``O_EXCL``, so this run knows it is its own. An existing one is used only when it is a
+    regular file of this user with one link (checked before opening, so a device is never opened, and on the open
+    file, so a swap in between is seen); it is locked but never written to nor removed.
+    """
+    try:
+        return os.open(lock, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask()), True
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise from_oserror(exc) from None
+    try:
+        _check_lock(lock, os.lstat(lock))
+        fd = os.open(lock, _LOCK_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a symbolic link since the lstat
+            raise _lock_refused(lock, "is a symbolic link") from None
+        raise from_oserror(exc) from None
+    try:
+        _check_lock(lock, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, False
+
+
+def _holder(fd: int) -> str:
+    """`` (pid N)`` for the run that wrote its pid into the lock, if that process is alive; else nothing."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return f" (pid {text})" if text.isdigit() and _alive(int(text)) else ""
+
+
 @contextmanager
 def output_lock(target: PathLike) -> Iterator[Path]:
-    """Hold the lock of ``target`` (``.NAME.lock`` beside it, removed afterwards); wait while another run holds it.
+    """Hold the lock of ``target`` (``.NAME.lock`` beside it); wait while another run holds it.
 
     POSIX record locks (``lockf``), not ``flock``: they belong to this process only, so decoding workers forked
     while it is held do not keep it alive after this process dies (a later run would wait forever). After
-    locking, the file is checked to still be the one at that path: the holder unlinks it just before unlocking,
+    locking, the file is checked to still be the one at that path: its creator unlinks it just before unlocking,
     and a waiter that locked the unlinked file starts over.
+
+    Only a lock this run created holds its pid and is removed afterwards (if the path still names it). A lock
+    file found there (one left by a run that was killed) is used as it is and left in place; one that is not a
+    regular file of this user with one link (a symbolic link planted to make the run truncate another file, a
+    FIFO, a hard link) is refused (:class:`OutputRefusedError`, exit 9).
     """
     lock = lock_path(target)
     while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 & ~_umask())
-        except OSError as exc:
-            raise from_oserror(exc) from None
+        opened = _open_lock(lock)
+        if opened is None:
+            continue
+        fd, created = opened
         try:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -195,13 +258,12 @@ def output_lock(target: PathLike) -> Iterator[Path]:
                     break
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
                 if wait_notice is not None:
-                    who = f" (pid {holder})" if holder.isdigit() else ""
+                    who = _holder(fd)
                     wait_notice(f"{output_path(target)}: another profparse run{who} is writing it; waiting for it")
                 fcntl.lockf(fd, fcntl.LOCK_EX)
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(lock))
+                same = os.path.samestat(os.fstat(fd), os.lstat(lock))
             except FileNotFoundError:
                 same = False
         except BaseException:
@@ -211,25 +273,35 @@ def output_lock(target: PathLike) -> Iterator[Path]:
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if created:
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield lock
     finally:
         try:
-            os.unlink(lock)
+            if created and os.path.samestat(os.fstat(fd), os.lstat(lock)):
+                os.unlink(lock)
         except FileNotFoundError:
             pass
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 #: errno values of a file system that has no record locks (some network mounts).
 UNLOCKABLE = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 
-_TMP_NAME = re.compile(r"\.(\d+)\.[A-Za-z0-9_]{6,}\.partial")
+#: The affixes of the temporary names this module generates after ``.NAME``: ``tempfile``'s 8 random characters
+#: (lower-case letters, digits, ``_``) or ``replaced`` (:func:`atomic_dir`), between a pid and ``.partial``.
+_TMP_NAME = re.compile(r"\.([1-9][0-9]{0,9})\.[a-z0-9_]{8}\.partial")
+#: Linux never hands out a pid above this (PID_MAX_LIMIT); a larger number is not a pid profparse wrote.
+_PID_LIMIT = 1 << 22
 
 
 def clean_stale(target: PathLike) -> list[Path]:
-    """Remove temporary siblings of ``target`` left by runs that died (killed mid-write); call under the lock."""
+    """Remove temporary siblings of ``target`` left by runs that died (killed mid-write); call under the lock.
+
+    Only names this module generates, whose pid is no longer alive, and only this user's own: a regular file, or
+    a folder (never followed through a link) that holds profparse's marker or nothing.
+    """
     p = output_path(target)
     prefix = f".{_stem(p.name, TMP_ROOM)}"
     removed = []
@@ -241,22 +313,31 @@ def clean_stale(target: PathLike) -> list[Path]:
         if not entry.name.startswith(prefix):
             continue
         m = _TMP_NAME.fullmatch(entry.name[len(prefix) :])
-        if not m or _alive(int(m.group(1))):
+        if not m or int(m.group(1)) > _PID_LIMIT or _alive(int(m.group(1))):
             continue
         path = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid():
+            continue
+        if stat.S_ISDIR(st.st_mode):
             if read_marker(path) is not None or not any(os.scandir(path)):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
-        elif entry.is_file(follow_symlinks=False):
+        elif stat.S_ISREG(st.st_mode):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (or cannot be told apart from one that does)."""
     if pid == os.getpid():
         return True
+    if not 0 < pid <= _PID_LIMIT:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
