@@ -8,6 +8,7 @@ A capture's run folder (one trace plus its ``manifest.json``) is that one trace.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -22,7 +23,8 @@ from profparse.cli.common import (
     parse_input,
     steps_bar,
 )
-from profparse.errors import PartialFailureError, UsageError
+from profparse.errors import OutputWriteError, PartialFailureError, UsageError
+from profparse.outputs.formats import display
 
 TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces"
 
@@ -124,8 +126,20 @@ def resolve_input(args: argparse.Namespace) -> bool:
     return False
 
 
+def check_utf8_output(out: str) -> None:
+    """Refuse an output folder whose name is not UTF-8 (exit 11): Arrow takes paths as UTF-8 text only, so its
+    Parquet files could not be written there, nor the dataset read back."""
+    try:
+        os.fsencode(out).decode("utf-8")
+    except UnicodeDecodeError:
+        raise OutputWriteError(
+            f"{display(out)}: cannot write (Parquet needs a UTF-8 path; this name is not UTF-8)"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     is_ranks = resolve_input(args)
+    check_utf8_output(args.out)
     check_output(args, "dir", "parse", [args.trace])
     if is_ranks:
         return run_ranks(args)

@@ -23,8 +23,10 @@ PLAIN_FORMATS = frozenset({"json", "csv"})  # machine-readable: names stay exact
 
 # C0 controls (ESC, BEL, CR, NUL, newline, ...), DEL, C1 controls (CSI ...), bidi marks, embeddings, overrides and
 # isolates, and the line/paragraph separators: what can move the cursor, recolour or clear a terminal, reorder
-# the text around it, or break a line or a table row
-_OTHER_UNSAFE = "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+# the text around it, or break a line or a table row; and lone surrogates, which no UTF-8 writer (a terminal, an
+# HTML page, matplotlib, Arrow metadata) accepts: Python keeps the bytes of a file name that is not UTF-8 as
+# U+DC80-U+DCFF (PEP 383), shown as the byte they stand for (``tr\xffce.json``)
+_OTHER_UNSAFE = "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE = re.compile(f"[\x00-\x1f{_OTHER_UNSAFE}]")
 _UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER_UNSAFE}]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -32,9 +34,15 @@ _BACKTICKS = re.compile("`+")
 _PIPE = re.compile(r"(\\*)\|")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_BYTES = range(0xDC80, 0xDD00)  # a byte 0x80-0xff of a name that is not UTF-8 (surrogateescape)
+
+
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
     code = ord(char)
+    if code in _ESCAPED_BYTES:
+        return f"\\x{code - 0xDC00:02x}"
     return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
@@ -43,6 +51,13 @@ def display(value: Any) -> str:
     (``\\x1b``, ``\\n``, ``\\u202e``); everything else, other non-ASCII text included, is kept."""
     text = str(value)
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def path_text(path: Any) -> str:
+    """``path`` as text any UTF-8 writer accepts (Parquet metadata, JSON), otherwise exact: only the bytes of a
+    name that is not UTF-8 become visible escapes (``tr\\xffce.json``), as :func:`display` shows them."""
+    text = str(path)
+    return _SURROGATE.sub(_escape, text) if _SURROGATE.search(text) else text
 
 
 def terminal_safe(text: str) -> str:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from profparse import phase_clock, tables
 from profparse.analysis import TABLES as ANALYSIS_TABLES
 from profparse.outputs.files import atomic_dir
+from profparse.outputs.formats import path_text
 from profparse.trace.events import NULL, release_memory
 
 TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings") + ANALYSIS_TABLES
@@ -217,7 +218,7 @@ def write_parquet(
     """Write every table of ``parsed`` into ``out_dir`` (atomically: all tables or nothing); ``on_table(name)``
     is called as each table is written (e.g. to advance a progress bar)."""
     out_dir = Path(out_dir)
-    metadata = {"profparse.source": str(parsed.path)}
+    metadata = {"profparse.source": path_text(parsed.path)}  # a name that is not UTF-8 as \xNN
     with atomic_dir(out_dir, force=force, verb="parse", inputs=[parsed.path]) as tmp:
         write_tables(table_makers(parsed), tmp, metadata, on_table)
     return out_dir

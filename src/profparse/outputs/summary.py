@@ -23,6 +23,7 @@ from profparse.outputs.formats import (
     Table,
     display,
     md_code,
+    path_text,
     render_as,
     tables_csv,
     tables_markdown,
@@ -123,7 +124,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
     for r in total_rows:  # share of all stages' host wall (steps and outside them): the shares add up to 1
         r["share"] = (r["host_wall_ns"] or 0) / whole if whole else 0.0
     return {
-        "trace": str(parsed.path),
+        "trace": path_text(parsed.path),  # json writes a name that is not UTF-8 with \xNN, not a lone surrogate
         "events": int(len(parsed.raw.events)),
         "steps": {
             "count": int(len(steps)),

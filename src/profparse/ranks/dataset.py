@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from profparse.errors import InputNotFoundError, TraceFormatError
+from profparse.outputs.formats import path_text
 from profparse.ranks.discovery import _valid_rank
 from profparse.ranks.results import RankResult
 
@@ -80,9 +81,9 @@ def ranks_table(results: Iterable[RankResult]) -> pd.DataFrame:
         {
             "rank": r.rank,
             "rank_source": r.source,
-            "file": r.path,
+            "file": path_text(r.path),  # a name that is not UTF-8 as \xNN (Arrow writes UTF-8 only)
             "status": "ok" if r.ok else "failed",
-            "error": r.error,
+            "error": None if r.error is None else path_text(r.error),
             "exit_code": r.exit_code,
             "events": r.events,
             "seconds": round(r.seconds, 3),

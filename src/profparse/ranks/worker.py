@@ -7,6 +7,7 @@ import traceback
 from pathlib import Path
 
 from profparse.errors import ProfparseError, from_oserror
+from profparse.outputs.formats import path_text
 from profparse.ranks import late
 from profparse.ranks.dataset import write_rank_tables
 from profparse.ranks.results import RankResult, RankTask
@@ -52,7 +53,7 @@ def run_rank(task: RankTask) -> RankResult:
             result.stage_names = late.stage_name_totals(parsed.kernels, parsed.ops)
         if task.out_root is not None:
             metadata = {
-                "profparse.source": str(task.path),
+                "profparse.source": path_text(task.path),  # a name that is not UTF-8 as \xNN
                 "profparse.rank": str(task.rank),
                 "profparse.rank_source": task.source,
             }

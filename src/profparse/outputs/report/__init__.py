@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -142,6 +143,9 @@ def ranks_payload(
     return {"kind": "ranks", "title": display(Path(folder).name or folder), "ranks": plain(data)}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
@@ -151,6 +155,9 @@ def render_html(payload: dict[str, Any]) -> str:
     meta = {"version": __version__, "stages": list(STAGES), "colors": STAGE_COLORS}
     body = json.dumps({**payload, "meta": meta}, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     body = body.replace("<", "\\u003c")  # no trace text can close the script or open a comment
+    # a lone surrogate (a file name that is not UTF-8, a "\\ud800" escape in a name) cannot be written as UTF-8;
+    # as a JSON escape the page reads it back as the same string
+    body = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", body)
     title = html.escape(f"profparse report: {payload['title']}")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
