@@ -1,4 +1,4 @@
-"""Adversarial locks (issue 25 item 1).
+"""Adversarial locks and output names (issue 25 item 1 and the ``-o newdir/`` nit).
 
 An output's lock file ``.NAME.lock`` sits in the output's folder, where anyone who can write there may have put
 something under that name first: a symbolic link to a file the runner can write, a hard link, a FIFO, a file of
@@ -21,7 +21,7 @@ from tracebuilder import TraceBuilder, training_step
 
 from profparse.outputs.files import MARKER, read_marker
 
-REFUSED = 9
+REFUSED, USAGE = 9, 2
 OTHER_UID = 54321  # a user id nobody on the test machine runs as
 
 
@@ -206,3 +206,23 @@ def test_temporary_names_of_another_user_are_kept(work):
     os.chown(theirs, OTHER_UID, OTHER_UID)
     assert_success(run_verb("report", work, work / "out.html"))
     assert theirs.read_text() == "another user's"
+
+
+# -- -o newdir/ ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["report", "annotate"])
+@pytest.mark.parametrize("suffix", ["/", "/."])
+def test_file_output_ending_in_slash_is_a_usage_error(work, verb, suffix):
+    """``report -o newdir/`` wrote a file named ``newdir``; a file output named as a folder is now exit 2."""
+    before = snapshot(work)
+    run = run_verb(verb, work, f"{work / 'newdir'}{suffix}")
+    assert_clean_failure(run, USAGE, contains="names a folder", before=before, after=snapshot(work))
+    assert not (work / "newdir").exists()
+
+
+@pytest.mark.parametrize("verb", ["parse", "plot"])
+def test_folder_output_ending_in_slash_is_that_folder(work, verb):
+    run = run_verb(verb, work, f"{work / 'newdir'}/")
+    assert_success(run, folders=(work,))
+    assert (work / "newdir").is_dir() and read_marker(work / "newdir")["verb"] == verb

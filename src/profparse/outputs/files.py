@@ -113,6 +113,21 @@ def _refuse(p: Path, why: str) -> OutputRefusedError:
     )
 
 
+def check_file_name(target: PathLike) -> None:
+    """Refuse (exit 2) a file output written as a folder: ``-o newdir/`` (or ``newdir/.``).
+
+    ``Path`` drops a trailing ``/`` and ``/.``, so without this ``report -o newdir/`` would write a file named
+    ``newdir``. A file output has no default name to put inside a folder, so the name must be given.
+    """
+    text = os.fsdecode(target) if isinstance(target, (str, bytes)) else None
+    if text and text.endswith(("/", os.sep, "/.", os.sep + ".")):
+        folder = text if text.endswith(("/", os.sep)) else text[:-1]
+        raise UsageError(
+            f"{text}: ends with '/', so it names a folder, but this output is a file; "
+            f"give a file name in it ({folder}NAME)"
+        )
+
+
 def _holds(folder: Path, inner: Path) -> bool:
     return inner == folder or folder in inner.parents
 
@@ -127,6 +142,8 @@ def check_target(
     ``kind`` is ``"dir"`` (a folder output of ``verb``) or ``"file"``. Raises :class:`OutputRefusedError` (9)
     for what profparse did not write, :class:`OutputExistsError` (6) for its own output without ``force``.
     """
+    if kind == "file":
+        check_file_name(target)
     p = output_path(target)
     try:
         st = os.lstat(p)
@@ -425,6 +442,7 @@ def _merge(tmp: Path, target: Path, owns: Sequence[str]) -> None:
 @contextmanager
 def atomic_file(target: PathLike, *, force: bool = False, inputs: Iterable[PathLike] = ()) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; it becomes ``target`` only if the block succeeds."""
+    check_file_name(target)
     p = output_path(target)
     inputs = list(inputs)
     _mkdir_parent(p)
