@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -75,10 +77,19 @@ def _matches(path: Path, record: dict[str, Any]) -> bool:
 
 
 def _clean_stale(parent: Path, name: str) -> None:
+    """Remove the build folders a killed build left (``.NAME.tmp-PID-HEX8``, ``.NAME.old-PID-HEX8``): only those
+    exact names, only real folders (never a link) of this user, older than a day; anything else is the user's."""
+    generated = re.compile(rf"\.{re.escape(name)}\.(?:tmp|old)-\d{{1,10}}-[0-9a-f]{{8}}")
     now = time.time()
     for p in parent.glob(f".{name}.*"):
         try:
-            if p.is_dir() and now - p.stat().st_mtime > _STALE_TMP_S:
+            info = p.lstat()
+            if (
+                generated.fullmatch(p.name)
+                and stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.getuid()
+                and now - info.st_mtime > _STALE_TMP_S
+            ):
                 shutil.rmtree(p, ignore_errors=True)
         except OSError:
             pass
