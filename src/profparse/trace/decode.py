@@ -218,6 +218,8 @@ _ONE_STRICT = msgspec.json.Decoder(Event)
 _ONE_LOOSE = msgspec.json.Decoder(LooseEvent)
 _ARGS = msgspec.json.Decoder(Args)
 _HEADER = msgspec.json.Decoder(dict[str, Any])
+_TRAILER_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
 
 Decoded = tuple[list[Event] | list[FastEvent], bytes | None]
 
@@ -228,6 +230,9 @@ _NEXT_EVENT = re.compile(rb"}\s*,\s*{")  # a plausible start of the next event, 
 _NONFINITE = re.compile(rb"(?<=[:,\[])(\s*)-?(?:NaN|Infinity)(?=\s*[,}\]])")  # written by Python's json module
 _NONFINITE_AT = re.compile(rb"-?(?:NaN|Infinity)")
 _SCAN_BLOCK = 1 << 22
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark: accepted at the start, as JSON readers do
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # a surrogate escape, \ud800 to \udfff
+_REPLACEMENT = b"\\ufffd"  # as long as the escape it replaces: offsets stay valid
 
 
 class ReadSequentially(Exception):
@@ -248,6 +253,9 @@ class DecodeReport:
     skipped_bytes: int = 0  # bytes of malformed events skipped
     nonfinite_values: int = 0  # NaN / Infinity tokens, read as non-finite floats
     trailing_bytes: int = 0  # bytes after the end of the JSON document, ignored
+    lone_surrogates: int = 0  # surrogate escapes (\ud800) without their pair, read as U+FFFD
+    events_end_byte: int | None = None  # offset of the ']' that closes traceEvents (in the uncompressed text)
+    document_end_byte: int | None = None  # offset just after the '}' that closes the document
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + count
@@ -554,6 +562,85 @@ def _inside_strings(a: np.ndarray, in_string: int, backslashes: int) -> tuple[np
     return inside, (in_string + len(quotes)) & 1, trailing
 
 
+def _unmatched_close(buf: bytes | bytearray, start: int, state: list[int]) -> int | None:
+    """The position of the first closing bracket of ``buf[start:]`` without its opening one, outside strings, or
+    None. ``state`` (depth, inside a string, backslashes before) is where the text before ``buf[start]`` left the
+    scan, and is updated: the scan goes on in the next block of a stream. Vectorised like :func:`_event_ends`."""
+    depth, in_string, backslashes = state
+    pos = start
+    while pos < len(buf):
+        end = min(pos + _SCAN_BLOCK, len(buf))
+        a = np.frombuffer(buf, dtype=np.uint8, count=end - pos, offset=pos)
+        inside, in_string, backslashes = _inside_strings(a, in_string, backslashes)
+        delta = (((a == 123) | (a == 91)) & ~inside).astype(np.int32) - (((a == 125) | (a == 93)) & ~inside)
+        levels = np.cumsum(delta, dtype=np.int64) + depth
+        below = np.flatnonzero(levels < 0)
+        if below.size:
+            state[:] = [0, 0, 0]
+            return pos + int(below[0])
+        depth = int(levels[-1])
+        pos = end
+    state[:] = [depth, in_string, backslashes]
+    return None
+
+
+def _trailer_follows(buf: bytes | bytearray, close: int) -> bool:
+    """Whether the ``]`` at ``close`` is followed by what ends a document after its event array: ``}``, or ``,``
+    and a key. Between events (a stray bracket of a damaged event) a ``{`` follows instead."""
+    pos = close + 1
+    while pos < len(buf) and buf[pos] in _BLANKS:
+        pos += 1
+    if pos < len(buf) and buf[pos] == 44:  # ','
+        pos += 1
+        while pos < len(buf) and buf[pos] in _BLANKS:
+            pos += 1
+        return pos < len(buf) and buf[pos] == 34  # '"'
+    return pos < len(buf) and buf[pos] == 125  # '}'
+
+
+def _closing_bracket(buf: bytes | bytearray, pos: int, stop: int, exc: Exception) -> int | None:
+    """Where the event array closes in ``buf[pos:stop]`` (events decoded as ``[`` + that text + ``]``), when
+    ``exc`` says so: msgspec read a whole array and found more after it, and what follows its ``]`` ends a
+    document (:func:`_trailer_follows`); else None. msgspec found the bracket with the strings skipped, so this
+    costs nothing while the events go on."""
+    message = str(exc)
+    if "trailing characters" not in message:
+        return None
+    found = _BYTE_POS.search(message)
+    if found is None:
+        return None
+    trailing = pos + int(found.group(1)) - 2  # msgspec counts from 1, and the '[' put in front
+    if not pos < trailing < stop:
+        return None
+    close = buf.rfind(b"]", pos, trailing)
+    if close < 0 or bytes(buf[close + 1 : trailing]).strip(b" \t\r\n"):
+        return None
+    return close if _trailer_follows(buf, close) else None
+
+
+def _repair_surrogates(buf: bytearray, start: int, stop: int) -> int:
+    """Replace each lone surrogate escape of ``buf[start:stop]`` (``\\ud800`` without its low half, or a low half
+    alone: valid JSON that msgspec refuses) by ``\\ufffd`` in place; the number replaced. Pairs are kept."""
+    found = [m.start() for m in _SURROGATE.finditer(buf, start, stop)]
+    lone = []
+    i = 0
+    while i < len(found):
+        at = found[i]
+        before = bytes(buf[max(start, at - 64) : at])
+        if (len(before) - len(before.rstrip(b"\\"))) % 2:  # an escaped backslash followed by 'u': text, not an escape
+            i += 1
+            continue
+        high = buf[at + 3] in b"89abAB"
+        if high and i + 1 < len(found) and found[i + 1] == at + 6 and buf[at + 9] in b"cdefCDEF":
+            i += 2  # a pair
+            continue
+        lone.append(at)
+        i += 1
+    for at in lone:
+        buf[at : at + 6] = _REPLACEMENT
+    return len(lone)
+
+
 def _after_separator(buf: bytes | bytearray, pos: int, stop: int) -> int:
     """``pos`` moved past blanks and at most one comma (and the blanks after it)."""
     while pos < stop and buf[pos] in _BLANKS:
@@ -587,6 +674,8 @@ class TraceDecoder:
         self._stream_handle: BinaryIO | None = None
         self._disk_bytes = 0
         self._memory_checked_at = 0  # bytes read when the memory need was last projected
+        self._close_in_region: int | None = None  # set by _decode_region: where the event array closed
+        self._scan_at = 0  # a buffer without an event boundary is scanned for the array's end at this size
 
     def _read(self, stream: BinaryIO) -> bytes:
         try:
@@ -670,7 +759,9 @@ class TraceDecoder:
             if not isinstance(stream, _Gunzip):
                 self.check_memory_for(self._disk_bytes)  # the JSON's size is known: decide before reading
             buf = self._read(stream)
-            blank = 0
+            blank = bom = 0
+            if buf.startswith(BOM):
+                bom, buf = len(BOM), buf[len(BOM) :]
             while buf and not buf.lstrip():  # a run of whitespace: count it, keep nothing
                 blank += len(buf)
                 buf = self._read(stream)
@@ -689,7 +780,7 @@ class TraceDecoder:
                 buf += block
                 match = _EVENTS_KEY.search(buf, searched)
             self._parse_header(buf[: match.start()])
-            self._consumed = blank + match.end()
+            self._consumed = bom + blank + match.end()
             buf = buf[match.end() :]
             if defer:
                 yield from self._deferred(stream, buf)
@@ -709,6 +800,9 @@ class TraceDecoder:
                         self.report.events_read += len(events[0])
                         yield events
                 del items
+                if self._close_in_region is not None:  # the event array closed: what follows is no event
+                    self._read_trailer(stream, buf)
+                    return
 
     def _deferred(self, stream: BinaryIO, rest: bytes) -> Iterator[memoryview | Decoded | None]:
         """The reading loop of :meth:`bodies`. Blocks are read into one buffer that is used again for every chunk,
@@ -789,18 +883,83 @@ class TraceDecoder:
             self.header = {}  # header keys are informative only; events are what matter
 
     def _parse_trailer(self, tail: bytes) -> bool:
-        """Parse what follows the event array (``, "traceName": ...}``); True when it closes the document."""
+        """Parse what follows the event array (``, "traceName": ...}``); True when it closes the document.
+
+        A second ``traceEvents`` key is refused: JSON readers keep the last one, and this reader has streamed the
+        first (its keys are looked at before any value is built, so a long second array costs no objects).
+        """
         rest = tail.strip()
         if rest == b"}":
             return True
         if not rest.startswith(b",") or not rest.endswith(b"}"):
             return False
         try:
-            extra = _HEADER.decode(b"{" + rest[1:])
+            raw = _TRAILER_RAW.decode(b"{" + rest[1:])
         except msgspec.DecodeError:
             return False
-        self.header.update(extra)
+        if "traceEvents" in raw:
+            raise TraceFormatError(
+                f"{self.path}: two traceEvents keys (JSON readers keep the last, profparse reads the first): "
+                "ambiguous, refused; keep one of them"
+            )
+        self.header.update({key: _ANY.decode(value) for key, value in raw.items()})
         return True
+
+    def _read_trailer(self, stream: BinaryIO, rest: bytes) -> None:
+        """Read what follows the event array, ``rest`` (from its ``]`` on) and the rest of ``stream``: the trailer
+        up to the ``}`` that closes the document (found by structure, held up to :data:`MAX_HEADER_BYTES`) gives
+        header keys; what comes after it is counted, not held (``report.trailing_bytes``)."""
+        self.report.events_end_byte = base = self._consumed
+        state = [0, 0, 0]
+        pieces: list[bytes] = []
+        held = 0
+        data, pos = rest, 1
+        while True:
+            end = _unmatched_close(data, pos, state)
+            if end is not None:
+                pieces.append(data[pos : end + 1])
+                break
+            pieces.append(data[pos:])
+            held += len(data) - pos
+            if held > MAX_HEADER_BYTES:
+                raise TraceFormatError(
+                    f"{self.path}: more than {MAX_HEADER_BYTES >> 20} MB after the event array without the end of "
+                    "the document (corrupt or hostile input)"
+                )
+            base += len(data)
+            data, pos = self._read(stream), 0
+            if not data:  # cut inside the trailer: every event is there, only trailing keys are lost
+                self._consumed = base
+                self._mark_truncated(b"", 0, in_events=False)
+                return
+        trailer = b"".join(pieces)
+        del pieces
+        if data[end] != 125 or not self._parse_trailer(trailer):
+            self._trailer_damaged(self.report.events_end_byte, len(trailer) + 1)
+        else:
+            self.report.document_end_byte = base + end + 1
+        self.report.trailing_bytes = self._count_trailing(stream, data[end + 1 :])
+        self._check_damage(final=True)
+
+    def _count_trailing(self, stream: BinaryIO, data: bytes) -> int:
+        """Bytes from ``data`` to the end of ``stream`` once blanks at both ends are left out; nothing is held."""
+        first = last = None
+        offset = 0
+        while data:
+            if data.strip():
+                if first is None:
+                    first = offset + len(data) - len(data.lstrip())
+                last = offset + len(data.rstrip())
+            offset += len(data)
+            data = self._read(stream)
+        return 0 if first is None or last is None else last - first
+
+    def _trailer_damaged(self, where: int, size: int) -> None:
+        """The text after the ``]`` taken for the end of the events is no trailer: skipped as damage."""
+        self.report.drop("malformed JSON (skipped to the next event)")
+        self.report.skipped_bytes += size
+        if self.report.malformed_at_byte is None:
+            self.report.malformed_at_byte = where
 
     # -- chunking ----------------------------------------------------------------------------------------
 
@@ -881,6 +1040,16 @@ class TraceDecoder:
             start = len(buf) - len(buf.lstrip())  # blanks before the next event go (a whitespace bomb stays small)
             self._consumed += start
             buf = buf[start:]
+            if len(buf) > max(self._scan_at, 2 * self.chunk_bytes):
+                # long without a boundary: a long event, or the array closed and a long trailer follows (a long
+                # string, say); scanned again only once the buffer doubled, so each byte a few times at most
+                self._scan_at = 2 * len(buf)
+                _, close = _event_ends(buf, 0, len(buf))
+                if close is not None and buf[close] == 93 and _trailer_follows(buf, close):
+                    items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
+                    self._close_in_region = close
+                    self._consumed += close
+                    return items, buf[close:]
             if len(buf) > max(MAX_EVENT_BYTES, 2 * self.chunk_bytes):
                 raise TraceFormatError(
                     f"{self.path}: no end of an event in {len(buf) >> 20} MB near byte {self._consumed}: an "
@@ -888,6 +1057,9 @@ class TraceDecoder:
                 )
             return [], buf
         items, stop = self._decode_region(buf, 0, cut, final=False)
+        if self._close_in_region is not None:  # the event array closed at ``stop``: keep the rest for the trailer
+            self._consumed += stop
+            return items, buf[stop:]
         stop = _after_separator(buf, stop, len(buf))
         self._consumed += stop
         rest = buf[stop:]
@@ -909,6 +1081,7 @@ class TraceDecoder:
         if not isinstance(buf, bytearray):
             buf = bytearray(buf) + b" "  # writable, with a spare byte after the end: see _decode_span
         copy_texts = True  # one copy of the region at most: never one per error (linear in damaged input)
+        surrogates = repair  # lone surrogate escapes are looked for once per region, after its first error
         while True:
             pos = _after_separator(buf, pos, stop)
             if pos >= stop:
@@ -917,6 +1090,18 @@ class TraceDecoder:
                 items.append(self._decode_span(buf, pos, stop, copy_texts))
                 return items, stop
             except msgspec.DecodeError as exc:
+                close = None if final else _closing_bracket(buf, pos, stop, exc)
+                if close is not None:  # the event array ends inside the region: decode the events before it
+                    if buf[pos:close].strip():
+                        items += self._decode_region(buf, pos, close, repair=repair)[0]
+                    self._close_in_region = close
+                    return items, close
+                if surrogates:
+                    surrogates = False
+                    fixed = _repair_surrogates(buf, pos, stop)  # in place: ``buf`` is this reader's copy
+                    if fixed:
+                        self.report.lone_surrogates += fixed
+                        continue
                 err = self._error_offset(buf, pos, stop, exc)
             copy_texts = False
             ends, _ = _event_ends(buf, pos, stop) if err is None else (None, None)
@@ -1074,14 +1259,17 @@ class TraceDecoder:
         # else the last ']' (a damaged event can put a bracket that closes early); the first whose trailer parses.
         # One vectorised scan of the last chunk.
         ends, array_close = _event_ends(buf, 0, len(buf))
-        candidates = [array_close] if array_close is not None and buf[array_close] == 93 else []
+        structural = array_close is not None and buf[array_close] == 93
+        candidates = [array_close] if structural else []
         last = buf.rfind(b"]")
-        if last >= 0 and last not in candidates:
-            candidates.append(last)
+        if last >= 0 and last not in candidates and not (structural and _trailer_follows(buf, array_close)):
+            candidates.append(last)  # the structure was thrown off by damage (no trailer follows its ']')
         for close in candidates:
             if self._parse_trailer(buf[close + 1 :]):
                 items = self._decode_region(buf, 0, close)[0] if buf[:close].strip() else []
                 self._check_damage(final=True)  # the document ends as it should: damage before is skipped
+                self.report.events_end_byte = self._consumed + close
+                self.report.document_end_byte = self._consumed + len(buf.rstrip())
                 return items, b""
         items = self._final_careful(buf, ends, array_close)
         self._check_damage(final=True)
@@ -1103,14 +1291,13 @@ class TraceDecoder:
             self._mark_truncated(buf, sum(len(e[0]) for e in items), in_events=False)
             return items
         saved = dict(self.header)
-        if not self._parse_trailer(buf[close + 1 : end + 1]):  # that ']' was not the end of the events: damage
+        if buf[end] != 125 or not self._parse_trailer(buf[close + 1 : end + 1]):  # not the end of the events: damage
             self.header = saved
-            self.report.drop("malformed JSON (skipped to the next event)")
-            self.report.skipped_bytes += len(buf) - close
-            if self.report.malformed_at_byte is None:
-                self.report.malformed_at_byte = self._consumed + close
+            self._trailer_damaged(self._consumed + close, len(buf) - close)
             return items
         self.report.trailing_bytes = len(buf[end + 1 :].strip())
+        self.report.events_end_byte = self._consumed + close
+        self.report.document_end_byte = self._consumed + end + 1
         return items
 
     def _mark_truncated(self, buf: bytes, recovered: int, in_events: bool) -> None:
