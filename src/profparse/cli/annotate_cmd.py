@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     parsed = parse_input(args)
     result = write_annotated(parsed, args.out, force=args.force)
     cut = " (input was cut short: its complete events were copied)" if result.truncated_input else ""
+    if result.trailing_bytes:
+        cut += f" ({result.trailing_bytes:,} bytes after the input's JSON document were not copied)"
     tracks = f"{result.tracks} track" + ("s" if result.tracks != 1 else "")
     substeps = f", {result.substeps:,} loading sub-step slices" if result.substeps else ""
     note(f"wrote {result.path} ({result.intervals:,} stage slices on {tracks}{substeps}){cut}", args.quiet)

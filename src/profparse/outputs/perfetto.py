@@ -26,7 +26,7 @@ from profparse.errors import OutputRefusedError, TraceFormatError
 from profparse.marks import STAGES
 from profparse.outputs.files import atomic_file
 from profparse.tables import HOST_SPAN_KINDS, mixed_containers, union_length
-from profparse.trace.decode import open_trace
+from profparse.trace.decode import BOM, open_trace
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
 
@@ -34,7 +34,8 @@ STAGE_PROCESS_NAME = "profparse stages"
 STAGE_CATEGORY = "profparse_stage"
 LOAD_CATEGORY = "profparse_load"
 COPY_BYTES = 16 << 20  # read size while copying
-HOLD_BYTES = 16 << 20  # tail kept back until the end: it holds the closing ']' and the trailer
+HOLD_BYTES = 16 << 20  # tail of a trace cut short kept back until the end: it holds the last complete event
+_SPACE = b" \t\r\n"
 _STREAM_NAME = re.compile(r"^\s*stream\s+(\S+)\s*$")
 
 
@@ -429,74 +430,7 @@ class AnnotateResult:
     tracks: int  # host threads and GPU streams with a stage track
     truncated_input: bool  # the input was cut short: its complete events were copied
     substeps: int = 0  # loading sub-step slices written
-
-
-_TRAILER = msgspec.json.Decoder(dict[str, Any])
-
-
-_SPACE = b" \t\r\n"
-_NEXT_KEY = re.compile(rb'[ \t\r\n]*"traceEvents"[ \t\r\n]*:')
-
-
-def _closes_array(tail: bytes, buf: bytearray, view: memoryview, pos: int, last: int) -> dict | None:
-    """Whether the ``]`` at ``pos`` can close ``traceEvents``: an event's ``}`` or the array's ``[`` before it, and
-    after it a trailer that closes the document (``tail[last]`` is its final ``}``): ``}`` or ``, "k": v ... }``.
-    Returns the trailer's keys and values, or None.
-
-    The neighbours are checked first; only a candidate that passes is decoded, in ``buf`` (a copy of ``tail``
-    with the ``,`` overwritten by ``{`` for the decode), through ``view``, so nothing is copied per candidate and a
-    false candidate's decode stops at its first error, close by.
-    """
-    before = pos - 1
-    while before >= 0 and tail[before] in _SPACE:
-        before -= 1
-    if before < 0 or tail[before] not in b"}[":
-        return None
-    after = pos + 1
-    while tail[after] in _SPACE:  # stops at tail[last] == '}' at the latest
-        after += 1
-    if after == last:
-        return {}
-    if tail[after] != 44:  # ','
-        return None
-    key = after + 1
-    while tail[key] in _SPACE:
-        key += 1
-    if tail[key] not in b'"}':
-        return None
-    if _NEXT_KEY.match(tail, after + 1):
-        return {"traceEvents": None}  # a ']' before the event array (deviceProperties'): no need to decode
-    buf[after] = 123  # '{'
-    try:
-        return _TRAILER.decode(view[after : last + 1])
-    except msgspec.DecodeError:
-        return None
-    finally:
-        buf[after] = 44
-
-
-def _array_close(tail: bytes) -> int | None:
-    """Position of the ``]`` that closes ``traceEvents`` in the file's tail, or None if the file is cut short.
-
-    Candidates are tried right to left (see :func:`_closes_array`). The leftmost valid candidate of the run wins
-    (a trailer can hold arrays of objects too), so the search stops at the first invalid candidate after a valid
-    one, or at one followed by the ``traceEvents`` key (the whole file is in the tail). Linear in the tail:
-    slicing the tail on both sides of every ``]`` made a cut 12.5 MB trace take minutes.
-    """
-    last = len(tail.rstrip()) - 1
-    if last < 0 or tail[last] != 125:  # not closed by '}': cut short
-        return None
-    buf = bytearray(tail)
-    found = None
-    pos = last
-    with memoryview(buf) as view:
-        while (pos := tail.rfind(b"]", 0, pos)) >= 0:
-            trailer = _closes_array(tail, buf, view, pos, last)
-            if trailer is not None and "traceEvents" not in trailer:
-                found = pos
-            elif found is not None or trailer is not None:
-                break
-    return found
+    trailing_bytes: int = 0  # bytes after the input's JSON document, not copied (parsing ignores them too)
 
 
 def _last_boundary(tail: bytes) -> tuple[int, int] | None:
@@ -561,9 +495,11 @@ def write_annotated(
 ) -> AnnotateResult:
     """Copy ``parsed``'s trace file to ``out`` with the stage tracks appended to ``traceEvents``.
 
-    Every byte of the original event array is copied through unchanged; the new events go right after the last
-    original event, before the array's closing ``]``. ``out`` is gzip-compressed when it ends with ``.gz`` (or as
-    ``gzip_output`` says) and is written atomically; the input is never modified.
+    Every byte of the original document is copied through unchanged; the new events go right after the last
+    original event, before the array's closing ``]``, at the offset the decoder found (see :func:`_splice`).
+    What parsing ignored is left out: a byte-order mark, and bytes after the end of the document. ``out`` is
+    gzip-compressed when it ends with ``.gz`` (or as ``gzip_output`` says) and is written atomically; the input
+    is never modified.
     """
     source = Path(parsed.path)
     target = Path(out)
@@ -574,43 +510,102 @@ def write_annotated(
     new_events = list(annotation_events(parsed, tracks))
     substeps = sum(1 for e in new_events if LOAD_CATEGORY in e[:60])
     new_text = ",\n".join(new_events).encode("utf-8")
-    truncated = False
+    report = parsed.raw.report
+    close, end = report.events_end_byte, report.document_end_byte
+    if close is None and not report.truncated:  # e.g. an entry of an older cache: no offsets to splice at
+        raise TraceFormatError(f"{source}: where its traceEvents array ends is not known; nothing written")
     with atomic_file(target, force=force, inputs=[source]) as tmp, _open_out(tmp, gz) as dst, open_trace(source) as src:
-        tail = b""
-        while True:
-            try:  # only reading errors are the input's fault (a full disk while writing is not)
-                block = src.read(COPY_BYTES)
-            except EOFError:
-                truncated = True  # a gzip stream cut short: copy what was read
-                break
-            except (OSError, zlib.error) as exc:
-                raise TraceFormatError(f"{source}: cannot read ({exc})") from None
-            if not block:
-                break
-            tail += block
-            if len(tail) > HOLD_BYTES + COPY_BYTES:
-                dst.write(tail[:-HOLD_BYTES])
-                tail = tail[-HOLD_BYTES:]
-        close = None if truncated else _array_close(tail)
-        if close is not None:
-            before = tail[:close].rstrip()
-            cut = len(before)
-            sep = b",\n" if before.endswith(b"}") else b"\n"
-            dst.write(tail[:cut] + sep + new_text + tail[cut:])
+        if close is None:
+            truncated = _splice_cut_short(source, src, dst, new_text)
         else:
-            truncated = True
-            cut = _last_event_end(tail)
-            if cut is None:
-                if not tail.rstrip().endswith(b"["):
-                    raise TraceFormatError(f"{source}: cut short and no complete event found near its end")
-                cut = len(tail.rstrip())
-                dst.write(tail[:cut] + b"\n" + new_text + b"\n]}\n")
-            else:
-                dst.write(tail[:cut] + b",\n" + new_text + b"\n]}\n")
+            truncated = end is None  # cut inside the trailer: the events are whole, the trailer keys are lost
+            _splice(source, src, dst, new_text, close, end, report.trailing_bytes)
     return AnnotateResult(
         path=target,
         intervals=len(tracks.intervals),
         tracks=len(tracks.tracks),
         truncated_input=truncated,
         substeps=substeps,
+        trailing_bytes=report.trailing_bytes if end is not None else 0,
     )
+
+
+def _copy(source: Path, src: BinaryIO, dst: BinaryIO, count: int) -> int:
+    """Copy the next ``count`` bytes of ``src``; the last of them that is not a blank (0 if none)."""
+    last = 0
+    while count > 0:
+        block = _read(source, src, min(count, COPY_BYTES))
+        if not block:
+            raise TraceFormatError(f"{source}: ends before the offsets found when it was parsed (changed since?)")
+        dst.write(block)
+        count -= len(block)
+        stripped = block.rstrip(_SPACE)
+        if stripped:
+            last = stripped[-1]
+    return last
+
+
+def _read(source: Path, src: BinaryIO, size: int) -> bytes:
+    try:  # only reading errors are the input's fault (a full disk while writing is not)
+        return src.read(size)
+    except EOFError:
+        return b""
+    except (OSError, zlib.error) as exc:
+        raise TraceFormatError(f"{source}: cannot read ({exc})") from None
+
+
+def _splice(
+    source: Path, src: BinaryIO, dst: BinaryIO, new_text: bytes, close: int, end: int | None, trailing: int
+) -> None:
+    """Copy the document with ``new_text`` inserted before the ``]`` at offset ``close`` that the decoder found
+    closing ``traceEvents`` (by structure: never a bracket of a string or of a later key), and the trailer up
+    to ``end``, where the decoder found the document's last ``}``; bytes after it (``trailing`` of them besides
+    blanks: NUL padding, junk, a second document) are left out, as parsing leaves them out; blanks alone are
+    copied (the output is then the input with one block inserted). A UTF-8 byte-order mark is left out too (JSON text
+    must not start with one). Each offset is checked against the bytes there: an input that changed since it
+    was parsed is refused (exit 4), and the temporary output removed."""
+    start = _read(source, src, len(BOM))
+    if start != BOM:
+        dst.write(start)
+    last = _copy(source, src, dst, close - len(start))
+    if start != BOM and start.rstrip(_SPACE):
+        last = last or start.rstrip(_SPACE)[-1]
+    bracket = _read(source, src, 1)
+    if bracket != b"]":
+        raise TraceFormatError(f"{source}: no ']' at byte {close}, where parsing found the end of traceEvents")
+    dst.write((b"\n" if last in b"[," else b",\n") + new_text + b"\n]")
+    if end is None:
+        dst.write(b"}\n")
+        return
+    _copy(source, src, dst, end - close - 2)
+    if _read(source, src, 1) != b"}":
+        raise TraceFormatError(f"{source}: no '}}' at byte {end - 1}, where parsing found the end of the document")
+    dst.write(b"}")
+    if trailing:
+        dst.write(b"\n")
+        return
+    while block := _read(source, src, COPY_BYTES):  # blanks only; those JSON does not allow are left out
+        dst.write(block.translate(None, b"\x0b\x0c"))
+
+
+def _splice_cut_short(source: Path, src: BinaryIO, dst: BinaryIO, new_text: bytes) -> bool:
+    """Copy a trace cut short inside its event array: its complete events, then ``new_text`` and the closing
+    brackets (the tail is held back to find the last complete event). Returns whether the input was cut."""
+    tail = b""
+    while True:
+        block = _read(source, src, COPY_BYTES)
+        if not block:
+            break
+        tail += block
+        if len(tail) > HOLD_BYTES + COPY_BYTES:
+            dst.write(tail[:-HOLD_BYTES])
+            tail = tail[-HOLD_BYTES:]
+    cut = _last_event_end(tail)
+    if cut is None:
+        if not tail.rstrip().endswith(b"["):
+            raise TraceFormatError(f"{source}: cut short and no complete event found near its end")
+        cut = len(tail.rstrip())
+        dst.write(tail[:cut] + b"\n" + new_text + b"\n]}\n")
+    else:
+        dst.write(tail[:cut] + b",\n" + new_text + b"\n]}\n")
+    return True
