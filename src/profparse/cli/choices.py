@@ -24,5 +24,6 @@ PLOT_KINDS = (  # profparse.outputs.plots.PLOT_KINDS (the views, in order)
     "load",
 )
 PLOT_FORMATS = ("png", "svg")  # profparse.outputs.plots.FORMATS
+PLOT_MAX_PIXELS = 16_000_000  # profparse.outputs.plots.MAX_PIXELS
 METRICS = ("host_wall", "host_ops", "gpu_time", "gpu_busy", "gpu_idle")  # profparse.ranks.METRICS
 DEFAULT_METRIC = "host_wall"  # profparse.ranks.DEFAULT_METRIC

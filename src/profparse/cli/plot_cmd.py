@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from profparse.cli.choices import PLOT_FORMATS as FORMATS
-from profparse.cli.choices import PLOT_KINDS
+from profparse.cli.choices import PLOT_KINDS, PLOT_MAX_PIXELS
 from profparse.cli.common import (
     add_input_options,
     check_output,
@@ -25,7 +25,10 @@ from profparse.cli.common import (
     stored_output,
 )
 
-MAX_DPI = 1000  # a 12 x 6 inch figure at 1000 dpi is 72 Mpixel already
+#: PNG resolution. Below MIN_DPI the smallest labels (7 pt) are under one pixel, which FreeType refuses (dpi 1-5
+#: was an internal error); each PNG is also held to profparse.outputs.plots.MAX_PIXELS, whatever the dpi.
+MIN_DPI = 20
+MAX_DPI = 1000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="only this file format (repeatable; default: png and svg)",
     )
     p.add_argument(
-        "--dpi", type=int_option(1, MAX_DPI), default=120, help=f"PNG resolution, 1-{MAX_DPI} (default: 120)"
+        "--dpi",
+        type=int_option(MIN_DPI, MAX_DPI),
+        default=120,
+        help=f"PNG resolution, {MIN_DPI}-{MAX_DPI} (default: 120); a PNG is at most {PLOT_MAX_PIXELS / 1e6:.0f} "
+        "Mpixel (a larger one is drawn at a lower dpi, with a note)",
     )
     p.set_defaults(run=run)
 
@@ -74,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
             note(message, args.quiet)
         results = body["results"]
         copy_plots(args, results, folder)
+        for r in results:
+            if r.get("note"):
+                note(r["note"], args.quiet)
     else:
         from profparse.outputs.plots import write_plots
 
@@ -81,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         drawn = write_plots(
             parsed, args.out, kinds=args.kind, formats=args.formats or FORMATS, force=args.force, dpi=args.dpi
         )
-        results = [{"kind": r.kind, "files": [f.name for f in r.files], "skipped": r.skipped} for r in drawn]
+        results = [
+            {"kind": r.kind, "files": [f.name for f in r.files], "skipped": r.skipped, "note": r.note} for r in drawn
+        ]
+        for r in results:
+            if r["note"]:
+                note(r["note"], args.quiet)
         if parsed.cache is not None:
             body = {"notes": input_notes(args.trace, parsed), "results": results}
             parsed.cache.put_output(options, body, [f for r in drawn for f in r.files])

@@ -21,6 +21,7 @@ registry into files.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,10 @@ from profparse.outputs.views.stages import level_panels
 PLOT_KINDS: tuple[str, ...] = tuple(VIEWS)
 FORMATS: tuple[str, ...] = ("png", "svg")
 MAX_RECTS = 6000  # timeline intervals drawn, all tracks together
+#: PNG pixels per figure: a tall figure (the top lists of many stages) at a high dpi would otherwise take
+#: gigabytes and minutes to render and compress (top_ops at --dpi 1000: 12116 x 16626 pixels); a figure over
+#: it is drawn at the highest dpi that fits, with a note
+MAX_PIXELS = 16_000_000
 
 __all__ = ["FORMATS", "PLOT_KINDS", "STAGE_COLORS", "PlotResult", "make_figure", "optional_table", "write_plots"]
 __all__ += ["save_figure", "time_unit"]
@@ -49,11 +54,12 @@ _level_panels = level_panels  # the stages plot's panels (tests compare them wit
 
 @dataclass
 class PlotResult:
-    """What one kind produced: its files, or why it was skipped."""
+    """What one kind produced: its files, or why it was skipped; ``note``: the PNG was drawn at a lower dpi."""
 
     kind: str
     files: list[Path] = field(default_factory=list)
     skipped: str | None = None
+    note: str | None = None
 
 
 def make_figure(parsed: Any, kind: str) -> tuple[Figure | None, str | None]:
@@ -72,7 +78,18 @@ def make_figure(parsed: Any, kind: str) -> tuple[Figure | None, str | None]:
         return VIEWS[kind].draw(prepared), None
 
 
-def save_figure(fig: Figure, base: Path, formats: Sequence[str] = FORMATS, dpi: int = 120) -> list[Path]:
+def png_dpi(fig: Figure, dpi: int, max_pixels: int = MAX_PIXELS) -> int:
+    """``dpi``, or the highest dpi at which ``fig`` stays within ``max_pixels`` (never below 1)."""
+    width, height = fig.get_size_inches()
+    fits = int(math.sqrt(max_pixels / max(width * height, 1e-9)))
+    return max(1, min(dpi, fits))
+
+
+def save_figure(
+    fig: Figure, base: Path, formats: Sequence[str] = FORMATS, dpi: int = 120, notes: list[str] | None = None
+) -> list[Path]:
+    """Write ``fig`` as ``base.<fmt>`` for each format; a PNG over :data:`MAX_PIXELS` at ``dpi`` is drawn at the
+    highest dpi that fits, and ``notes`` gets a line saying so."""
     import matplotlib.pyplot as plt
 
     paths = []
@@ -80,7 +97,12 @@ def save_figure(fig: Figure, base: Path, formats: Sequence[str] = FORMATS, dpi: 
         with plt.rc_context(style()):
             for fmt in formats:
                 path = base.with_suffix(f".{fmt}")
-                fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", facecolor="white")
+                used = png_dpi(fig, dpi) if fmt == "png" else dpi
+                if used < dpi and notes is not None:
+                    notes.append(
+                        f"{path.name}: drawn at {used} dpi, not {dpi} (a PNG is at most {MAX_PIXELS / 1e6:.0f} Mpixel)"
+                    )
+                fig.savefig(path, format=fmt, dpi=used, bbox_inches="tight", facecolor="white")
                 paths.append(path)
     finally:
         plt.close(fig)
@@ -113,6 +135,7 @@ def write_plots(
             if fig is None:
                 results.append(PlotResult(kind, skipped=why))
                 continue
-            files = save_figure(fig, tmp / kind, formats, dpi)
-            results.append(PlotResult(kind, files=[target / f.name for f in files]))
+            notes: list[str] = []
+            files = save_figure(fig, tmp / kind, formats, dpi, notes)
+            results.append(PlotResult(kind, files=[target / f.name for f in files], note="; ".join(notes) or None))
     return results
