@@ -235,6 +235,8 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
         rows.append(
             _row("negative_duration", "warning", negative, 0, f"{negative} events had a negative dur (set to 0)")
         )
+    for message in getattr(attribution, "step_notes", ()):  # repeated ProfilerStep#N: renumbered or dropped
+        rows.append(_row("repeated_steps", "warning", 0, 0, message))
 
     rows.extend(_gpu_inference_rows(activity, links.launch, attribution, dur, gpu_total))
     rows.extend(_allocator_churn_row(parsed))

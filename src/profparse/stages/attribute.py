@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,10 @@ from profparse.trace.link import Links, depth_order, first_row_of, kind_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# Step numbers are kept exact wherever they go: int64 columns, JSON outputs and the report's JavaScript (a double).
+MAX_STEP_NUMBER = (1 << 53) - 1
+_MAX_STEP_DIGITS = len(str(MAX_STEP_NUMBER))  # longer digit strings are never parsed (int() of 5,000 digits raises)
+_NOTED_STEPS = 5  # renumbered or dropped steps named in a note; the rest are counted
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _DEPTH_BITS = 12
 _RULE_BITS = 12
@@ -34,6 +38,7 @@ class Attribution:
     main_thread: int  # dense host thread id (Links.thread), -1 if none
     steps: pd.DataFrame  # step, start_ns, end_ns, source
     rules: list[StageRule]
+    step_notes: list[str] = field(default_factory=list)  # steps renumbered or dropped (quality warning)
 
 
 def _name_matches(categories: pd.Index, pattern: str) -> np.ndarray:
@@ -58,8 +63,87 @@ def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, thre
     return int(np.argmax(busy))
 
 
-def find_steps(events: pd.DataFrame, links: Links, thread_names: dict) -> tuple[pd.DataFrame, int]:
-    """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread."""
+def _step_number(name: str) -> int | None:
+    """The N of ``ProfilerStep#N``, None when it is beyond :data:`MAX_STEP_NUMBER`."""
+    digits = _STEP_NAME.match(name).group(1)
+    if len(digits) > _MAX_STEP_DIGITS:
+        return None
+    number = int(digits)
+    return number if number <= MAX_STEP_NUMBER else None
+
+
+def _listed(items: list[str]) -> str:
+    shown = ", ".join(items[:_NOTED_STEPS])
+    return shown + (f" and {len(items) - _NOTED_STEPS} more" if len(items) > _NOTED_STEPS else "")
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 40 else f"{name[:30]}...({len(name)} characters)"
+
+
+def _unique_steps(names: list[str], start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list[int], list[str]]:
+    """Keep apart the ``ProfilerStep#N`` ranges (in start order) that would share a step: returns the ranges kept
+    (positions), their step numbers and notes for the user.
+
+    A range with the same start and end as an earlier one is a duplicated event: dropped. A number seen before (a
+    restarted counter) or beyond :data:`MAX_STEP_NUMBER` is renumbered, after the largest number kept (or into the
+    lowest free numbers when that would pass the bound), so that every step window has its own number."""
+    kept: list[int] = []
+    dropped: list[str] = []
+    seen_spans: set[tuple[int, int]] = set()
+    for i in range(len(names)):
+        span = (int(start[i]), int(end[i]))
+        if span in seen_spans:
+            dropped.append(f"#{_short(names[i].partition('#')[2])}")
+            continue
+        seen_spans.add(span)
+        kept.append(i)
+    numbers: list[int | None] = [_step_number(names[i]) for i in kept]
+    used: set[int] = set()
+    for position, number in enumerate(numbers):
+        if number is not None and number in used:
+            numbers[position] = None  # a repeat: renumbered below
+        elif number is not None:
+            used.add(number)
+    repeats = [position for position, number in enumerate(numbers) if number is None]
+    notes = []
+    if dropped:
+        events = "event" if len(dropped) == 1 else "events"
+        notes.append(
+            f"{len(dropped)} duplicated ProfilerStep {events} ignored (same start and end as an earlier step): "
+            f"{_listed(dropped)}"
+        )
+    if repeats:
+        fresh = _free_numbers(used, len(repeats))
+        renamed = []
+        for position, number in zip(repeats, fresh, strict=True):
+            stated = names[kept[position]].partition("#")[2]
+            why = "too large" if _step_number(names[kept[position]]) is None else "repeated"
+            renamed.append(f"#{_short(stated)} -> {number} ({why})")
+            numbers[position] = number
+        ranges = "range" if len(repeats) == 1 else "ranges"
+        notes.append(
+            f"{len(repeats)} ProfilerStep {ranges} renumbered so that every step has its own number: {_listed(renamed)}"
+        )
+    return np.asarray(kept, dtype=np.int64), [int(n) for n in numbers], notes
+
+
+def _free_numbers(used: set[int], count: int) -> list[int]:
+    """``count`` step numbers not in ``used``: after the largest, else (near the bound) the lowest free ones."""
+    top = max(used, default=-1)
+    if top + count <= MAX_STEP_NUMBER:
+        return list(range(top + 1, top + 1 + count))
+    free = (n for n in range(MAX_STEP_NUMBER + 1) if n not in used)
+    return [next(free) for _ in range(count)]
+
+
+def find_steps(
+    events: pd.DataFrame, links: Links, thread_names: dict, notes: list[str] | None = None
+) -> tuple[pd.DataFrame, int]:
+    """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread.
+
+    Every window gets its own step number (see :func:`_unique_steps`); what was renumbered or dropped is said in
+    ``notes``."""
     names = events["name"].cat.categories
     step_codes = np.flatnonzero(_name_matches(names, _STEP_NAME.pattern))
     is_step = np.isin(events["name"].cat.codes.to_numpy(), step_codes) & links.host
@@ -69,11 +153,21 @@ def find_steps(events: pd.DataFrame, links: Links, thread_names: dict) -> tuple[
     end = ts + events["dur_ns"].to_numpy()
     if len(step_rows):
         step_rows = step_rows[links.thread[step_rows] == main]
-        numbers = [int(_STEP_NAME.match(n).group(1)) for n in events["name"].iloc[step_rows].to_numpy()]
+        step_rows = step_rows[np.argsort(ts[step_rows], kind="stable")]
+        step_names = [str(n) for n in events["name"].iloc[step_rows].to_numpy()]
+        kept, numbers, step_notes = _unique_steps(step_names, ts[step_rows], end[step_rows])
+        if notes is not None:
+            notes.extend(step_notes)
+        step_rows = step_rows[kept]
         steps = pd.DataFrame(
-            {"step": numbers, "start_ns": ts[step_rows], "end_ns": end[step_rows], "source": "ProfilerStep"}
+            {
+                "step": np.asarray(numbers, dtype=np.int64),
+                "start_ns": ts[step_rows],
+                "end_ns": end[step_rows],
+                "source": "ProfilerStep",
+            }
         )
-        return steps.sort_values("start_ns", kind="stable").reset_index(drop=True), main
+        return steps, main
     opt_codes = np.flatnonzero(_name_matches(names, _OPTIMIZER_STEP.pattern))
     opt_rows = np.flatnonzero(
         np.isin(events["name"].cat.codes.to_numpy(), opt_codes) & links.host & (links.thread == main)
@@ -291,7 +385,8 @@ def attribute(
     n = len(events)
     rules = rules_table(include_marks)
     rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *INFERENCE_RULES]
-    steps, main = find_steps(events, links, thread_names)
+    step_notes: list[str] = []
+    steps, main = find_steps(events, links, thread_names, step_notes)
     ts = events["ts_ns"].to_numpy()
     real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
     first_step = steps["start_ns"].min() if real_steps else None
@@ -338,7 +433,14 @@ def attribute(
     step[launched] = step[links.launch[launched]]
     infer_gpu_stages(events, links, steps, rule_names, rule, stage, step)  # unlinked GPU activity, by inference
     return Attribution(
-        stage=stage, rule=rule, rule_names=rule_names, step=step, main_thread=main, steps=steps, rules=rules
+        stage=stage,
+        rule=rule,
+        rule_names=rule_names,
+        step=step,
+        main_thread=main,
+        steps=steps,
+        rules=rules,
+        step_notes=step_notes,
     )
 
 
