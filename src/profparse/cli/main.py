@@ -75,7 +75,9 @@ class OneLineParser(argparse.ArgumentParser):
     tool = "profparse"
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.tool}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        # the message quotes the command line (unrecognized arguments, a bad value), which may hold anything a
+        # shell glob matched: escaped like every other line profparse prints
+        print(display(f"{self.tool}: error: {message} (see '{self.prog} --help')"), file=sys.stderr)
         raise SystemExit(UsageError.exit_code)
 
 

@@ -170,10 +170,8 @@ def rank_files(args: argparse.Namespace) -> list[Any]:
     if args.scheduler:
         where = f"on the Dask cluster at {args.scheduler}"
     else:
-        import os
-
-        jobs = min(args.jobs or os.cpu_count() or 1, len(files))
-        where = "in this process" if jobs == 1 else f"in {jobs} processes"
+        jobs, lowered = ranks.local_workers(args.jobs, len(files))
+        where = ("in this process" if jobs == 1 else f"in {jobs} processes") + (f" ({lowered})" if lowered else "")
     note(f"{args.trace}: {len(files)} rank traces ({ranks.describe_sources(files)}); parsing {where}", args.quiet)
     return files
 
@@ -199,7 +197,7 @@ def rank_run(args: argparse.Namespace) -> Any:
     results = ranks.results_from_dataset(args.trace)
     for r in results:
         if not r.ok:
-            print(f"profparse: rank {r.rank}: error: {r.error}", file=sys.stderr)
+            print(f"profparse: rank {r.rank}: error: {display(r.error)}", file=sys.stderr)  # names, escaped
     run = ranks.RanksRun(args.trace, [ranks.RankFile(r.path, r.rank, r.source) for r in results], results)
     run.matches, run.match_warnings = ranks.read_matches(args.trace)
     return run
@@ -230,7 +228,7 @@ def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
             bar.close()
     for result in sorted(run.results, key=lambda r: r.rank):
         if not result.ok:
-            print(f"profparse: rank {result.rank}: error: {result.error}", file=sys.stderr)
+            print(f"profparse: rank {result.rank}: error: {display(result.error)}", file=sys.stderr)  # names, escaped
         for message in result.notes:
             note(f"rank {result.rank}: {message}", args.quiet)
     for message in run.match_warnings:

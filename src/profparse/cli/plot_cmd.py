@@ -24,6 +24,7 @@ from profparse.cli.common import (
     parse_input,
     stored_output,
 )
+from profparse.outputs.formats import display
 
 #: PNG resolution. Below MIN_DPI the smallest labels (7 pt) are under one pixel, which FreeType refuses (dpi 1-5
 #: was an internal error); each PNG is also held to profparse.outputs.plots.MAX_PIXELS, whatever the dpi.
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"{r['kind']}: skipped ({r['skipped']})"
         if r["skipped"]
-        else f"{r['kind']}: {' '.join(str(Path(args.out) / f) for f in r['files'])}"
+        else f"{r['kind']}: {' '.join(display(Path(args.out) / f) for f in r['files'])}"
         for r in results
     ]
     emit("".join(f"{line}\n" for line in lines), required=False)
