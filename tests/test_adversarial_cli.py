@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from adversarial import assert_clean_failure, assert_success, run_cli, snapshot
+from adversarial import assert_clean_failure, assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes, /proc (Linux)")
@@ -21,13 +21,15 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="file names as b
 NOT_UTF8 = b"tr\xffce.json".decode("utf-8", "surrogateescape")
 
 
-def small_trace(path: Path, steps: int = 3, kernel: str = "gemm_fwd") -> Path:
-    """A few training steps with GPU kernels; ``kernel`` names the forward kernel."""
+def small_trace(path: Path, steps: int = 3, kernel: str = "gemm_fwd", op: str = "aten::mm", padding: str = "") -> Path:
+    """A few training steps with GPU kernels; ``kernel`` names a forward kernel, ``op`` a forward op; ``padding``
+    goes into an event's args (a valid file as large as one with long names)."""
     b = TraceBuilder()
     t = 1000.0
     for step in range(steps):
         t = training_step(b, step, t)
         b.launch(t - 60, t - 58, 3, name=kernel)
+        b.op(op, t - 61, 4, padding=padding)
     return b.write(path)
 
 
@@ -92,3 +94,158 @@ def test_an_output_folder_named_in_bytes_that_are_not_utf8(tmp_path: Path) -> No
     run = run_cli("parse", str(trace), "-o", str(out), "--no-cache")
     assert_clean_failure(run, 11, contains="out\\xfe: cannot write", folders=(tmp_path,))
     assert not out.exists()
+
+
+# -- 8, 11. plot --dpi: a documented range, and a bounded image ----------------------------------------------------
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG, from its IHDR chunk."""
+    header = path.read_bytes()[:24]
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+@pytest.mark.parametrize("dpi", ["1", "3", "5", "19"])
+def test_plot_dpi_below_the_smallest_readable_one(tmp_path: Path, dpi: str) -> None:
+    """--dpi 1-5 was an internal error (FreeType: "invalid ppem value", a 7 pt label under one pixel): the range
+    starts at 20, checked by the parser before any work (exit 2)."""
+    trace = small_trace(tmp_path / "t.json")
+    run = run_cli("plot", str(trace), "-o", str(tmp_path / "plots"), "--dpi", dpi, "--no-cache")
+    assert_clean_failure(run, 2, contains="--dpi", folders=(tmp_path,))
+    assert "between 20 and 1000" in run.stderr
+    assert not (tmp_path / "plots").exists()
+
+
+def test_plot_at_the_smallest_dpi(tmp_path: Path) -> None:
+    trace = small_trace(tmp_path / "t.json")
+    run = run_cli("plot", str(trace), "-o", str(tmp_path / "plots"), "--dpi", "20", "--format", "png", "--no-cache")
+    assert_success(run, folders=(tmp_path,))
+    assert png_size(tmp_path / "plots" / "stages.png")[0] > 0
+
+
+def test_plot_png_pixels_are_bounded(tmp_path: Path) -> None:
+    """--dpi 1000 drew every figure at full size: 201 Mpixel for a tall top_ops, 2.1 GB and 74 s on a tiny trace.
+    A PNG is now at most 16 Mpixel (drawn at the highest dpi that fits, with a note), in a time comparable with
+    the default dpi's."""
+    from profparse.cli.choices import PLOT_MAX_PIXELS
+    from profparse.outputs.plots import MAX_PIXELS
+
+    assert PLOT_MAX_PIXELS == MAX_PIXELS  # the option's help says the library's bound
+    trace = small_trace(tmp_path / "t.json")
+    argv = ["plot", str(trace), "--kind", "stages", "--format", "png", "--no-cache"]
+    default = run_cli(*argv, "-o", str(tmp_path / "default"))
+    assert_success(default, folders=(tmp_path,))
+    big = run_cli(*argv, "-o", str(tmp_path / "big"), "--dpi", "1000")
+    assert_success(big, folders=(tmp_path,))
+    width, height = png_size(tmp_path / "big" / "stages.png")
+    assert width * height <= 1.05 * MAX_PIXELS, (width, height)  # bbox_inches="tight" adds a few pixels
+    assert width * height > 0.5 * MAX_PIXELS  # but the figure is as sharp as the bound allows
+    assert "stages.png: drawn at" in big.stderr and "not 1000" in big.stderr, big.stderr
+    assert big.seconds <= 3 * default.seconds + 4, (big.seconds, default.seconds)
+    cached = run_cli(*argv[:-1], "-o", str(tmp_path / "again"), "--dpi", "1000")  # stored once, then copied
+    assert_success(cached, folders=(tmp_path,))
+    again = run_cli(*argv[:-1], "-o", str(tmp_path / "again2"), "--dpi", "1000")
+    assert_success(again, folders=(tmp_path,))
+    assert "stages.png: drawn at" in again.stderr, again.stderr  # the note is replayed with the stored figure
+    assert png_size(tmp_path / "again2" / "stages.png") == (width, height)
+
+
+# -- 9. long names: labels in linear time ------------------------------------------------------------------------------
+
+LONG = 150_000
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "a" * LONG,  # one identifier: the namespace pattern restarted at each of its characters (92 s)
+        "void " + "a" * LONG + "::k<int>(float)",
+        "k" + ":" * (LONG + 1) + "<int>",  # an odd run of colons before a separator
+        "_ZN" + "1" * LONG + "fooE",  # a mangled length of 150,000 digits: int() refused it (exit 70)
+        "_Z3fooI" + "1" * LONG + "E",  # digits after template arguments (finditer restarted per digit)
+        "k" + "<" * LONG,  # nested templates: a RecursionError (exit 70)
+    ],
+    ids=["identifier", "namespace", "colons", "mangled-length", "mangled-args", "nested"],
+)
+def test_summarize_a_150k_character_kernel_name(tmp_path: Path, kernel: str) -> None:
+    """Names are shortened from their first 4096 characters, by patterns that read each character a bounded number
+    of times: a 150,000-character name costs about what the same bytes in an argument cost."""
+    op = "aten::" + kernel.replace("<", "_")
+    good = small_trace(tmp_path / "good.json", padding="x" * (len(kernel) + len(op)))
+    bad = small_trace(tmp_path / "bad.json", kernel=kernel, op=op)
+    assert abs(good.stat().st_size - bad.stat().st_size) < 2000
+    good_run = run_cli("summarize", str(good), "--no-cache", "-q")
+    assert_success(good_run)
+    bad_run = run_cli("summarize", str(bad), "--no-cache", "-q", "--top", "20", timeout=60)
+    assert_success(bad_run)
+    assert_time_within(bad_run, good_run, factor=3)
+    assert max(len(line) for line in bad_run.stdout.splitlines()) < 1000  # labels, not names
+
+
+def test_report_of_many_20k_character_names(tmp_path: Path) -> None:
+    """250 names of 20,000 characters in a 5 MB file took 50 s in report (2 s for short names)."""
+    long_names = TraceBuilder()
+    padded = TraceBuilder()
+    t = 1000.0
+    for step in range(3):
+        t = training_step(long_names, step, t)
+        training_step(padded, step, t - 100)
+    for i in range(125):
+        name = f"k{i}_" + "a" * 20_000
+        long_names.launch(t + 10 * i, t + 10 * i + 2, 3, name=name)
+        long_names.op(f"aten::op{i}_" + "b" * 20_000, t + 10 * i + 5, 2)
+        padded.launch(t + 10 * i, t + 10 * i + 2, 3, name=f"k{i}", padding="a" * 20_000)
+        padded.op(f"aten::op{i}", t + 10 * i + 5, 2, padding="b" * 20_000)
+    bad, good = long_names.write(tmp_path / "long.json"), padded.write(tmp_path / "padded.json")
+    good_run = run_cli("report", str(good), "-o", str(tmp_path / "good.html"), "--no-cache", "-q")
+    assert_success(good_run, folders=(tmp_path,))
+    bad_run = run_cli("report", str(bad), "-o", str(tmp_path / "bad.html"), "--no-cache", "-q", timeout=60)
+    assert_success(bad_run, folders=(tmp_path,))
+    assert_time_within(bad_run, good_run, factor=3)
+
+
+# -- 10. terminal escapes in error lines -----------------------------------------------------------------------------
+
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\u202e"  # clear the screen, set the window title (BEL), reverse the text
+
+
+def assert_inert(stderr: str) -> None:
+    """No raw control character or bidi override reached stderr: each is a visible escape."""
+    assert not any(ch in stderr for ch in "\x1b\x07\u202e"), repr(stderr)
+    assert "\\x1b[2J" in stderr and "\\u202e" in stderr, stderr
+
+
+def test_rank_error_lines_escape_file_names(tmp_path: Path) -> None:
+    """``rank N: error: <message>`` printed the rank file's name raw (cli/parse_cmd.py), here as parsed and as
+    read back from the dataset."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    small_trace(ranks / "rank0.json")
+    (ranks / f"rank1{HOSTILE}.json").write_text("not json at all")
+    out = tmp_path / "dataset"
+    run = run_cli("parse", str(ranks), "-o", str(out), "--no-cache", "-j", "1")
+    assert_clean_failure(run, 7, contains="rank 1: error:", folders=(tmp_path,))
+    assert_inert(run.stderr)
+    again = run_cli("summarize", str(out), "--keep-going")  # the failed rank, read back from failed_ranks
+    assert_success(again)
+    assert "rank 1: error:" in again.stderr
+    assert_inert(again.stderr)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["summarize", "{trace}", "{tmp}/" + HOSTILE],  # unrecognized arguments: a glob that matched too much
+        ["summarize", "{trace}", "--format", HOSTILE],  # invalid choice
+        ["plot", "{trace}", "-o", "{tmp}/p", "--dpi", HOSTILE],  # a bad number, quoted with repr
+        [HOSTILE],  # not a verb
+    ],
+    ids=["unrecognized", "choice", "number", "verb"],
+)
+def test_usage_errors_escape_the_command_line(tmp_path: Path, argv: list[str]) -> None:
+    """argparse quoted the offending arguments raw in its one line ("unrecognized arguments: ...")."""
+    trace = small_trace(tmp_path / "t.json")
+    run = run_cli(*(a.format(trace=trace, tmp=tmp_path) for a in argv))
+    assert_clean_failure(run, 2, folders=(tmp_path,))
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    assert not any(ch in run.stderr for ch in "\x1b\x07\u202e"), repr(run.stderr)

@@ -8,11 +8,25 @@ from collections.abc import Sequence
 from profparse.outputs.formats import display
 
 LABEL_WIDTH = 72
+#: Characters of a name read to make its label: the label shows its first identifiers and template arguments,
+#: and the longest kernel names of real traces (CUTLASS, CuTe) are a few thousand characters. Anything past it is
+#: hostile or generated; reading it only costs time (a 150,000-character name took 92 s to shorten), and nesting
+#: deeper than :data:`MAX_TEMPLATE_DEPTH` is shown as written.
+MAX_NAME_CHARS = 4096
+MAX_TEMPLATE_DEPTH = 64
 
-
+# Each pattern below can start a match at only one place in a run of the characters it repeats (the lookbehinds),
+# so a long identifier, digit run or run of colons that does not match is read once, not once per character.
 _ANON = re.compile(r"\(anonymous namespace\)::")
 _OPERATOR = re.compile(r"operator\(\)(?:\(\))?(?:\s*const)?")
-_NAMESPACE = re.compile(r"(?:[A-Za-z_]\w*::)+(?=[A-Za-z_~])")
+# a run of namespaces (``at::native::``), from the first letter of an identifier; group 1 keeps the digits before
+# it (``2ck::f`` -> ``2f``, as a leftmost match in the middle of that word would)
+_NAMESPACE = re.compile(r"(?<!\w)(\d*)(?:[A-Za-z_]\w*::)+(?=[A-Za-z_~])")
+# colons before a separator or the end (``f::<`` -> ``f<``); an odd run keeps one colon
+_TRAILING_COLONS = re.compile(r"(?<!:)(:+)(?=[\s,<>]|$)")
+# a length and the identifier it introduces, in a mangled name (``8Functor``), from the first digit of the run
+_MANGLED_LENGTH = re.compile(r"(?<!\d)(\d+)([A-Za-z_])")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _BORING = re.compile(
     r"^(?:-?\d+[uUlL]*|true|false|bool|char\*?|float\d?|double|half|Half|BFloat16|bfloat16|int\d*(?:_t)?|"
     r"long(?: long)?|unsigned(?: \w+)*|short|\(\w+\)\d+|\d+)$"
@@ -30,6 +44,18 @@ def _drop_groups(text: str, opening: str, closing: str) -> str:
         elif depth == 0:
             out.append(ch)
     return "".join(out)
+
+
+def _template_depth(text: str) -> int:
+    """The deepest nesting of ``<`` in ``text`` (the recursion :func:`_parse_template` would need)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch == "<":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ">" and depth:
+            depth -= 1
+    return deepest
 
 
 def _parse_template(text: str, i: int = 0) -> tuple[tuple[str, list | None, str], int]:
@@ -79,6 +105,8 @@ def _mangled_label(name: str) -> str | None:
         j = i
         while j < len(name) and name[j].isdigit():
             j += 1
+        if j - i > len(str(MAX_NAME_CHARS)):  # longer than any name read: not a mangled name
+            return None
         n = int(name[i:j])
         tokens.append(name[j : j + n])
         i = j + n
@@ -90,10 +118,12 @@ def _mangled_label(name: str) -> str | None:
     if i < len(name) and name[i] == "I":  # template arguments follow
         inner = ""
         if len(base) <= 8:
-            for m in re.finditer(r"(\d+)([A-Za-z_])", name[i:]):
+            for m in _MANGLED_LENGTH.finditer(name, i):
+                if len(m.group(1)) > len(str(MAX_NAME_CHARS)):
+                    continue
                 n = int(m.group(1))
-                ident = name[i + m.start(2) : i + m.start(2) + n]
-                if n >= 8 and re.fullmatch(r"[A-Za-z_]\w*", ident):
+                ident = name[m.start(2) : m.start(2) + n]
+                if n >= 8 and _IDENTIFIER.fullmatch(ident):
                     inner = ident
                     break
         return f"{base}<{inner or '…'}>"
@@ -108,7 +138,7 @@ def shorten_name(name: str, width: int = LABEL_WIDTH, *, kernel: bool = True) ->
     ``void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, ...>(int, ...)``
     becomes ``vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>``. Anything longer is cut with ``…``.
     """
-    text = " ".join(name.split())
+    text = " ".join(name[:MAX_NAME_CHARS].split())
     if kernel and text.startswith("_Z"):
         text = _mangled_label(text) or text
     elif kernel:
@@ -118,9 +148,9 @@ def shorten_name(name: str, width: int = LABEL_WIDTH, *, kernel: bool = True) ->
         text = _drop_groups(text, "{", "}")
         text = _OPERATOR.sub("", text)
         text = _drop_groups(text, "(", ")")
-        text = re.sub(r"(?:::)+(?=[\s,<>]|$)", "", text)
-        text = _NAMESPACE.sub("", text).replace(" const", "").strip()
-        if "<" in text:
+        text = _TRAILING_COLONS.sub(lambda m: ":" * (len(m.group(1)) % 2), text)
+        text = _NAMESPACE.sub(r"\1", text).replace(" const", "").strip()
+        if "<" in text and _template_depth(text) <= MAX_TEMPLATE_DEPTH:
             tree, _ = _parse_template(text)
             full = _render(tree, drop=False)
             text = full if len(full) <= width else _render(tree, drop=True)
