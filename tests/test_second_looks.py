@@ -152,7 +152,7 @@ def test_the_stored_text_is_what_is_served_and_no_cache_ignores_it(tmp_path: Pat
     assert body["stdout"] == cold[1] and body["code"] == 0
     assert [f"profparse: {n}" for n in body["notes"]] == cold[2].splitlines() and body["notes"]  # its warnings
     body.update(stdout="from the cache\n", notes=["warning: replayed"], code=0)
-    stored.write_text(json.dumps(body))
+    stored.write_text(cache._sealed_json(body))  # sealed again: a text the cache wrote
     assert cli(tmp_path, "summarize", str(trace))[:3] == (0, "from the cache\n", "profparse: warning: replayed\n")
     assert cli(tmp_path, "summarize", str(trace), "--no-cache")[:3] == cold[:3]
 
@@ -165,7 +165,7 @@ def test_a_code_change_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     cold = capsys.readouterr()
     (stored,) = texts()
     body = json.loads(stored.read_text())
-    stored.write_text(json.dumps({**body, "stdout": "STALE\n"}))
+    stored.write_text(cache._sealed_json({**body, "stdout": "STALE\n"}))
     assert main(["summarize", str(trace)]) == 0 and capsys.readouterr().out == "STALE\n"  # served while current
     monkeypatch.setattr(cache, "code_fingerprint", lambda: "another profparse")
     assert main(["summarize", str(trace)]) == 0

@@ -18,11 +18,17 @@ ctime_ns -> hash) skips it when the file is unchanged, and is only written when 
 than :data:`RACY_NS` old (git's "racy" rule: a write later than that gives a different ctime, which no
 user-space call can set back).
 
+Ownership: the cache only writes, evicts and sweeps in a folder it made, marked by :data:`MARKER` (mode 0700,
+owned by the user); a configured folder that already holds other files gets a :data:`SUBFOLDER` of its own, and
+only names the cache generates (:data:`_ENTRY_NAME`, :data:`_TEMP_NAME`, :data:`_RECORD_NAME`), regular files
+and real folders, are ever removed.
+
 Safety: every file and the entry folder are written under a temporary name in the cache folder and renamed
 into place (readers never see half an entry; of two writers of one entry the first rename wins, the second
-is discarded); each table is checked to read back identical before it is kept; an entry that does not read
-back (truncated, wrong rows, bad JSON) is removed with a warning and the trace is parsed again; any OSError
-while writing (read-only folder, full disk) turns caching off for the run with a note, never an error.
+is discarded); each table is checked to read back identical before it is kept; every stored file carries an
+XXH3-128 checksum (Arrow files a trailer, JSON files a field); an entry that does not read back (truncated,
+flipped bits, wrong types) is removed with a warning and the trace is parsed again; any OSError while writing
+(read-only folder, full disk) turns caching off for the run with a note, never an error.
 Size-bounded: past ``PROFPARSE_CACHE_MAX_BYTES`` (default 2 GiB; 0 turns the cache off) the least recently
 used entries are removed.
 """
@@ -33,6 +39,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -51,7 +58,7 @@ if TYPE_CHECKING:
 # numpy, pandas and pyarrow are imported inside the functions that use them: finding an entry (the key, a stored
 # summary text: summarize_cmd) must not pay their ~0.8 s of imports (docs/performance.md, "Second looks").
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every stored file carries its checksum
 HASH_DIGITS = 32  # file_hash's hex digits (a stat/ record of another length is from an older profparse)
 DIR_ENV = "PROFPARSE_CACHE_DIR"
 MAX_ENV = "PROFPARSE_CACHE_MAX_BYTES"
@@ -61,6 +68,25 @@ STALE_TEMP_S = 3600  # a temporary folder this old was left by a killed run
 _CHUNK = 1 << 20
 LIBRARIES = ("numpy", "pandas", "pyarrow", "msgspec")  # whose versions decide the parsed tables
 _CORE = ("events.arrow", "links.arrow", "links.threads.arrow", "attribution.arrow", "attribution.steps.arrow")
+
+#: The file that makes a folder the cache's own: a cache directory tag (https://bford.info/cachedir/, so backup
+#: tools skip the folder) whose exact text says profparse wrote it; another tool's tag is not profparse's.
+MARKER = "CACHEDIR.TAG"
+MARKER_TEXT = (
+    b"Signature: 8a477f597d28d172789f06886806bc55\n"
+    b"# This folder is profparse's parsed-trace cache (docs/cache.md); profparse may delete anything in it.\n"
+)
+#: Where the cache keeps its data when the configured folder already holds files it did not make.
+SUBFOLDER = "profparse-cache"
+# the only names the cache ever removes: entries, temporaries (uuid4().hex), stat records
+_ENTRY_NAME = re.compile(r"e-[0-9a-f]{32}-[0-9a-f]{16}")
+_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]{32}")
+_RECORD_NAME = re.compile(r"[0-9a-f]{32}")
+#: Exit codes a stored result may carry (docs/exit-codes.md, 0 to 11): a text claiming any other is not replayed.
+REPLAYABLE_CODES = frozenset(range(12))
+#: The end of every stored Arrow file: XXH3-128 of the bytes before it, then this tag.
+_SEAL_TAG = b"ppxxh3v1"
+_SEAL_BYTES = 16 + len(_SEAL_TAG)
 
 Notify = Callable[[str], None]
 
@@ -194,7 +220,8 @@ BATCH_ROWS = 1 << 18
 
 def write_frame(path: Path, frame: pd.DataFrame) -> None:
     """One DataFrame as an Arrow IPC file (a zero-row frame still as one batch, so categories survive), a long one
-    without object columns one :data:`BATCH_ROWS` slice at a time (every slice has the same Arrow types)."""
+    without object columns one :data:`BATCH_ROWS` slice at a time (every slice has the same Arrow types); sealed
+    with its checksum (:func:`_seal`)."""
     import pyarrow as pa
 
     if len(frame) <= BATCH_ROWS or any(str(t) == "object" for t in frame.dtypes):
@@ -212,14 +239,64 @@ def write_frame(path: Path, frame: pd.DataFrame) -> None:
         del batches
         for part in slices[1:]:
             writer.write_table(pa.Table.from_pandas(part, preserve_index=None, schema=schema))
+    _seal(path)
+
+
+def _seal(path: Path) -> None:
+    """Append the file's XXH3-128 and :data:`_SEAL_TAG`: a flipped bit anywhere in it is then found on reading
+    (LZ4 and Arrow decoding miss most of them: a flip in a literal or a value decodes to another value)."""
+    digest = xxhash.xxh3_128()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "r+b", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+        f.write(digest.digest() + _SEAL_TAG)
+
+
+def _sealed_payload(path: Path, verify: bool = True) -> Any:
+    """The Arrow bytes of a sealed file, memory-mapped (no copy), after checking its checksum."""
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))  # not closed here: the buffers handed out keep the mapping alive
+    data = source.read_buffer()
+    if data.size < _SEAL_BYTES or data[data.size - len(_SEAL_TAG) :].to_pybytes() != _SEAL_TAG:
+        raise CorruptEntry(f"{path.name} has no checksum")
+    payload = data.slice(0, data.size - _SEAL_BYTES)
+    if verify:
+        stored = data[payload.size : payload.size + 16].to_pybytes()
+        if xxhash.xxh3_128_digest(memoryview(payload)) != stored:
+            raise CorruptEntry(f"{path.name} does not match its checksum")
+    return payload
 
 
 def read_frame(path: Path) -> pd.DataFrame:
+    """A frame :func:`write_frame` stored, checked against its checksum.
+
+    The file is memory-mapped and the decoded Arrow buffers become the frame's columns without a second copy
+    (``split_blocks``: no consolidation into 2-D blocks; ``self_destruct``: each column's Arrow buffers are
+    released as it is converted), and a frame of several batches is decoded one column at a time (joining a
+    column's batches copies it: one column at a time, never the whole table): a warm load must not need more
+    memory than parsing the JSON. Numeric columns are then read-only views, which pandas copies on write."""
+    import pandas as pd
     import pyarrow as pa
 
-    with pa.memory_map(str(path)) as source:
-        table = pa.ipc.open_file(source).read_all()
-    return table.to_pandas()
+    payload = _sealed_payload(path)
+    reader = pa.ipc.open_file(payload)
+    fields = len(reader.schema)
+    if reader.num_record_batches <= 1 or fields <= 1:
+        table = reader.read_all()
+        del reader
+        frame = table.to_pandas(split_blocks=True, self_destruct=True)
+        del table  # self_destruct leaves the table unusable: drop it
+        return frame
+    del reader
+    columns = []
+    for i in range(fields):
+        part = pa.ipc.open_file(payload, options=pa.ipc.IpcReadOptions(included_fields=[i])).read_all()
+        columns.append(part.to_pandas(split_blocks=True, self_destruct=True))
+        del part
+    return pd.concat(columns, axis=1)
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -258,13 +335,27 @@ class CorruptEntry(Exception):
 
 
 class Cache:
-    """The cache folder; every write failure turns it off for this process with one note."""
+    """The cache folder; every write failure turns it off for this process with one note.
 
-    def __init__(self, root: Path, limit: int, notify: Notify = _stderr) -> None:
+    ``root`` is where the data lies: the configured folder, or its :data:`SUBFOLDER` when the configured one
+    holds files the cache did not make (``configured``). ``claimed``: ``root`` holds :data:`MARKER`; until then
+    it is absent or empty, and the first write creates and marks it (:meth:`_claim`)."""
+
+    def __init__(
+        self,
+        root: Path,
+        limit: int,
+        notify: Notify = _stderr,
+        *,
+        claimed: bool = False,
+        configured: Path | None = None,
+    ) -> None:
         self.root = root
         self.limit = limit
         self.notify = notify
         self.writable = True
+        self.claimed = claimed
+        self.configured = configured or root
 
     @classmethod
     def open(
@@ -286,7 +377,66 @@ class Cache:
             if _inside(Path(path), root):
                 notify(f"note: cache off: the input {path} is inside the cache folder {root}")
                 return None
-        return cls(root, limit, notify)
+        folder, state = root, _folder_state(root)
+        if state == "foreign":  # the user's own folder: never evict or sweep in it
+            folder = root / SUBFOLDER
+            state = _folder_state(folder)
+            if state == "foreign":
+                notify(
+                    f"note: cache off: {root} and {folder} hold files profparse did not make (no {MARKER}); "
+                    f"set {DIR_ENV} to a new folder"
+                )
+                return None
+        if state == "ours" and (why := _not_private(folder)):
+            notify(f"note: cache off: the cache folder {folder} {why}")
+            return None
+        return cls(folder, limit, notify, claimed=state == "ours", configured=root)
+
+    def _claim(self) -> bool:
+        """Make ``root`` the cache's own before the first write: created (or an empty folder of the user's
+        taken), mode 0700, :data:`MARKER` written. Whether it is ours; on failure caching is off for the run."""
+        if self.claimed:
+            return True
+        if not self.writable:
+            return False
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _has_marker(self.root):
+                if any(os.scandir(self.root)):  # files appeared since the cache was opened: not ours to take
+                    self.disable(f"{self.root} holds files profparse did not make")
+                    return False
+                try:
+                    fd = os.open(self.root / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                except FileExistsError:  # another run marked it this instant
+                    if not _has_marker(self.root):
+                        self.disable(f"{self.root / MARKER} is not profparse's")
+                        return False
+                else:
+                    try:
+                        os.write(fd, MARKER_TEXT)
+                    finally:
+                        os.close(fd)
+                    os.chmod(self.root, 0o700)
+                    if self.root != self.configured:
+                        self.notify(
+                            f"note: {self.configured} holds files profparse did not make; "
+                            f"the cache keeps its data in {self.root}"
+                        )
+            why = _not_private(self.root)
+            if why:
+                self.disable(f"the folder {why}")
+                return False
+        except OSError as exc:
+            self.disable(exc)
+            return False
+        self.claimed = True
+        return True
+
+    def _owned(self) -> bool:
+        """Whether ``root`` holds :data:`MARKER` (another run may have claimed it since this one opened it)."""
+        if not self.claimed and _has_marker(self.root):
+            self.claimed = True
+        return self.claimed
 
     def disable(self, exc: OSError | str) -> None:
         if self.writable:
@@ -308,7 +458,7 @@ class Cache:
                 content = record.read_text().strip()
             except OSError:
                 content = ""
-            if len(content) != HASH_DIGITS:
+            if len(content) != HASH_DIGITS or not _RECORD_NAME.fullmatch(content):  # none, older, or damaged
                 content = _HASHED.get(sid) or file_hash(path)
                 after = os.stat(path)
                 if _stat_id(after) != sid:
@@ -333,16 +483,19 @@ class Cache:
     # -- reading --
 
     def get(self, name: str, path: str | Path) -> tuple[Any, Entry] | None:
-        """(raw, links, attribution), Entry for the entry ``name``; None on a miss or a corrupt entry."""
-        import pyarrow as pa
+        """(raw, links, attribution), Entry for the entry ``name``; None on a miss or a corrupt entry.
 
+        Any error while reading (a flipped bit, a ``meta.json`` with wrong types, an Arrow error, a bug in an older
+        entry) removes the entry and is a miss: a damaged entry never fails a run, and never fails the next."""
         folder = self.root / name
-        if not folder.is_dir():
+        if not _is_real_dir(folder):
             return None
         entry = Entry(self, folder)
         try:
             parts = entry.read_core(str(path))
-        except (CorruptEntry, OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        except MemoryError:  # not the entry's fault: exit 8 as for a cold parse
+            raise
+        except Exception as exc:
             if not folder.exists():  # evicted by another run while it was read: a plain miss
                 return None
             self.notify(f"warning: cache entry {folder} is unreadable ({_short(exc)}); removed, parsing again")
@@ -361,18 +514,26 @@ class Cache:
             return None
         try:
             stored = json.loads(text)
-        except ValueError as exc:
+            if not isinstance(stored, dict) or stored.pop("checksum", None) != _json_digest(stored):
+                raise CorruptEntry("it does not match its checksum")
+            if stored.get("options") != _as_stored(options):  # another options' text (a digest collision)
+                return None
+            if not (
+                isinstance(stored.get("stdout"), str)
+                and isinstance(stored.get("notes"), list)
+                and all(isinstance(n, str) for n in stored["notes"])
+                and type(stored.get("code")) is int
+            ):
+                raise CorruptEntry("wrong types")
+            if stored["code"] not in REPLAYABLE_CODES:
+                raise CorruptEntry(f"exit code {stored['code']} is not one a result can have")
+            if _unsafe_for_terminal(stored["stdout"], options):
+                raise CorruptEntry("it holds terminal control characters that profparse never prints")
+        except MemoryError:
+            raise
+        except Exception as exc:
             self.notify(f"warning: cached text {target} is unreadable ({_short(exc)}); removed")
             _unlink(target)
-            return None
-        if not (
-            isinstance(stored, dict)
-            and stored.get("options") == _as_stored(options)
-            and isinstance(stored.get("stdout"), str)
-            and isinstance(stored.get("notes"), list)
-            and all(isinstance(n, str) for n in stored["notes"])
-            and isinstance(stored.get("code"), int)
-        ):
             return None
         self._touch(name)
         return stored
@@ -382,20 +543,31 @@ class Cache:
         them; see :meth:`Entry.put_output`), or None (none stored, or one of its files is missing)."""
         folder = self.root / name / _output_folder(options)
         try:
-            body = json.loads((folder / "result.json").read_text())
+            text = (folder / "result.json").read_text()
         except OSError:
             return None
-        except ValueError as exc:
+        try:
+            body = json.loads(text)
+            if not isinstance(body, dict) or body.pop("checksum", None) != _json_digest(body):
+                raise CorruptEntry("result.json does not match its checksum")
+            files, sums = body.get("files"), body.get("sums")
+            if (
+                not isinstance(files, list)
+                or body.get("options") != _as_stored(options)
+                or not isinstance(body.get("notes"), list)
+                or not isinstance(sums, dict)
+            ):
+                return None
+            for f in files:
+                if not (isinstance(f, str) and "/" not in f and f not in (".", "..") and _is_real_file(folder / f)):
+                    return None  # a file missing: drawn again
+                if file_hash(folder / f) != sums.get(f):
+                    raise CorruptEntry(f"{f} does not match its checksum")
+        except MemoryError:
+            raise
+        except Exception as exc:
             self.notify(f"warning: cached output {folder} is unreadable ({_short(exc)}); removed")
             self.remove(folder)
-            return None
-        files = body.get("files") if isinstance(body, dict) else None
-        if (
-            not isinstance(files, list)
-            or body.get("options") != _as_stored(options)
-            or not isinstance(body.get("notes"), list)
-            or not all(isinstance(f, str) and "/" not in f and (folder / f).is_file() for f in files)
-        ):
             return None
         self._touch(name)
         return body, folder
@@ -413,18 +585,18 @@ class Cache:
         """Store a ParsedTrace's inputs as entry ``name``; the Entry (whoever wrote it), or None."""
         import pyarrow as pa
 
-        if not self.writable:
+        if not self._claim():
             return None
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         try:
-            tmp.mkdir(parents=True)
+            tmp.mkdir()
             meta = _write_core(tmp, parsed)
             size = sum(p.stat().st_size for p in tmp.iterdir())
             if size > self.limit:
                 self.notify(f"note: not cached: the entry ({size:,} bytes) exceeds {MAX_ENV}={self.limit:,}")
                 return None
             meta["name"] = name
-            (tmp / "meta.json").write_text(json.dumps(meta, default=_plain))
+            (tmp / "meta.json").write_text(_sealed_json(meta, default=_plain))
             try:
                 os.rename(tmp, self.root / name)
             except OSError:
@@ -443,11 +615,11 @@ class Cache:
         return Entry(self, self.root / name)
 
     def _write_text(self, target: Path, text: str) -> None:
-        if not self.writable:
+        if not self._claim():
             return
         tmp = target.parent / f".tmp-{uuid.uuid4().hex}"
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(mode=0o700, exist_ok=True)
             tmp.write_text(text)
             os.replace(tmp, target)
         except OSError as exc:
@@ -456,34 +628,41 @@ class Cache:
             _unlink(tmp)
 
     def remove(self, folder: Path) -> None:
-        """Take an entry away atomically (rename, then delete): a reader sees all of it or none."""
+        """Take an entry away atomically (rename, then delete): a reader sees all of it or none. Only in a
+        folder the cache owns."""
+        if not self._owned():
+            return
         trash = self.root / f".tmp-{uuid.uuid4().hex}"
         try:
             os.rename(folder, trash)
         except OSError:
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        _delete(trash)
 
     def evict(self, keep: str | None = None) -> int:
         """Remove least recently used entries until the cache fits its limit (``keep`` stays); clear leftovers
-        of killed runs. The bytes left."""
+        of killed runs. The bytes left. Only in a folder the cache owns, and only names it generates (a real
+        folder or a regular file; a symbolic link is never followed)."""
         entries = []
         total = 0
         now = time.time()
+        if not self._owned():
+            return 0
         try:
             children = list(os.scandir(self.root))
         except OSError:
             return 0
         for child in children:
             try:
-                if child.name.startswith(".tmp-"):
-                    if now - child.stat().st_mtime > STALE_TEMP_S:
-                        shutil.rmtree(child.path, ignore_errors=True)
+                if _TEMP_NAME.fullmatch(child.name):
+                    made = child.is_dir(follow_symlinks=False) or child.is_file(follow_symlinks=False)
+                    if made and now - child.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S:
+                        _delete(Path(child.path))
                     continue
-                if not child.name.startswith("e-"):
+                if not (_ENTRY_NAME.fullmatch(child.name) and child.is_dir(follow_symlinks=False)):
                     continue
                 size = _tree_size(child.path)
-                used = os.stat(os.path.join(child.path, "meta.json")).st_mtime
+                used = os.stat(os.path.join(child.path, "meta.json"), follow_symlinks=False).st_mtime
             except OSError:
                 continue
             entries.append((used, child.name, size))
@@ -495,15 +674,19 @@ class Cache:
                 self.remove(self.root / name)
                 total -= size
         live = {name.split("-")[1] for _, name, _ in entries if (self.root / name).exists()}
-        try:
-            records = list(os.scandir(self.root / "stat"))
-        except OSError:
-            records = []
+        records = []
+        if _is_real_dir(self.root / "stat"):
+            try:
+                records = list(os.scandir(self.root / "stat"))
+            except OSError:
+                pass
         for record in records:  # stat records of hashes with no entry left
             try:
-                if record.stat().st_size and Path(record.path).read_text().strip() not in live:
+                if not (_RECORD_NAME.fullmatch(record.name) and record.is_file(follow_symlinks=False)):
+                    continue
+                if record.stat(follow_symlinks=False).st_size and Path(record.path).read_text().strip() not in live:
                     _unlink(Path(record.path))
-            except OSError:
+            except (OSError, ValueError):
                 continue
         return total
 
@@ -524,10 +707,12 @@ class Entry:
         from profparse.trace.link import Links
 
         meta = json.loads((self.folder / "meta.json").read_text())
+        if not isinstance(meta, dict) or meta.pop("checksum", None) != _json_digest(meta):
+            raise CorruptEntry("meta.json does not match its checksum")
         if meta.get("format") != FORMAT_VERSION or meta.get("name") != self.folder.name:
             raise CorruptEntry("meta.json is not this entry's")
         for name, size in meta["files"].items():
-            if (self.folder / name).stat().st_size != size:
+            if name not in _CORE or (self.folder / name).stat().st_size != size:
                 raise CorruptEntry(f"{name} has the wrong size")
         frames = {name: read_frame(self.folder / name) for name in _CORE}
         rows = meta["rows"]
@@ -562,15 +747,16 @@ class Entry:
         return raw, links, attribution
 
     def table(self, name: str) -> pd.DataFrame | None:
-        """A stored table, or None (not stored yet; an unreadable file is removed with a warning)."""
-        import pyarrow as pa
-
+        """A stored table, or None (not stored yet; an unreadable file, whatever the error, is removed with a
+        warning)."""
         target = self.folder / f"table.{name}.arrow"
         try:
             return read_frame(target)
         except FileNotFoundError:
             return None
-        except (OSError, pa.ArrowException) as exc:
+        except MemoryError:
+            raise
+        except Exception as exc:
             self.cache.notify(f"warning: cached table {target} is unreadable ({_short(exc)}); removed, computing it")
             _unlink(target)
             return None
@@ -608,7 +794,7 @@ class Entry:
         tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
         target = self.folder / _text_file(options)
         try:
-            tmp.write_text(json.dumps(body, sort_keys=True, default=str))
+            tmp.write_text(_sealed_json(body))
             os.replace(tmp, target)
             if self.cache.evict(keep=self.folder.name) > self.cache.limit:  # the entry alone outgrew it
                 _unlink(target)
@@ -632,7 +818,8 @@ class Entry:
             for path in files:
                 shutil.copyfile(path, tmp / path.name)
                 names.append(path.name)
-            (tmp / "result.json").write_text(json.dumps({**body, "options": options, "files": names}, default=str))
+            sums = {name: file_hash(tmp / name) for name in names}
+            (tmp / "result.json").write_text(_sealed_json({**body, "options": options, "files": names, "sums": sums}))
             if target.exists():
                 self.cache.remove(target)
             os.rename(tmp, target)
@@ -650,8 +837,32 @@ def _tree_size(path: str) -> int:
     """Bytes of the files under ``path`` (an entry, with its stored outputs' folders)."""
     total = 0
     for child in os.scandir(path):
-        total += _tree_size(child.path) if child.is_dir(follow_symlinks=False) else child.stat().st_size
+        if child.is_dir(follow_symlinks=False):
+            total += _tree_size(child.path)
+        else:
+            total += child.stat(follow_symlinks=False).st_size
     return total
+
+
+def _json_digest(body: dict[str, Any]) -> str:
+    """XXH3-128 of ``body`` as JSON reads it back (keys sorted): the checksum of a stored JSON file."""
+    return xxhash.xxh3_128_hexdigest(json.dumps(body, sort_keys=True).encode())
+
+
+def _sealed_json(body: dict[str, Any], default: Callable[[Any], Any] = str) -> str:
+    """``body`` as JSON with its ``checksum`` field (of the body as it reads back: integer keys as strings,
+    other objects as ``default`` makes them; a ``checksum`` it holds, from a stored body, is replaced)."""
+    plain = json.loads(json.dumps(body, sort_keys=True, default=default))
+    plain.pop("checksum", None)
+    return json.dumps({**plain, "checksum": _json_digest(plain)}, sort_keys=True)
+
+
+def _unsafe_for_terminal(stdout: str, options: dict[str, Any]) -> bool:
+    """Whether a stored text holds what a fresh run of these options never prints: a text or markdown rendering
+    goes through :func:`profparse.outputs.formats.terminal_safe` (JSON and CSV keep names exact)."""
+    from profparse.outputs.formats import PLAIN_FORMATS, terminal_safe
+
+    return options.get("format") not in PLAIN_FORMATS and terminal_safe(stdout) != stdout
 
 
 _FULL_CHECK_CELLS = 1 << 20
@@ -666,8 +877,7 @@ def _write_checked(path: Path, frame: pd.DataFrame) -> bool:
     write_frame(path, frame)
     if frame.size <= _FULL_CHECK_CELLS or any(str(t) == "object" for t in frame.dtypes):
         return _same(frame, read_frame(path))
-    with pa.memory_map(str(path)) as source:
-        empty = pa.ipc.open_file(source).schema.empty_table().to_pandas()
+    empty = pa.ipc.open_file(_sealed_payload(path, verify=False)).schema.empty_table().to_pandas()
     return list(empty.columns) == list(frame.columns) and [str(t) for t in empty.dtypes] == [
         str(t) for t in frame.dtypes
     ]
@@ -711,6 +921,86 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _folder_state(folder: Path) -> str:
+    """``"ours"`` (holds :data:`MARKER`), ``"new"`` (absent, not a folder, or an empty folder of the user's: the
+    first write claims it, or fails and turns caching off) or ``"foreign"`` (holds files profparse did not make,
+    or an empty folder of another user's)."""
+    try:
+        st = os.stat(folder)
+        if not stat.S_ISDIR(st.st_mode):
+            return "new"
+        if _has_marker(folder):
+            return "ours"
+        if st.st_uid != os.getuid():
+            return "foreign"
+        with os.scandir(folder) as children:
+            return "foreign" if any(children) else "new"
+    except OSError:
+        return "new"
+
+
+def _has_marker(folder: Path) -> bool:
+    """Whether ``folder`` holds :data:`MARKER`: a regular file (not a link) of the user's with its exact text."""
+    for _ in range(50):
+        try:
+            fd = os.open(folder / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                return False
+            text = os.read(fd, len(MARKER_TEXT) + 1)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        if text == MARKER_TEXT:
+            return True
+        if not MARKER_TEXT.startswith(text):
+            return False
+        time.sleep(0.01)  # another run created it and is writing it this instant
+    return False
+
+
+def _not_private(folder: Path) -> str | None:
+    """Why ``folder`` cannot be trusted with the cache (what another user could plant there), or None."""
+    try:
+        st = os.stat(folder)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if st.st_uid != os.getuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o}; chmod 700 it)"
+    return None
+
+
+def _is_real_dir(path: Path) -> bool:
+    """A folder itself, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_real_file(path: Path) -> bool:
+    """A regular file itself, not a symbolic link to one."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _delete(path: Path) -> None:
+    """Remove what the cache made at ``path``: a folder with what it holds (links inside are removed, never
+    followed), or a file or link itself."""
+    if _is_real_dir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _unlink(path)
 
 
 def _inside(path: Path, folder: Path) -> bool:
