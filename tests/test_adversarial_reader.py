@@ -113,7 +113,10 @@ def test_one_lone_surrogate_costs_nothing_but_is_counted(tmp_path: Path) -> None
     assert len(raw.events) == len(b.events)
     assert raw.report.lone_surrogates == 2
     assert not raw.report.dropped and not raw.report.skipped_bytes
-    assert_success(run_cli("summarize", str(path), env=NO_CACHE))
+    result = run_cli("summarize", str(path), "--format", "json", env=NO_CACHE)
+    assert_success(result)
+    checks = {row["check"]: row for row in json.loads(result.stdout)["warnings"]}
+    assert checks["lone_surrogates"]["count"] == 2, checks.get("lone_surrogates")
 
 
 # -- item 4: annotate splices at the end of traceEvents --------------------------------------------------------

@@ -230,6 +230,10 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
     if trailing:
         message = f"{trailing} bytes after the end of the JSON document were ignored (no event lost)"
         rows.append(_row("trailing_data", "warning", trailing, 0, message))
+    surrogates = getattr(report, "lone_surrogates", 0)
+    if surrogates:
+        message = f"{surrogates} lone surrogate escapes (\\ud800...) in strings were read as U+FFFD (no event lost)"
+        rows.append(_row("lone_surrogates", "warning", surrogates, 0, message))
     negative = int(events.attrs.get("negative_dur", 0))
     if negative:
         rows.append(
