@@ -160,7 +160,7 @@ LONG = 150_000
     [
         "a" * LONG,  # one identifier: the namespace pattern restarted at each of its characters (92 s)
         "void " + "a" * LONG + "::k<int>(float)",
-        "k" + ":" * (LONG + 1) + "<int>",  # an odd run of colons before a separator
+        "k" + ":" * LONG + "x<int>",  # a run of colons that is not before a separator
         "_ZN" + "1" * LONG + "fooE",  # a mangled length of 150,000 digits: int() refused it (exit 70)
         "_Z3fooI" + "1" * LONG + "E",  # digits after template arguments (finditer restarted per digit)
         "k" + "<" * LONG,  # nested templates: a RecursionError (exit 70)
@@ -249,3 +249,65 @@ def test_usage_errors_escape_the_command_line(tmp_path: Path, argv: list[str]) -
     assert_clean_failure(run, 2, folders=(tmp_path,))
     assert len(run.stderr.splitlines()) == 1, run.stderr
     assert not any(ch in run.stderr for ch in "\x1b\x07\u202e"), repr(run.stderr)
+
+
+# -- 14. an error a Ctrl-C caused is an interrupt --------------------------------------------------------------------
+
+NUMPY_FAILED = 'Importing the numpy C-extensions failed. ... PyCapsule_Import could not import module "datetime"'
+
+
+def _numpy_import_broken_by(how: str) -> None:
+    """What a Ctrl-C that lands while numpy loads looks like when it reaches the command line."""
+    import signal
+
+    if how == "context":  # caught, and another error raised while handling it
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ImportError(NUMPY_FAILED)  # noqa: B904 - the implicit chain is the point
+    if how == "cause":
+        raise ImportError(NUMPY_FAILED) from KeyboardInterrupt()
+    if how == "lost":  # caught in C, which raises its own error with no trace of it: only the signal tells
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        raise ImportError(NUMPY_FAILED)
+    if how == "sigterm":
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except BaseException:  # noqa: BLE001 - main's Terminated, caught as C code would
+            pass
+        raise ImportError(NUMPY_FAILED)
+    raise ImportError(NUMPY_FAILED)  # "plain": a real bug
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "line"),
+    [
+        ("context", 130, "profparse: interrupted"),
+        ("cause", 130, "profparse: interrupted"),
+        ("lost", 130, "profparse: interrupted"),
+        ("sigterm", 143, "profparse: terminated (SIGTERM)"),
+        ("plain", 70, "profparse: internal error: ImportError"),
+    ],
+)
+def test_an_error_a_signal_caused_is_that_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str, code: int, line: str
+) -> None:
+    """A Ctrl-C while numpy loads broke its import, and the ImportError hid the KeyboardInterrupt: exit 70 (seen
+    once in test_ctrl_c_at_any_moment[parse]). An exception with a KeyboardInterrupt in its __cause__/__context__
+    chain, or raised after SIGINT arrived, is exit 130 (SIGTERM: 143); the same ImportError without one is 70."""
+    import signal
+
+    from profparse.cli import main as cli
+    from profparse.cli import summarize_cmd
+
+    monkeypatch.delenv("PROFPARSE_DEBUG", raising=False)
+    monkeypatch.setattr(summarize_cmd, "run", lambda args: _numpy_import_broken_by(how))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert cli.main(["summarize", str(small_trace(tmp_path / "t.json"))]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(line) and len(err.splitlines()) == 1, err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
+    assert cli.main(["summarize", "--help"]) == 0  # the next run in this process does not inherit the signal

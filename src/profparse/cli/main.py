@@ -23,8 +23,11 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
 
 
 def _set_handler(handler: object, sig: int = signal.SIGINT) -> object:
-    """Install a signal handler where Python allows it (the main thread); the previous one, or None."""
+    """Install a signal handler where Python allows it (the main thread); the previous one, or None. A signal the
+    parent ignores (``nohup``, a background job of a script) stays ignored, as Python itself leaves it."""
     try:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            return None
         return signal.signal(sig, handler)  # type: ignore[arg-type]
     except (ValueError, TypeError):  # not the main thread, or no Python-level handler to restore
         return None
@@ -62,8 +65,49 @@ class Terminated(BaseException):
     """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed on the way out."""
 
 
+#: The signal (SIGINT, SIGTERM) that arrived during :func:`main`, if any. An exception raised after it is its
+#: consequence: code that caught the KeyboardInterrupt and raised something else in C (numpy's "Importing the
+#: numpy C-extensions failed" ImportError, when the Ctrl-C lands while numpy loads) keeps no trace of it.
+_signalled: int | None = None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    global _signalled
+    _signalled = signal.SIGINT
+    raise KeyboardInterrupt
+
+
 def _terminate(signum: int, frame: object) -> None:
+    global _signalled
+    _signalled = signal.SIGTERM
     raise Terminated
+
+
+def stopped_by(exc: BaseException) -> int | None:
+    """The signal an exception stands for: SIGINT for a KeyboardInterrupt (SIGTERM for :class:`Terminated`), in
+    itself or anywhere in its ``__cause__`` / ``__context__`` chain, else the signal that arrived during the run;
+    None for a plain error."""
+    pending, seen = [exc], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return signal.SIGINT
+        if isinstance(current, Terminated):
+            return signal.SIGTERM
+        pending += [current.__cause__, current.__context__]
+    return _signalled
+
+
+def _stopped(signum: int) -> int:
+    """The one line and exit code of a run ended by ``signum``."""
+    if signum == signal.SIGTERM:
+        print("profparse: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
+        return EXIT_TERMINATED
+    print("profparse: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 EXIT_OUT_OF_MEMORY = 8
@@ -120,7 +164,23 @@ def _inputs(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command line; its exit code (docs/exit-codes.md)."""
+    global _signalled
     guard_std_streams()
+    _signalled = None
+    previous_int = _set_handler(_interrupt)
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, Terminated) as exc:  # a signal that landed while an error was being reported
+        return _stopped(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    finally:
+        if previous_int is not None:
+            _set_handler(previous_int)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = None
+    previous_term = None
     try:  # the verbs import what they need as they start (lazily): a Ctrl-C during those imports is an interrupt too
         parser = build_parser()
         try:
@@ -131,42 +191,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         quiet = getattr(args, "quiet", False)
         files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
-    except KeyboardInterrupt:
-        print("profparse: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    previous_term = _set_handler(_terminate, signal.SIGTERM)
-    try:
+        previous_term = _set_handler(_terminate, signal.SIGTERM)
         if common.STDOUT_CLOSED and getattr(args, "prints_result", False):
             raise OutputWriteError("standard output is closed (redirect it to a file or to /dev/null instead)")
         return int(args.run(args) or 0)
-    except ProfparseError as exc:
+    except (KeyboardInterrupt, Terminated) as exc:
+        return _stopped(stopped_by(exc) or signal.SIGINT)
+    except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback unless asked
+        signum = stopped_by(exc)  # an error a signal caused (it broke an import, a read) is that signal
+        return _stopped(signum) if signum is not None else _report(exc, args)
+    finally:
+        files_module = sys.modules.get("profparse.outputs.files")
+        if files_module is not None:
+            files_module.wait_notice = None
+        if previous_term is not None:
+            _set_handler(previous_term, signal.SIGTERM)
+
+
+def _report(exc: Exception, args: argparse.Namespace | None) -> int:
+    """The one line and exit code of an error that reached the command line."""
+    if isinstance(exc, ProfparseError):
         return report_error(exc)
-    except KeyboardInterrupt:
-        print("profparse: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        print("profparse: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
-        return EXIT_TERMINATED
-    except MemoryError:
+    if isinstance(exc, MemoryError):
         print("profparse: error: out of memory", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
-    except BrokenPipeError:
+    if isinstance(exc, BrokenPipeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as exc:
-        mapped = from_oserror(exc, inputs=_inputs(args))
+    if isinstance(exc, OSError):
+        mapped = from_oserror(exc, inputs=_inputs(args) if args is not None else [])
         if isinstance(mapped, ProfparseError):
             return report_error(mapped)
         if isinstance(mapped, MemoryError):
             print("profparse: error: out of memory", file=sys.stderr)
             return EXIT_OUT_OF_MEMORY
-        return _internal(exc)
-    except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback unless asked
-        return _internal(exc)
-    finally:
-        files.wait_notice = None
-        if previous_term is not None:
-            _set_handler(previous_term, signal.SIGTERM)
+    return _internal(exc)
 
 
 def report_error(exc: ProfparseError, tool: str = "profparse") -> int:
