@@ -301,20 +301,22 @@ READ_PEAK = (
     "from pathlib import Path\n"
     "from profparse import cache\n"
     "frame = cache.read_frame(Path(sys.argv[1]))\n"
-    "print(pa.default_memory_pool().max_memory(), int(frame.memory_usage(deep=False).sum()))\n"
+    "peak = sum(pool.max_memory() for pool in {pa.default_memory_pool(), pa.system_memory_pool()})\n"
+    "print(peak, int(frame.memory_usage(deep=False).sum()))\n"
 )
 
 
 @pytest.mark.parametrize("batches", [1, 8])
 def test_reading_a_stored_table_holds_one_copy(batches: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Arrow's allocations while reading a stored table, in a fresh process (its pool's peak: deterministic, unlike
-    RSS): about the frame itself. The whole Arrow table and then its pandas copy took twice the frame."""
+    """Arrow's allocations while reading a stored table, in a fresh process (its pools' peaks: deterministic,
+    unlike RSS): about the frame itself (1.0x; 1.2x with batches: one column's are joined at a time). The whole
+    Arrow table and then its pandas copy took twice the frame."""
     import numpy as np
 
     rows = 400_000
     monkeypatch.setattr(cache, "BATCH_ROWS", rows // batches)
     rng = np.random.default_rng(12)
-    frame = pd.DataFrame({f"c{i}": rng.integers(0, 1 << 40, rows) for i in range(8)})
+    frame = pd.DataFrame({f"c{i}": rng.integers(0, 1 << 40, rows) for i in range(12)})
     frame["name"] = pd.Categorical(rng.choice(["aten::mm", "aten::add", "Memcpy"], rows))
     path = tmp_path / "table.arrow"
     cache.write_frame(path, frame)
@@ -324,4 +326,4 @@ def test_reading_a_stored_table_holds_one_copy(batches: int, tmp_path: Path, mon
         [sys.executable, "-c", READ_PEAK, str(path)], capture_output=True, text=True, env=env, check=True
     ).stdout
     peak, size = map(int, out.split())
-    assert peak < 1.3 * size, f"Arrow's peak {peak / 2**20:.1f} MB for a {size / 2**20:.1f} MB frame"
+    assert peak < 1.5 * size, f"Arrow's peak {peak / 2**20:.1f} MB for a {size / 2**20:.1f} MB frame"
