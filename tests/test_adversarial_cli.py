@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from adversarial import assert_clean_failure, assert_success, assert_time_within, run_cli, snapshot
+from adversarial import REPO, assert_clean_failure, assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes, /proc (Linux)")
@@ -311,3 +311,48 @@ def test_an_error_a_signal_caused_is_that_signal(
     assert err.startswith(line) and len(err.splitlines()) == 1, err
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
     assert cli.main(["summarize", "--help"]) == 0  # the next run in this process does not inherit the signal
+
+
+# -- nits: csv rows, --peak-tflops ------------------------------------------------------------------------------------
+
+
+def test_csv_quotes_names_that_hold_a_carriage_return(tmp_path: Path) -> None:
+    """summarize --format csv quoted only fields with "\\n" (its line terminator): a kernel named "a\\rb" split its
+    row in two for csv readers."""
+    import csv
+    import io
+
+    trace = small_trace(tmp_path / "t.json", kernel="gemm\rsplit", op="aten::mm\rnext")
+    run = run_cli("summarize", str(trace), "--format", "csv", "--no-cache", "-q", "--top", "20")
+    assert_success(run)
+    rows = list(csv.reader(io.StringIO(run.stdout, newline="")))
+    assert rows[0] == ["step", "stage", "section", "name", "column", "value"]
+    assert all(len(row) == 6 for row in rows), [row for row in rows if len(row) != 6][:3]
+    names = {row[3] for row in rows}
+    assert any("gemm\rsplit" in name for name in names), names
+    assert any("aten::mm\rnext" in name for name in names), names
+    assert run.stdout.endswith("\n") and "\r\n" not in run.stdout  # rows end in "\n"
+
+
+FLOPS_TRACE = REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"  # recorded shapes: an MFU per step
+
+
+@pytest.mark.parametrize("value", ["1e-320", "5e-324", "1e-7", "1e300", "1.7e308"])
+def test_peak_tflops_outside_the_float_range_of_the_mfu(tmp_path: Path, value: str) -> None:
+    """--peak-tflops 1e-320 (and 1e300) leaked numpy's RuntimeWarning (overflow in divide / multiply) to stderr,
+    with an MFU of 1e196 (or 0): outside 1e-06 to 1e+06 TFLOP/s it is a usage error, before any work."""
+    if not FLOPS_TRACE.is_file():
+        pytest.skip(f"{FLOPS_TRACE} not present")
+    run = run_cli("summarize", str(FLOPS_TRACE), "--peak-tflops", value, "--no-cache")
+    assert_clean_failure(run, 2, contains="--peak-tflops")
+    assert "between 1e-06 and 1e+06" in run.stderr and "RuntimeWarning" not in run.stderr
+
+
+def test_peak_tflops_at_its_bounds() -> None:
+    if not FLOPS_TRACE.is_file():
+        pytest.skip(f"{FLOPS_TRACE} not present")
+    for value in ("1e-6", "1e6"):
+        run = run_cli("summarize", str(FLOPS_TRACE), "--peak-tflops", value, "--no-cache", "-q", "--format", "json")
+        assert_success(run)
+        assert run.stderr == "", run.stderr
+        assert any(s["mfu"] for s in json.loads(run.stdout)["efficiency"]["steps"]), "no MFU computed"

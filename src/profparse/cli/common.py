@@ -33,14 +33,21 @@ def int_option(low: int, high: int | None = None) -> Any:
     return parse
 
 
+#: ``--peak-tflops`` bounds: 1 MFLOP/s to 1 EFLOP/s per device, around every real peak by orders of magnitude.
+#: Outside them the MFU arithmetic leaves the float range (1e-320 overflowed dividing by it, 1e300 multiplying by
+#: it: numpy's RuntimeWarnings on stderr, and an MFU of 1e196 or 0).
+PEAK_TFLOPS_RANGE = (1e-6, 1e6)
+
+
 def peak_option(text: str) -> float:
-    """An argparse ``type`` for ``--peak-tflops``: a finite number above 0."""
+    """An argparse ``type`` for ``--peak-tflops``: a number within :data:`PEAK_TFLOPS_RANGE`."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of TFLOP/s, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be above 0 and finite (got {text})")
+    low, high = PEAK_TFLOPS_RANGE
+    if not low <= value <= high:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} TFLOP/s (got {text})")
     return value
 
 

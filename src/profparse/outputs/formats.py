@@ -221,11 +221,21 @@ def tables_markdown(tables: list[Table]) -> list[str]:
 
 
 def tables_csv(tables: list[Table]) -> str:
-    """All tables as one long csv: a row per (section, step, stage, name, column) with its raw value."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for t in tables:
-        for record in t.csv_records():
-            writer.writerow({k: "" if record.get(k) is None else record.get(k) for k in CSV_COLUMNS})
-    return buffer.getvalue()
+    """All tables as one long csv: a row per (section, step, stage, name, column) with its raw value.
+
+    Rows end in ``\\n``; a field that holds ``\\r`` or ``\\n`` is quoted (the csv module quotes only the
+    characters of its line terminator, so each row is written with ``\\r\\n`` and its ending replaced): a name
+    with a carriage return does not split its row for csv readers."""
+    line = io.StringIO()
+    writer = csv.writer(line, lineterminator="\r\n")
+    rows = []
+    for values in [list(CSV_COLUMNS)] + [
+        ["" if record.get(k) is None else record.get(k) for k in CSV_COLUMNS]
+        for t in tables
+        for record in t.csv_records()
+    ]:
+        line.seek(0)
+        line.truncate()
+        writer.writerow(values)
+        rows.append(line.getvalue()[:-2] + "\n")
+    return "".join(rows)
