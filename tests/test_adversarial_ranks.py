@@ -8,12 +8,16 @@ nothing is left behind.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from adversarial import assert_success, run_cli, snapshot
+from adversarial import REPO, _session_pids, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc, FIFOs and /dev (Linux)")
@@ -78,3 +82,143 @@ def test_repeated_step_numbers_are_kept_apart(tmp_path, case):
     assert_success(report, folders=(tmp_path,))
     assert (tmp_path / "r.html").stat().st_size > 0
     assert snapshot(trace) == before
+
+
+# -- item 13: the pool's temporaries -----------------------------------------------------------------------------
+
+
+def rank_folder(folder: Path, count: int, steps: int = 3) -> Path:
+    """``count`` small rank traces ``rank<r>.json`` (distributedInfo says the same rank)."""
+    folder.mkdir(parents=True)
+    for rank in range(count):
+        b = TraceBuilder()
+        b.header["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": count}
+        t = 0.0
+        for step in range(steps):
+            t = training_step(b, step, t) + 10
+        b.write(folder / f"rank{rank}.json")
+    return folder
+
+
+def slow_rank_folder(folder: Path) -> Path:
+    """Four ranks that take seconds to parse with -j 2 (contents differ, so the cache answers none from another)."""
+    folder.mkdir()
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3000):
+        t = training_step(b, step, t)
+    b.write(folder / "rank0.json")
+    text = (folder / "rank0.json").read_bytes()
+    for r in range(1, 4):
+        (folder / f"rank{r}.json").write_bytes(text + b"\n" * r)
+    return folder
+
+
+@pytest.mark.parametrize("verb", ["parse", "summarize"])
+def test_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, verb):
+    """Every ``-j N`` run left the forkserver's ``pymp-*`` folder (with its socket) in $TMPDIR: multiprocessing
+    removes it at exit, which the CLI skips (os._exit). A pymp folder that was there before is not touched."""
+    folder = rank_folder(tmp_path / "in", 3)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    theirs = tmpdir / "pymp-someone_else"  # another program's: stays
+    theirs.mkdir()
+    (theirs / "listener-x").write_text("")
+    out = ("-o", str(tmp_path / "out")) if verb == "parse" else ()
+    env = {"TMPDIR": str(tmpdir), "PROFPARSE_FORCE_JOBS": "1"}  # two workers even on a one-CPU machine
+    run = run_cli(verb, str(folder), *out, "-j", "2", "--no-cache", env=env)
+    assert_success(run, folders=(tmp_path,))
+    assert "parsing in 2 processes" in run.stderr, run.stderr
+    assert sorted(p.name for p in tmpdir.rglob("*")) == ["listener-x", "pymp-someone_else"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, sig):
+    """Ctrl-C or SIGTERM while the workers parse: exit 130/143, one line, no pymp folder and no process left."""
+    folder = slow_rank_folder(tmp_path / "in")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {"TMPDIR": str(tmpdir), "PROFPARSE_FORCE_JOBS": "1"}
+    argv = ("parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache")
+    run = run_cli(*argv, env=env, signal_after=(3.0, sig), timeout=60)
+    assert run.code == (130 if sig == signal.SIGINT else 143), f"not still running when signalled: {run.stderr}"
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert not run.leftover_pids and not (tmp_path / "out").exists()
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_sigterm_while_the_pool_starts(tmp_path):
+    """SIGTERM (to profparse alone, as ``kill PID``) while the pool's first worker is being forked: that worker,
+    not yet known to the pool, looked for the pool's semaphores after the parent had let go of them and printed a
+    traceback. The pool now starts with SIGTERM held, as it held Ctrl-C: exit 143, one line, nothing left."""
+    folder = slow_rank_folder(tmp_path / "in")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TMPDIR=str(tmpdir), PROFPARSE_FORCE_JOBS="1")
+    argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profparse.cli.main", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    # until the pool's first worker is forked (parent, resource tracker, forkserver, worker)
+    while len(_session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        err = proc.communicate(timeout=60)[1].decode()
+    finally:
+        time.sleep(1.0)
+        left = [p for p in _session_pids(proc.pid) if p != proc.pid]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["profparse: terminated (SIGTERM); nothing was left half-written"], err
+    assert left == []
+    assert list(tmpdir.iterdir()) == [] and not (tmp_path / "out").exists()
+
+
+# -- item 11: -j bounded by the CPUs -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_cpu():
+    """This process (and the CLI runs it starts) on one CPU only."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity here")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_jobs_are_bounded_by_the_cpus(tmp_path, one_cpu, monkeypatch):
+    """``-j 4`` on 4 ranks started 4 workers on a one-CPU machine: now one, with a note; PROFPARSE_FORCE_JOBS=1
+    keeps 4. The library's parse_ranks is bounded the same way."""
+    folder = rank_folder(tmp_path / "in", 4, steps=1)
+    capped = run_cli("summarize", str(folder), "-j", "4", "--no-cache")
+    assert_success(capped)
+    assert "parsing in this process (-j 4 lowered to the 1 CPU this process may use; PROFPARSE_FORCE_JOBS=1" in (
+        capped.stderr
+    ), capped.stderr
+    forced = run_cli("summarize", str(folder), "-j", "4", "--no-cache", env={"PROFPARSE_FORCE_JOBS": "1"})
+    assert_success(forced)
+    assert "parsing in 4 processes\n" in forced.stderr, forced.stderr
+    assert capped.stdout == forced.stdout
+    default = run_cli("summarize", str(folder), "--no-cache")
+    assert "parsing in this process\n" in default.stderr, default.stderr
+
+    from profparse.ranks import scheduling
+
+    used: list[int] = []
+    monkeypatch.setattr(scheduling, "_run_local", lambda tasks, jobs, on_done: used.append(jobs) or [])
+    monkeypatch.delenv("PROFPARSE_FORCE_JOBS", raising=False)
+    scheduling.run_tasks([object()] * 4, jobs=4)  # type: ignore[list-item]
+    monkeypatch.setenv("PROFPARSE_FORCE_JOBS", "1")
+    scheduling.run_tasks([object()] * 4, jobs=4)  # type: ignore[list-item]
+    assert used == [1, 4]

@@ -67,13 +67,14 @@ from profparse.ranks.render import (
 )
 from profparse.ranks.results import RankResult, RankTask
 from profparse.ranks.run import RanksRun, _raise_if_none_read, parse_ranks
-from profparse.ranks.scheduling import DIED, _run_local, run_tasks
+from profparse.ranks.scheduling import DIED, FORCE_JOBS_ENV, _run_local, local_workers, run_tasks, usable_cpus
 from profparse.ranks.stragglers import DEFAULT_METRIC, METRICS, per_rank_totals, stragglers
 from profparse.ranks.worker import run_rank
 
 __all__ = [
     "DEFAULT_METRIC",
     "DIED",
+    "FORCE_JOBS_ENV",
     "METRICS",
     "PEEK_BYTES",
     "PLAIN_TABLES",
@@ -94,6 +95,7 @@ __all__ = [
     "find_rank_files",
     "is_rank_dataset",
     "late",
+    "local_workers",
     "parse_ranks",
     "partition_dir",
     "partitioned_tables",
@@ -113,6 +115,7 @@ __all__ = [
     "run_rank",
     "run_tasks",
     "stragglers",
+    "usable_cpus",
     "table_names",
     "unify_partitions",
     "write_rank_tables",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,9 +55,11 @@ DIED = "the worker process died (killed or out of memory; a script must start it
 
 @contextlib.contextmanager
 def _ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C while the pool starts (forkserver, workers, submits) and raise it right after, where the pool
-    can be stopped cleanly. A Ctrl-C in the first second otherwise broke off a worker's start half-way (the
-    worker, unknown to the pool, then printed a traceback) or reached the forkserver (:func:`_start_forkserver`).
+    """Hold Ctrl-C and SIGTERM while the pool starts (forkserver, workers, submits) and deliver them right after,
+    where the pool can be stopped cleanly. A signal in the first second otherwise broke off a worker's start
+    half-way: the worker, unknown to the pool, then printed a traceback (Ctrl-C), or failed to find the pool's
+    semaphores once the parent had let go of them (SIGTERM), or it reached the forkserver
+    (:func:`_start_forkserver`).
     """
     import signal
     import threading
@@ -65,13 +68,15 @@ def _ctrl_c_held() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum)) for signum in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    for signum in dict.fromkeys(caught):  # each once, in order: its own handler now raises (or ends the process)
+        signal.raise_signal(signum)
 
 
 def _start_forkserver() -> None:
@@ -96,6 +101,62 @@ def _start_forkserver() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+@contextlib.contextmanager
+def _own_multiprocessing_temp_dir() -> Iterator[None]:
+    """Remove, when the pool is done, the ``pymp-*`` folder multiprocessing creates in ``$TMPDIR`` for the
+    forkserver's socket, and let go of the forkserver that listens there (the next pool starts a new one).
+
+    multiprocessing removes that folder in its exit function, which the CLI does not run (it ends with
+    ``os._exit``), so every ``-j N`` run left one behind. Only a folder (and a forkserver) this pool started is
+    touched: one that was there before belongs to the caller's own use of multiprocessing and stays.
+    """
+    from multiprocessing import forkserver, process, util
+
+    config = process.current_process()._config
+    folder_before = config.get("tempdir")
+    server = getattr(forkserver, "_forkserver", None)
+    server_before = getattr(server, "_forkserver_pid", None)
+    try:
+        yield
+    finally:
+        folder = config.get("tempdir")
+        ours = folder_before is None and folder is not None
+        if ours and server_before is None and getattr(server, "_forkserver_pid", None) is not None:
+            ours = _let_go_of_forkserver(server)
+        if ours:
+            shutil.rmtree(folder, ignore_errors=True)
+            config["tempdir"] = None
+            for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
+                if folder in (getattr(finalizer, "_args", None) or ()):
+                    finalizer.cancel()  # it would remove the folder again at exit, and print a traceback
+
+
+def _let_go_of_forkserver(server: Any, reap_s: float = 1.0) -> bool:
+    """Tell the forkserver to stop (it exits once the last of its workers has) and forget it; False where this
+    Python's forkserver does not look as expected (it is then left running, with its socket).
+
+    Unlike ``ForkServer._stop`` this never waits for it: a worker that a Ctrl-C caught half-started is unknown to
+    the pool, so it is not killed; it lives until this process ends, and so would the forkserver. Reaped here
+    when it ends within ``reap_s`` (the usual case: the pool's workers are gone)."""
+    try:
+        with server._lock:
+            pid, alive_fd = server._forkserver_pid, server._forkserver_alive_fd
+            server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+    except AttributeError:
+        return False
+    with contextlib.suppress(OSError):
+        os.close(alive_fd)  # the forkserver's signal to stop
+    deadline = time.monotonic() + reap_s
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] or time.monotonic() > deadline:
+                break
+        except ChildProcessError:  # already reaped
+            break
+        time.sleep(0.01)
+    return True
+
+
 def _stop(pool: Any) -> None:
     """Shut a process pool down at once: pending ranks cancelled, running workers killed."""
     workers = list((getattr(pool, "_processes", None) or {}).values())  # no public way to reach them
@@ -118,6 +179,17 @@ def _run_local(
             results.append(fn(task))
             on_done(results[-1])
         return results
+    with _own_multiprocessing_temp_dir():
+        return _run_pool(tasks, jobs, on_done, fn)
+
+
+def _run_pool(
+    tasks: list[RankTask],
+    jobs: int,
+    on_done: Callable[[RankResult], None],
+    fn: Callable[[RankTask], RankResult],
+) -> list[RankResult]:
+    """The tasks in a pool of ``jobs`` forkserver processes (see :func:`_run_local`)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -203,8 +275,38 @@ def run_tasks(
     on_done = on_done or (lambda result: None)
     if scheduler:
         return _run_dask(tasks, scheduler, on_done)
+    jobs, _ = local_workers(jobs, len(tasks))
+    return _run_local(tasks, jobs, on_done)
+
+
+FORCE_JOBS_ENV = "PROFPARSE_FORCE_JOBS"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as ``os.process_cpu_count`` of Python 3.13)."""
+    process_cpu_count = getattr(os, "process_cpu_count", None)
+    if process_cpu_count is not None:
+        return process_cpu_count() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity masks here (macOS)
+        return os.cpu_count() or 1
+
+
+def local_workers(jobs: int | None, tasks: int) -> tuple[int, str | None]:
+    """Worker processes for ``tasks`` rank tasks, and a note when ``jobs`` was lowered.
+
+    ``jobs`` (default: one per usable CPU), at most one per task, and at most one per usable CPU: each worker
+    parses a whole rank, so more of them only share the CPUs and add up their memory. ``$PROFPARSE_FORCE_JOBS=1``
+    lifts the CPU bound (a run whose ranks wait on a slow disk, say)."""
+    cpus = usable_cpus()
     if jobs is None:
-        jobs = os.cpu_count() or 1
+        return max(1, min(cpus, tasks)), None
     if jobs < 1:
         raise UsageError(f"--jobs must be at least 1 (got {jobs})")
-    return _run_local(tasks, jobs, on_done)
+    wanted = max(1, min(jobs, tasks))
+    forced = os.environ.get(FORCE_JOBS_ENV, "").strip().lower() in ("1", "true", "yes")
+    if wanted > cpus and not forced:
+        cpu_word = "CPU" if cpus == 1 else "CPUs"
+        return cpus, f"-j {jobs} lowered to the {cpus} {cpu_word} this process may use; {FORCE_JOBS_ENV}=1 keeps it"
+    return wanted, None
