@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from adversarial import REPO, _session_pids, assert_success, run_cli, snapshot
+from adversarial import REPO, _session_pids, assert_clean_failure, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc, FIFOs and /dev (Linux)")
@@ -222,3 +222,31 @@ def test_jobs_are_bounded_by_the_cpus(tmp_path, one_cpu, monkeypatch):
     monkeypatch.setenv("PROFPARSE_FORCE_JOBS", "1")
     scheduling.run_tasks([object()] * 4, jobs=4)  # type: ignore[list-item]
     assert used == [1, 4]
+
+
+# -- nits: odd entries, odd rank numbers, the devices of a dataset ------------------------------------------------
+
+
+def test_rank_entries_that_are_not_regular_files_are_skipped_with_a_note(tmp_path):
+    """A folder named rank1.json, a FIFO (no writer: opening it would block), a link to a device and a broken
+    link were left out silently: now one note names them, and the run never opens them."""
+    folder = rank_folder(tmp_path / "in", 1)
+    (folder / "rank1.json").mkdir()
+    os.mkfifo(folder / "rank2.json")
+    (folder / "rank3.json").symlink_to("/dev/zero")
+    (folder / "rank4.json.gz").symlink_to(tmp_path / "missing.json.gz")
+    before = snapshot(folder)
+    run = run_cli("summarize", str(folder), "--no-cache", timeout=60)
+    assert_success(run)
+    assert (
+        "skipped 4 entries that are not regular files: rank1.json (a folder), rank2.json (a FIFO), "
+        "rank3.json (a symbolic link to a device), rank4.json.gz (a broken symbolic link)"
+    ) in run.stderr, run.stderr
+    assert "1 rank traces" in run.stderr
+    assert snapshot(folder) == before
+    only_odd = tmp_path / "odd"
+    only_odd.mkdir()
+    os.mkfifo(only_odd / "rank0.json")
+    run = run_cli("parse", str(only_odd), "-o", str(tmp_path / "out"), timeout=60)
+    assert_clean_failure(run, 3, contains="skipped, not regular files: rank0.json (a FIFO)", folders=(tmp_path,))
+    assert not (tmp_path / "out").exists()

@@ -166,7 +166,7 @@ def rank_files(args: argparse.Namespace) -> list[Any]:
 
     if args.jobs is not None and args.scheduler:
         raise UsageError("--jobs and --scheduler do not go together (the Dask cluster decides the parallelism)")
-    files = ranks.prepare(args.trace, args.rank_from)
+    files = ranks.prepare(args.trace, args.rank_from, notify=lambda message: note(message, args.quiet))
     if args.scheduler:
         where = f"on the Dask cluster at {args.scheduler}"
     else:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,34 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name))
 
 
-def find_rank_files(folder: str | Path) -> list[Path]:
-    """The trace files (``*.json``, ``*.json.gz``) directly in ``folder``, in natural sort order."""
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file (after symbolic links), e.g. ``a FIFO``; None for a file.
+
+    Only ``stat``: nothing is opened, so a FIFO with no writer cannot block the run."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "a broken symbolic link" if path.is_symlink() else "unreadable"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"a symbolic link to {kind}" if path.is_symlink() else kind
+
+
+def find_rank_files(folder: str | Path, skipped: list[str] | None = None) -> list[Path]:
+    """The trace files (``*.json``, ``*.json.gz``) directly in ``folder``, in natural sort order.
+
+    Entries named like trace files that are not regular files (a folder ``rank1.json``, a FIFO, a link to a
+    device) are left out; ``skipped`` receives ``name (what it is)`` for each."""
     folder = Path(folder)
     if not folder.exists():
         raise InputNotFoundError(f"{folder}: no such folder")
@@ -45,17 +72,28 @@ def find_rank_files(folder: str | Path) -> list[Path]:
         entries = list(folder.iterdir())
     except OSError as exc:
         raise InputNotFoundError(f"{folder}: cannot list ({exc.strerror})") from None
-    files = [
+    named = [
         p
         for p in entries
-        if p.name.lower().endswith(TRACE_SUFFIXES)
-        and not p.name.startswith(".")
-        and p.name not in SKIP_NAMES
-        and p.is_file()
+        if p.name.lower().endswith(TRACE_SUFFIXES) and not p.name.startswith(".") and p.name not in SKIP_NAMES
     ]
+    files, others = [], []
+    for path in sorted(named, key=lambda p: _natural_key(p.name)):
+        kind = _not_a_file(path)
+        if kind is None:
+            files.append(path)
+        else:
+            others.append(f"{path.name} ({kind})")
+    if skipped is not None:
+        skipped.extend(others)
     if not files:
-        raise InputNotFoundError(f"{folder}: no trace files (*.json, *.json.gz) in this folder")
-    return sorted(files, key=lambda p: _natural_key(p.name))
+        more = f"; skipped, not regular files: {_listed(others)}" if others else ""
+        raise InputNotFoundError(f"{folder}: no trace files (*.json, *.json.gz) in this folder{more}")
+    return files
+
+
+def _listed(items: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def rank_from_name(name: str) -> int | None:
@@ -177,6 +215,12 @@ def _span(ranks: Sequence[int]) -> str:
     return f"ranks {shown}{', ...' if len(ranks) > 8 else ''}"
 
 
-def prepare(folder: str | Path, rank_from: str = "auto") -> list[RankFile]:
-    """The files of ``folder`` with their ranks (see :func:`assign_ranks`)."""
-    return assign_ranks(find_rank_files(folder), rank_from)
+def prepare(folder: str | Path, rank_from: str = "auto", notify: Callable[[str], None] | None = None) -> list[RankFile]:
+    """The files of ``folder`` with their ranks (see :func:`assign_ranks`); ``notify`` receives one note naming
+    the entries skipped because they are not regular files (:func:`find_rank_files`)."""
+    skipped: list[str] = []
+    files = find_rank_files(folder, skipped)
+    if skipped and notify is not None:
+        entries = "entry that is not a regular file" if len(skipped) == 1 else "entries that are not regular files"
+        notify(f"{folder}: skipped {len(skipped)} {entries}: {_listed(skipped)}")
+    return assign_ranks(files, rank_from)
