@@ -250,3 +250,25 @@ def test_rank_entries_that_are_not_regular_files_are_skipped_with_a_note(tmp_pat
     run = run_cli("parse", str(only_odd), "-o", str(tmp_path / "out"), timeout=60)
     assert_clean_failure(run, 3, contains="skipped, not regular files: rank0.json (a FIFO)", folders=(tmp_path,))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stated", [True, False, 1.5, -1, 2**40, "1"])
+def test_distributed_info_rank_that_is_not_a_rank_number(tmp_path, stated):
+    """``distributedInfo.rank: true`` was rank 1 in a single trace's summary (bool is an int in Python), and in
+    a folder the rank note said "distributedInfo says rank 1"; likewise false, negative and huge numbers. None of
+    them is a rank: the trace has no rank, and a folder's note says the value is not a rank number."""
+    b = TraceBuilder()
+    b.header["distributedInfo"] = {"backend": "nccl", "rank": stated, "world_size": 2}
+    training_step(b, 1, 0)
+    trace = b.write(tmp_path / "t.json")
+    data = summary_json(run_cli("summarize", str(trace), "--format", "json", "--no-cache"))
+    assert data["rank"] is None
+    folder = tmp_path / "in"
+    folder.mkdir()
+    b.write(folder / "a.json")
+    run = run_cli("summarize", str(folder), "--no-cache")
+    assert_success(run)
+    assert "ranks 0 from" not in run.stderr and "rank 0 from sorted position" in run.stderr, run.stderr
+    said = json.dumps(stated)
+    assert f"distributedInfo.rank {said} is not a rank number" in run.stderr, run.stderr
+    assert "distributedInfo says rank" not in run.stderr

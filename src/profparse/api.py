@@ -76,9 +76,11 @@ class ParsedTrace:
 
     @property
     def rank(self) -> int | None:
+        """``distributedInfo.rank`` when it is a rank number: an int from 0 to 2^31-1 (``true`` is not rank 1)."""
         info = self.raw.header.get("distributedInfo")
-        if isinstance(info, dict) and isinstance(info.get("rank"), int):
-            return int(info["rank"])
+        rank = info.get("rank") if isinstance(info, dict) else None
+        if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 31:
+            return rank
         return None
 
     @cached_property

@@ -47,6 +47,12 @@ def run_rank(task: RankTask) -> RankResult:
                 f"warning: distributedInfo says rank {parsed.rank} (after the events); kept rank {task.rank} "
                 f"from the {task.source}"
             )
+        stated = _stated_rank(parsed.header)
+        if stated is not None and parsed.rank is None:
+            result.notes.append(
+                f"warning: distributedInfo.rank {stated} is not a rank number (an integer from 0); kept rank "
+                f"{task.rank} from the {task.source}"
+            )
         result.stage_summary = parsed.stage_summary
         result.collectives = late.collective_rows(parsed)
         if task.out_root is None:  # summarize: sent back; a written dataset has them in its kernels and ops tables
@@ -78,3 +84,14 @@ def run_rank(task: RankTask) -> RankResult:
     result.notes[:0] = cache_notes
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _stated_rank(header: dict) -> str | None:
+    """``distributedInfo.rank`` as the trace wrote it (JSON, shortened), None when there is none."""
+    import json
+
+    info = header.get("distributedInfo")
+    if not isinstance(info, dict) or "rank" not in info:
+        return None
+    text = json.dumps(info["rank"], default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
