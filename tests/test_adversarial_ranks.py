@@ -7,6 +7,7 @@ nothing is left behind.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -272,3 +273,49 @@ def test_distributed_info_rank_that_is_not_a_rank_number(tmp_path, stated):
     said = json.dumps(stated)
     assert f"distributedInfo.rank {said} is not a rank number" in run.stderr, run.stderr
     assert "distributedInfo says rank" not in run.stderr
+
+
+def gpu_rank_folder(folder: Path) -> Path:
+    """Two ranks of a real GPU trace (the MI250 one in sample_traces/gpu), ranks from distributedInfo."""
+    source = REPO / "sample_traces" / "gpu" / "mi250_minitoy.json.gz"
+    with gzip.open(source) as f:
+        doc = json.load(f)
+    folder.mkdir()
+    for rank in (0, 1):
+        copy = {**doc, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}}
+        (folder / f"host{rank}.json").write_text(json.dumps(copy))
+    return folder
+
+
+def devices_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("  devices:"))
+
+
+def test_a_parsed_dataset_keeps_the_ranks_devices(tmp_path):
+    """``summarize`` of a dataset ``parse DIR`` wrote said "devices: no GPU" for GPU ranks: the dataset did not
+    keep them. Now the ``ranks`` table has a ``devices`` column, read back as the folder's run shows them."""
+    folder = gpu_rank_folder(tmp_path / "in")
+    direct = run_cli("summarize", str(folder), "-q", "--no-cache")
+    assert_success(direct)
+    assert "no GPU" not in devices_line(direct.stdout) and "(2 of 2 ranks)" in devices_line(direct.stdout)
+    out = tmp_path / "out"
+    assert_success(run_cli("parse", str(folder), "-o", str(out), "-q", "--no-cache"), folders=(tmp_path,))
+    again = run_cli("summarize", str(out), "-q")
+    assert_success(again)
+    assert devices_line(again.stdout) == devices_line(direct.stdout)
+    name = devices_line(direct.stdout).removeprefix("  devices: ").split(" (")[0]  # the trace's deviceProperties
+    table = pd.read_parquet(out / "ranks")
+    assert [set(d) for d in table["devices"]] == [{name}, {name}]
+
+
+def test_a_dataset_written_before_devices_were_kept_still_reads(tmp_path):
+    """A dataset whose ``ranks`` table has no ``devices`` column (written by an earlier profparse) reads as
+    before: no devices, no error."""
+    folder = gpu_rank_folder(tmp_path / "in")
+    out = tmp_path / "out"
+    assert_success(run_cli("parse", str(folder), "-o", str(out), "-q", "--no-cache"), folders=(tmp_path,))
+    part = out / "ranks" / "part-0.parquet"
+    pd.read_parquet(part).drop(columns="devices").to_parquet(part, index=False)
+    run = run_cli("summarize", str(out), "-q")
+    assert_success(run)
+    assert devices_line(run.stdout) == "  devices: no GPU"

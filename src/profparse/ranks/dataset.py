@@ -73,10 +73,12 @@ def write_rank_tables(parsed: Any, root: str | Path, rank: int, metadata: dict[s
 
 
 RANKS_COLUMNS = ("rank", "rank_source", "file", "status", "error", "exit_code", "events", "seconds")
+# written since the devices were kept; a dataset without it reads back with no devices
+RANKS_EXTRA_COLUMNS = ("devices",)
 
 
 def ranks_table(results: Iterable[RankResult]) -> pd.DataFrame:
-    """One row per input file: its rank, where the rank came from, ok/failed and why."""
+    """One row per input file: its rank, where the rank came from, ok/failed and why, the GPUs it ran on."""
     rows = [
         {
             "rank": r.rank,
@@ -87,10 +89,11 @@ def ranks_table(results: Iterable[RankResult]) -> pd.DataFrame:
             "exit_code": r.exit_code,
             "events": r.events,
             "seconds": round(r.seconds, 3),
+            "devices": [str(d) for d in r.devices],
         }
         for r in sorted(results, key=lambda r: r.rank)
     ]
-    return pd.DataFrame(rows, columns=list(RANKS_COLUMNS))
+    return pd.DataFrame(rows, columns=[*RANKS_COLUMNS, *RANKS_EXTRA_COLUMNS])
 
 
 def _write_plain(frame: pd.DataFrame, folder: Path) -> None:
@@ -107,6 +110,7 @@ def _write_plain(frame: pd.DataFrame, folder: Path) -> None:
             ("exit_code", pa.int64()),
             ("events", pa.int64()),
             ("seconds", pa.float64()),
+            ("devices", pa.list_(pa.string())),  # deviceProperties names, else GPU <id> of GPU work
         ]
     )
     folder.mkdir(parents=True, exist_ok=True)
@@ -207,6 +211,7 @@ def results_from_dataset(out_dir: str | Path) -> list[RankResult]:
     results = []
     for row in table.itertuples(index=False):
         ok = row.status == "ok"
+        devices = getattr(row, "devices", None)
         results.append(
             RankResult(
                 path=str(row.file),
@@ -219,9 +224,15 @@ def results_from_dataset(out_dir: str | Path) -> list[RankResult]:
                 seconds=float(row.seconds),
                 stage_summary=summary[summary["rank"] == int(row.rank)].drop(columns="rank") if ok else None,
                 stage_names=names.get(int(row.rank)) if ok else None,
+                devices=[str(d) for d in devices] if devices is not None and not _missing(devices) else [],
             )
         )
     return results
+
+
+def _missing(value: Any) -> bool:
+    """A null cell (None, NaN, NA), as opposed to a list (which ``pd.isna`` would test item by item)."""
+    return value is None or (not hasattr(value, "__len__") and bool(pd.isna(value)))
 
 
 def _stage_names(out_dir: str | Path) -> dict[int, pd.DataFrame]:
