@@ -19,6 +19,7 @@ from tracebuilder import TraceBuilder, training_step
 
 from profparse.errors import OutOfMemoryError
 from profparse.trace import events as events_module
+from profparse.trace.decode import MAX_CHUNK_EVENTS, NEED_FIXED, NEED_PER_JSON_BYTE, TraceDecoder
 from profparse.trace.events import read_trace
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc and rlimits (Linux)")
@@ -224,6 +225,44 @@ def test_tiny_events_take_memory_by_bytes_not_by_count(tmp_path: Path) -> None:
         else:
             peaks.append(_peak_rss_mb(tiny))
     assert peaks[1] - peaks[0] < 1.5 * 4, f"{peaks}: MB for 2 and 6 MB of dropped events"
+
+
+def test_tiny_events_are_decoded_a_bounded_number_at_a_time(tmp_path: Path) -> None:
+    """1 MiB of tiny events is 50,000-350,000 of them, decoded at once before: the chunks handed out (and the
+    bodies sent to workers) hold at most MAX_CHUNK_EVENTS events, and the events read are those written, a
+    ``},{`` inside a name (where a chunk cannot be cut) included."""
+    tiny = [{"ph": "i", "ts": i, "name": "},{" if i % 7 == 0 else "a"} if i % 3 else {} for i in range(150_000)]
+    path = tmp_path / "tiny.json"
+    path.write_bytes(json.dumps({"traceEvents": tiny}, separators=(",", ":")).encode())
+    decoder = TraceDecoder(path)
+    sizes = [len(events) for events, _ in decoder.chunks_with_text()]
+    assert max(sizes) <= MAX_CHUNK_EVENTS and sum(sizes) == len(tiny), sizes
+    raw = read_trace(path, workers=1)
+    written = [e for e in tiny if e]
+    assert raw.events["name"].astype(str).tolist() == [e["name"] for e in written]
+    assert raw.events["ts_ns"].tolist() == [e["ts"] * 1000 for e in written]
+    assert raw.report.dropped == {"event without ts": len(tiny) - len(written)}
+
+    plain = tmp_path / "plain.json"  # no '},{' in a string: every body decodes where it was cut
+    plain.write_bytes(json.dumps({"traceEvents": [e if e else {"ph": "i"} for e in written]}).encode())
+    decoder = TraceDecoder(plain)
+    sizes = [
+        len(decoder._decode(bytes(item))[0]) if isinstance(item, memoryview) else len(item[0])
+        for item in decoder.bodies()
+        if item is not None
+    ]
+    assert max(sizes) <= MAX_CHUNK_EVENTS and sum(sizes) == len(written), sizes
+    assert len(read_trace(plain, workers=2).events) == len(written)
+
+
+def test_tiny_events_peak_memory_within_the_estimate(tmp_path: Path) -> None:
+    """Reading 6 MB of ``{}`` (2.1 million events) peaks within the documented estimate, 1.5x the JSON + 128 MiB:
+    before, the ~350,000 events of each 1 MiB chunk were decoded at once, ~230 MB above it (350 MB in all)."""
+    path = tmp_path / "empty_objects.json"
+    path.write_bytes(b'{"traceEvents": [' + b",".join([b"{}"] * 2_100_000) + b"]}")
+    estimate_mb = (NEED_PER_JSON_BYTE * path.stat().st_size + NEED_FIXED) / (1 << 20)
+    peak = _peak_rss_mb(path)
+    assert peak < estimate_mb, f"{peak:.0f} MB peak, estimate {estimate_mb:.0f} MB"
 
 
 def test_dropped_events_keep_trace_index(tmp_path: Path) -> None:

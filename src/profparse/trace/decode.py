@@ -14,7 +14,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -41,6 +41,10 @@ MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
 NEED_PER_JSON_BYTE = 1.5
 NEED_FIXED = 128 << 20
 BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
+# at most this many events decoded at once (counted as '{' bytes, at least one per event): a chunk of Kineto
+# events holds 4,000-6,000 of them (7,000-11,000 '{'), but 1 MiB of '{}' is 350,000 events whose objects and
+# columns took ~230 MB at once, above the estimate (NEED_PER_JSON_BYTE); 16,384 tiny events take ~10 MB
+MAX_CHUNK_EVENTS = 1 << 14
 
 Num = int | float
 ABSENT = -(2**63)  # an integer ``args`` key not in the event (see :class:`Args`); == events.NULL
@@ -791,18 +795,66 @@ class TraceDecoder:
                 eof = not block
                 buf += block
                 del block
-                if eof:
-                    items, buf = self._final(buf)
-                else:
-                    items, buf = self._complete_prefix(buf)
-                for events in items:
-                    if events[0]:
-                        self.report.events_read += len(events[0])
-                        yield events
-                del items
+                buf = yield from self._bounded_prefix(buf)
+                if self._close_in_region is None:
+                    items, buf = self._final(buf) if eof else self._complete_prefix(buf)
+                    yield from self._hand_out(items)
+                    del items
                 if self._close_in_region is not None:  # the event array closed: what follows is no event
                     self._read_trailer(stream, buf)
                     return
+
+    def _hand_out(self, items: list[Decoded]) -> Iterator[Decoded]:
+        """Yield the decoded chunks of ``items`` that hold events, counted in ``report.events_read``; each is let go
+        of (here and in ``items``) before the next is asked for, so the caller's ``del`` frees it."""
+        items.reverse()
+        while items:
+            events = items.pop()
+            if events[0]:
+                self.report.events_read += len(events[0])
+                yield events
+            del events
+
+    def _piece_cuts(self, buf: bytes | bytearray, size: int) -> list[int]:
+        """Candidate ends of events (:meth:`_boundaries`) that split ``buf[:size]`` into pieces of at most
+        :data:`MAX_CHUNK_EVENTS` events, in order; [] when it holds fewer (as a trace's chunks do).
+
+        Events are counted as ``{`` bytes: every event has one, and counting them costs ~0.1 ms per MiB, where a
+        scan of the structure (:func:`_event_ends`) takes 25-50 ms. A cut may lie inside an event (a ``},{`` in a
+        string): decoding then stops at the last whole event before it, and the next piece goes on from there."""
+        a = np.frombuffer(buf, dtype=np.uint8, count=size)
+        if np.count_nonzero(a == 123) <= MAX_CHUNK_EVENTS:
+            return []
+        cuts: list[int] = []
+        for limit in np.flatnonzero(a == 123)[MAX_CHUNK_EVENTS::MAX_CHUNK_EVENTS].tolist():
+            cut = next(self._boundaries(buf, limit, size), None)
+            if cut is not None and cut > (cuts[-1] if cuts else 0):
+                cuts.append(cut)
+        return cuts
+
+    def _bounded_prefix(self, buf: bytes) -> Generator[Decoded, None, bytes]:
+        """Decode and yield the events at the start of ``buf`` :data:`MAX_CHUNK_EVENTS` at a time while it holds
+        more than that (a chunk of tiny events); return the rest, which holds fewer, for the usual decoding."""
+        if len(buf) < self._retry_at:  # a long event is still being read
+            return buf
+        cuts = self._piece_cuts(buf, len(buf))
+        if not cuts:
+            return buf
+        work = bytearray(buf) + b" "  # one copy for all the pieces (see _decode_region)
+        start = 0
+        for cut in cuts:
+            if cut <= start:
+                continue
+            items, stop = self._decode_region(work, start, cut, final=False)
+            yield from self._hand_out(items)
+            del items
+            if self._close_in_region is not None:  # the event array closed at ``stop``: the trailer follows
+                self._consumed += stop
+                return buf[stop:]
+            start = _after_separator(work, stop, len(buf))
+            self._check_damage(final=False)
+        self._consumed += start
+        return buf[start:]
 
     def _deferred(self, stream: BinaryIO, rest: bytes) -> Iterator[memoryview | Decoded | None]:
         """The reading loop of :meth:`bodies`. Blocks are read into one buffer that is used again for every chunk,
@@ -819,10 +871,12 @@ class TraceDecoder:
             got = self._read_into(stream, work, used)
             if not got:
                 yield None  # the caller takes in every chunk handed out so far before the end is read
-                for events in self._final(bytes(work[:used]))[0]:
-                    if events[0]:
-                        self.report.events_read += len(events[0])
-                        yield events
+                rest = yield from self._bounded_prefix(bytes(work[:used]))
+                del work
+                if self._close_in_region is not None:
+                    self._read_trailer(stream, rest)
+                    return
+                yield from self._hand_out(self._final(rest)[0])
                 return
             used += got
             cut = next(self._boundaries(work, used, used), None)
@@ -830,10 +884,12 @@ class TraceDecoder:
                 if used > 2 * self.chunk_bytes:
                     raise ReadSequentially("no event boundary in two chunks")  # the sequential reader knows
                 continue
-            body = memoryview(work)[:cut]
-            yield body
-            body.release()
-            start = _after_separator(work, cut, used)
+            start = 0
+            for end in [*self._piece_cuts(work, cut), cut]:  # many tiny events: a bounded number per body
+                body = memoryview(work)[start:end]
+                yield body
+                body.release()
+                start = _after_separator(work, end, used)
             self._consumed += start
             work[: used - start] = work[start:used]
             used -= start
