@@ -133,6 +133,21 @@ def test_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, verb):
     assert sorted(p.name for p in tmpdir.rglob("*")) == ["listener-x", "pymp-someone_else"]
 
 
+def test_parallel_ranks_under_a_tmpdir_too_long_for_a_socket(tmp_path):
+    """The forkserver listens on a socket in $TMPDIR/pymp-*: under a $TMPDIR of 120 bytes its path passed the
+    107 bytes AF_UNIX allows, and every -j N run was an internal error (exit 70). The pool then works from a
+    short folder of its own in /tmp, removed afterwards, and leaves $TMPDIR as it was."""
+    folder = rank_folder(tmp_path / "in", 2)
+    tmpdir = tmp_path / "t"
+    tmpdir = tmpdir / ("x" * max(1, 120 - len(str(tmpdir))))
+    tmpdir.mkdir(parents=True)
+    env = {"TMPDIR": str(tmpdir), "PROFPARSE_FORCE_JOBS": "1"}
+    run = run_cli("summarize", str(folder), "-j", "2", "--no-cache", env=env)
+    assert_success(run, folders=(tmp_path,))
+    assert "parsing in 2 processes" in run.stderr, run.stderr
+    assert list(tmpdir.iterdir()) == []
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, sig):
     """Ctrl-C or SIGTERM while the workers parse: exit 130/143, one line, no pymp folder and no process left."""

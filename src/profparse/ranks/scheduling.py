@@ -114,6 +114,8 @@ def _own_multiprocessing_temp_dir() -> Iterator[None]:
 
     config = process.current_process()._config
     folder_before = config.get("tempdir")
+    if folder_before is None:
+        config["tempdir"] = _short_temp_dir()  # None: multiprocessing makes its own in $TMPDIR
     server = getattr(forkserver, "_forkserver", None)
     server_before = getattr(server, "_forkserver_pid", None)
     try:
@@ -129,6 +131,24 @@ def _own_multiprocessing_temp_dir() -> Iterator[None]:
             for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
                 if folder in (getattr(finalizer, "_args", None) or ()):
                     finalizer.cancel()  # it would remove the folder again at exit, and print a traceback
+
+
+# the forkserver listens on TEMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX: an AF_UNIX path, at most 107 bytes on Linux
+_SOCKET_NAME_BYTES = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SOCKET_PATH_MAX = 107
+
+
+def _short_temp_dir() -> str | None:
+    """A ``pymp-*`` folder of our own in the first of /tmp, /var/tmp where ``$TMPDIR`` is too long for the
+    forkserver's socket path (the pool failed with 'AF_UNIX path too long'), else None (multiprocessing's own)."""
+    import tempfile
+
+    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_BYTES <= _SOCKET_PATH_MAX:
+        return None
+    for base in ("/tmp", "/var/tmp"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            return tempfile.mkdtemp(prefix="pymp-", dir=base)
+    return None
 
 
 def _let_go_of_forkserver(server: Any) -> bool:
