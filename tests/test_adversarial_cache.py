@@ -21,24 +21,11 @@ from adversarial import REPO, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
-from profparse import cache
+from profparse import analysis, cache
 from profparse.cli.main import main
 
 #: every table an entry may store (``table.<name>.arrow``), by the property that reads it through the cache
 PARSED_TABLES = ("kernels", "ops", "_host_time", "_stage_summary", "warnings", "stage_summary", "steps")
-ANALYSES = (
-    "load_breakdown",
-    "stage_levels",
-    "modules",
-    "memory",
-    "memory_by_stage",
-    "runtime_calls",
-    "collectives",
-    "comm_exposure",
-    "flops",
-    "efficiency",
-    "gemms",
-)
 OLD = time.time() - 3 * 3600  # older than the sweep's hour: what a killed run's leftovers look like
 
 
@@ -223,7 +210,7 @@ def same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
 def touch_tables(parsed: profparse.ParsedTrace) -> dict[str, pd.DataFrame]:
     """Every table, each read from the entry where stored (and stored where not)."""
     tables = {name: getattr(parsed, name) for name in PARSED_TABLES}
-    return tables | {f"analysis.{name}": getattr(parsed._analysis, name) for name in ANALYSES}
+    return tables | {f"analysis.{name}": getattr(parsed._analysis, name) for name in analysis.TABLES}
 
 
 def test_bit_flips_in_any_stored_file_are_found_and_repaired(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
