@@ -404,7 +404,7 @@ def _tree_rss(pid: int) -> int:
 def _tree_pss(pid: int) -> int:
     """Sum of PSS over ``pid`` and its descendants. PSS counts a page shared by k processes (forked workers,
     shared memory) as 1/k in each, so the sum is the memory really in use. Reading smaps_rollup walks the page
-    tables (~10 ms for a 1 GB process), so it is sampled rarely to keep the measurement from disturbing the run."""
+    tables (~10 ms per GB of the process), so it is sampled rarely to keep the measurement from disturbing the run."""
     total = 0
     for p in _tree(pid):
         try:
@@ -749,8 +749,8 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
 
 def warm_page_cache(trace: Path) -> None:
     """Read the trace once before the runs, so that no tool pays for reading it from disk: the first tool to
-    touch a file that had left the page cache read it at disk speed (profparse's read phase of a 300 MB tile took
-    4.2 s instead of 2.1 s, measured)."""
+    touch a file that had left the page cache read it at disk speed (profparse's read phase took twice as
+    long)."""
     with trace.open("rb") as f:
         while f.read(16 << 20):
             pass
@@ -759,7 +759,7 @@ def warm_page_cache(trace: Path) -> None:
 def ensure_bytecode() -> None:
     """Compile profparse's modules to bytecode before timing it, as ``pip install`` does for any installed package
     (HTA's included): an editable checkout under ``PYTHONDONTWRITEBYTECODE=1`` otherwise compiles every module from
-    source in each run (0.2-0.3 s of start-up measured on this machine), which no installed user pays."""
+    source in each run (a few tenths of a second of start-up), which no installed user pays."""
     import importlib.util
 
     spec = importlib.util.find_spec("profparse")

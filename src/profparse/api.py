@@ -105,7 +105,7 @@ class ParsedTrace:
     @_cached_table
     def _host_time(self) -> pd.DataFrame:
         """Host wall and levels per (scope, step, stage): computed once for the stage summary and the levels
-        (it was half of the tables' time on a 100 MB trace when each computed it)."""
+        (it was half of the tables' time when each computed it)."""
         return tables.host_time(self.raw.events, self.links, self.attribution)
 
     @_cached_table
@@ -199,7 +199,8 @@ class ParsedTrace:
         return pd.DataFrame([vars(r) for r in self.attribution.rules])
 
     def __repr__(self) -> str:
-        """A few lines (path, events, steps, stages, devices, warnings), not the dataclass's field dump."""
+        """A few lines (path, events, steps, stages, devices, warnings, the main tables), not the dataclass's field
+        dump; :data:`profparse.analysis.TABLES` lists every analysis table."""
         events = self.raw.events
         kinds = events["kind"].value_counts()
         gpu_kinds = [kind for kind in GPU_ACTIVITY_KINDS if kind in kinds.index]

@@ -298,7 +298,7 @@ def working_threads(events: pd.DataFrame, links: Links, stage: np.ndarray) -> np
     torch_work = links.host & kind_mask(events, {"cpu_op"} | RUNTIME_KINDS)
     if not torch_work.any():
         torch_work = links.host & (stage != STAGES.index("other"))
-    flags[links.thread[torch_work]] = True  # repeated indices are fine: no np.unique sort (0.04 s at 1.26 M)
+    flags[links.thread[torch_work]] = True  # repeated indices are fine: no np.unique sort
     flags[-1] = False
     return flags
 
@@ -404,7 +404,7 @@ def _cut_at_steps(
         cuts = np.unique(np.concatenate([steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()]))
         lo = np.searchsorted(cuts, start, side="right")
         # a piece crosses a cut iff the first cut after its start lies before its end: the second searchsorted (for
-        # the ends) then runs on those few pieces only (0.025 s of 1.3 M pieces)
+        # the ends) then runs on those few pieces only
         crosses = np.flatnonzero(cuts[np.minimum(lo, len(cuts) - 1)] < end)
         crosses = crosses[lo[crosses] < len(cuts)]
         pieces = np.ones(len(start), dtype=np.int64)
@@ -419,7 +419,7 @@ def _cut_at_steps(
             owner, start, end = owner[idx], s, e
         # Window starts and ends are cuts, so every moment between two neighbouring cuts lies in the same window (or
         # none): a piece's window is its interval's, looked up in the few cuts instead of a searchsorted of every
-        # piece against the windows (step_window: 0.05 s of 1.3 M pieces).
+        # piece against the windows (step_window).
         window = step_window(np.concatenate([[cuts[0] - 1], cuts]), steps)[cut_lo + 1]
     return HostSegments(
         start=start,
@@ -441,7 +441,7 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
     order = _group_start_order(key, segments.start) if len(key) else np.zeros(0, dtype=np.int64)
     key, start, end, level = key[order], segments.start[order], segments.end[order], segments.level[order]
     present = np.bincount(level, minlength=len(HOST_LEVELS)) > 0
-    start, end = _on_one_line(key, start, end)  # once for all levels, not once per pass (0.014 s a pass)
+    start, end = _on_one_line(key, start, end)  # once for all levels, not once per pass
     heads = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else order
     ids = key[heads]
     for i, name in enumerate(HOST_LEVELS):
@@ -452,7 +452,7 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
         if len(heads):
             # Pieces of later levels become empty intervals at their own start, which change no union in a sweep
             # sorted by start: one sort and one set of group heads serve every level, each pass runs on the full
-            # arrays without taking a subset of them (host_levels 0.22 -> 0.19 s on 1.37 M pieces).
+            # arrays without taking a subset of them (the subsets cost more than they saved).
             upto_end = np.where(level <= i, end, start)
             covered[ids] = _line_union(start.copy(), upto_end, heads)
         out[name] = covered - below
@@ -466,7 +466,7 @@ def step_labels(attribution: Attribution) -> np.ndarray:
     inferred for a window the trace does not hold (a step cut off before the first window)."""
     numbers = attribution.steps["step"].to_numpy().astype(np.int64)
     seen = pd.unique(attribution.step)  # a hash pass, then a sort of the few distinct steps: np.unique sorted every
-    return np.unique(np.concatenate([numbers, seen[seen != NULL]]))  # event (0.05 s of 1.26 M, twice a parse)
+    return np.unique(np.concatenate([numbers, seen[seen != NULL]]))  # event, twice a parse
 
 
 def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
@@ -481,11 +481,11 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     labels = np.concatenate([step_labels(attribution), [NULL]])  # as stage_summary's rows: step numbers in order
     index = np.full(len(seg.step_index), len(labels) - 1, dtype=np.int64)  # outside every window
     inside = seg.step_index >= 0
-    label_of_window = np.searchsorted(labels[:-1], numbers)  # per window, not per piece (0.025 s of 1.3 M)
+    label_of_window = np.searchsorted(labels[:-1], numbers)  # per window, not per piece
     index[inside] = label_of_window[seg.step_index[inside]]
     # Pieces are cut at every window boundary, so the windows (and "outside") split time into disjoint parts: the
     # total per stage (a union over the whole trace) is the sum of the per-window unions, exactly. Summing instead
-    # of a second host_levels pass over all pieces saves a quarter of host_time (0.5 of 2.0 s at 100 MB, cProfile).
+    # of a second host_levels pass over all pieces saves a quarter of host_time.
     by_step = host_levels(seg, index * n_stages + seg.stage, len(labels) * n_stages)
     total = {name: values.reshape(len(labels), n_stages).sum(axis=0) for name, values in by_step.items()}
     frames = []
@@ -559,7 +559,7 @@ def gpu_time(events: pd.DataFrame, attribution: Attribution) -> GpuTime:
 def _factorize_sorted(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group number of each row by its tuple of ``columns``, groups numbered in sorted tuple order; and the first
     and last column's value per group. Like ``pd.factorize(pd.MultiIndex.from_arrays(columns), sort=True)``, but
-    each column is ranked by a hash factorize and the ranks packed into one int64 key (0.11 -> 0.02 s, 1 M rows)."""
+    each column is ranked by a hash factorize and the ranks packed into one int64 key (~5x faster)."""
     ranked = [pd.factorize(column, sort=True) for column in columns]
     if not len(columns[0]) or np.prod([float(len(u)) for _, u in ranked]) >= 2**62:
         group, uniques = pd.factorize(pd.MultiIndex.from_arrays(list(columns)), sort=True)
@@ -591,7 +591,7 @@ def _split_gpu_span(
     """The sweep behind :func:`gpu_time`: adds each elementary segment between consecutive start/end points of a
     group to ``busy``/``overlap``/``idle`` at ``group * n_stages + charged stage`` (in place). Returns each group's
     span (first start to last end), read off the sorted points instead of ``np.minimum.at``/``np.maximum.at``
-    over every event (0.025 s of 1 M GPU events)."""
+    over every event."""
     n_stages = len(STAGES)
     m = len(start)
     pg = np.concatenate([group, group])
@@ -675,7 +675,7 @@ def stage_summary(
         return np.where(found, pos, len(step_values))
 
     codes, distinct = pd.factorize(step, sort=True)  # step_rows of the few distinct steps, not of every event
-    key = step_rows(np.asarray(distinct, dtype=np.int64))[codes] * n_stages + attribution.stage  # (0.04 s)
+    key = step_rows(np.asarray(distinct, dtype=np.int64))[codes] * n_stages + attribution.stage
     groups = len(labels) * n_stages
 
     def total(mask: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:

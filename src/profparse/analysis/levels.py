@@ -81,7 +81,7 @@ def stage_levels(
         "device_count": (activity, None),
     }
     # a sorted factorize ranks the steps in one hash pass (NULL, the smallest int64, ranks first): np.unique and a
-    # searchsorted of every event took 0.06 s of 1.26 M events
+    # searchsorted would sort and search every event
     rank, sorted_steps = pd.factorize(step, sort=True)
     step_values = np.asarray(sorted_steps[sorted_steps != NULL], dtype=np.int64)
     step_index = rank.astype(np.int64) - (len(sorted_steps) - len(step_values))
@@ -98,7 +98,7 @@ def stage_levels(
             "stage_code": np.tile(np.arange(n_stages), len(keys)),
         }
         for column, (mask, weights) in measures.items():
-            if scope == "total":  # the steps (and outside) partition the events: their sums, exactly (0.02 s)
+            if scope == "total":  # the steps (and outside) partition the events: their sums, exactly
                 cols[column] = by_step[column].reshape(len(labels), n_stages).sum(axis=0)
                 continue
             w = None if weights is None else weights[mask]

@@ -1,7 +1,7 @@
 """The option choices and defaults the verbs' parsers need, without importing the modules that define them.
 
-Building the command line must not import pandas, numpy or pyarrow (0.8 s): a cached ``summarize`` prints its
-stored text without them (docs/performance.md, "Second looks"). Each constant here equals the library's own
+Building the command line must not import pandas, numpy or pyarrow, most of a cached ``summarize``'s time: it
+prints its stored text without them (docs/performance.md). Each constant here equals the library's own
 (``tests/test_second_looks.py`` checks that), which stays the source of truth.
 """
 

@@ -1,7 +1,7 @@
 """``profparse plot TRACE -o DIR``: PNG and SVG pictures, one per kind, one colour per stage.
 
 The figures are stored in the trace's cache entry with the options that drew them (docs/cache.md): the same
-command again copies them (matplotlib took 1-2 s per figure and format at 300 MB; docs/performance.md).
+command again copies them (matplotlib takes seconds per figure and format on a large trace).
 """
 
 from __future__ import annotations

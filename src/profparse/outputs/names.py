@@ -10,7 +10,7 @@ from profparse.outputs.formats import display
 LABEL_WIDTH = 72
 #: Characters of a name read to make its label: the label shows its first identifiers and template arguments,
 #: and the longest kernel names of real traces (CUTLASS, CuTe) are a few thousand characters. Anything past it is
-#: hostile or generated; reading it only costs time (a 150,000-character name took 92 s to shorten), and nesting
+#: hostile or generated; reading it only costs time (a name of 150,000 characters took over a minute), and nesting
 #: deeper than :data:`MAX_TEMPLATE_DEPTH` is shown as written.
 MAX_NAME_CHARS = 4096
 MAX_TEMPLATE_DEPTH = 64

@@ -108,10 +108,10 @@ def _arrow(frame: pd.DataFrame, metadata: dict[str, str] | None) -> pa.Table:
 def _options(schema: pa.Schema) -> dict[str, Any]:
     # Dictionary pages only for text: on numbers (times, ids) they rarely pay off and cost a failed attempt each.
     # Min/max statistics only for numbers (times, steps, ids: what a reader's filter skips row groups by): on the
-    # text columns they were a quarter of encoding the events table (1.46 -> 1.11 s CPU, 1.26 M rows, same size).
+    # text columns they were a quarter of encoding the events table, and the file is no smaller with them.
     # Integers (times, ids, counts) as DELTA_BINARY_PACKED instead of PLAIN: the encoding, not zstd, was most of
-    # the events table's write; 0.73-0.93 -> 0.61-0.64 s CPU for 1.26 M rows (a100 tile, 3 alternating pairs),
-    # 3% smaller, read back as fast (pyarrow, pandas, DuckDB and polars read it).
+    # the events table's write; DELTA takes about a quarter less CPU, is a few % smaller and reads back as fast
+    # (pyarrow, pandas, DuckDB and polars read it).
     text = [f.name for f in schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
     numbers = [f.name for f in schema if f.name not in set(text)]
     integers = {f.name: "DELTA_BINARY_PACKED" for f in schema if pa.types.is_integer(f.type)}

@@ -1,16 +1,20 @@
 """Pictures of a parsed trace: one figure per kind, PNG and SVG, one colour per stage everywhere.
 
-Kinds (:data:`PLOT_KINDS`):
+Kinds (:data:`PLOT_KINDS`, in the order of the :data:`~profparse.outputs.views.VIEWS` registry):
 
-``stages``       time per stage, stacked by level (the analyses' ``stage_levels`` when present, else host ops /
-                 rest of host wall and GPU busy / overlap / idle from ``stage_summary``); the host bars are the
-                 stages' host wall, the GPU bars their share of the steps' GPU spans
-``timeline``     stage bands over host threads and GPU streams, step boundaries marked
-``top_kernels``  the kernels with the most GPU time, per stage
-``top_ops``      the CPU ops with the most host self time, per stage
-``memory``       allocated memory over time per device, over stage bands
-``layers``       forward / backward time per module (the analyses' ``modules`` table)
-``load``         loading sub-steps (the analyses' ``load_breakdown`` table)
+``stages``        time per stage, stacked by level (the analyses' ``stage_levels`` when present, else host ops /
+                  rest of host wall and GPU busy / overlap / idle from ``stage_summary``); the host bars are the
+                  stages' host wall, the GPU bars their share of the steps' GPU spans
+``timeline``      stage bands over host threads and GPU streams, step boundaries marked
+``top_kernels``   the kernels with the most GPU time, per stage
+``top_ops``       the CPU ops with the most host self time, per stage
+``top_runtime``   the runtime and driver calls with the most host time, per stage (the analyses' ``runtime_calls``)
+``communication`` exposed vs overlapped collective time per stage (the analyses' ``comm_exposure`` table)
+``roofline``      arithmetic intensity vs achieved TFLOP/s per op and stage, under the device's compute and
+                  memory-bandwidth roofs (the analyses' ``flops`` table)
+``memory``        allocated memory over time per device, over stage bands
+``layers``        forward / backward time per module (the analyses' ``modules`` table)
+``load``          loading sub-steps (the analyses' ``load_breakdown`` table)
 
 A kind whose data is absent (no GPU, no ``[memory]`` events, a table not computed) is skipped with a reason. All
 views only read the :class:`~profparse.api.ParsedTrace`; matplotlib runs on the Agg backend.

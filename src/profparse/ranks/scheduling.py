@@ -155,7 +155,7 @@ def _let_go_of_forkserver(server: Any) -> bool:
     """Tell the forkserver to stop (it exits once the last of its workers has) and forget it; False where this
     Python's forkserver does not look as expected (it is then left running, with its socket).
 
-    Unlike ``ForkServer._stop`` this does not wait for it: its exit took ~0.35 s (the interpreter's shutdown with
+    Unlike ``ForkServer._stop`` this does not wait for it: its exit is slow (the interpreter's shutdown with
     pandas loaded), and a worker that a signal caught half-started, unknown to the pool and so not killed, keeps
     it alive until this process ends. A daemon thread reaps it whenever it ends."""
     import threading

@@ -36,14 +36,14 @@ MAX_HEADER_BYTES = 256 << 20
 MAX_EVENT_BYTES = 64 << 20  # a single event larger than this is hostile or corrupt: refuse, keep memory bounded
 MAX_SKIPPED_FRACTION = 0.01  # more of the events' bytes malformed than this: too damaged for totals to mean much
 MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
-# peak memory ~ NEED_PER_JSON_BYTE x the JSON + NEED_FIXED (docs/performance.md: 1.15-1.5x the JSON from 100 MB
-# to 2 GB, on top of ~110 MiB for Python, pandas and pyarrow)
+# peak memory ~ NEED_PER_JSON_BYTE x the JSON + NEED_FIXED: the peak that docs/performance.md reports, on top of
+# what Python, pandas and pyarrow take themselves
 NEED_PER_JSON_BYTE = 1.5
 NEED_FIXED = 128 << 20
 BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
 # at most this many events decoded at once (counted as '{' bytes, at least one per event): a chunk of Kineto
-# events holds 4,000-6,000 of them (7,000-11,000 '{'), but 1 MiB of '{}' is 350,000 events whose objects and
-# columns took ~230 MB at once, above the estimate (NEED_PER_JSON_BYTE); 16,384 tiny events take ~10 MB
+# events holds 4,000-6,000 of them (7,000-11,000 '{'), but a chunk of tiny events ('{}') holds ~50x more, whose
+# objects and columns at once went far above the estimate (NEED_PER_JSON_BYTE); this many take a few MB
 MAX_CHUNK_EVENTS = 1 << 14
 
 Num = int | float
@@ -157,10 +157,10 @@ class FastEvent(msgspec.Struct, gc=False):
     The text keeps nanosecond digits that a float64 of microseconds loses, so one decoding pass serves both the
     float and the exact timestamp paths. A chunk where a ``ts`` is not a number (null, a string) is decoded again
     with :class:`Event` and repaired event by event. Raw instead of a ``float_hook`` that made a str per float:
-    msgspec no longer calls back into Python per event (decode alone 11.9 -> 10.3 ms per 1 MiB chunk on the
-    a100_ddp tile, loaded machine), and the column is built from one ``bytes.join`` (:class:`FastChunk`) instead
-    of an Arrow conversion of the str objects. Where ``ts`` are whole microseconds (v100_resnet50_legacy2021:
-    ints, no hook before) decoding is ~10% slower and the columns ~8% faster: the same worker CPU.
+    msgspec no longer calls back into Python per event (decoding alone ~15% faster), and the column is built from
+    one ``bytes.join`` (:class:`FastChunk`) instead of an Arrow conversion of the str objects. Where ``ts`` are
+    whole microseconds (legacy traces: ints, no hook before) decoding is ~10% slower and the columns ~8% faster:
+    the same worker CPU.
     """
 
     ph: str = ""
@@ -819,8 +819,8 @@ class TraceDecoder:
         """Candidate ends of events (:meth:`_boundaries`) that split ``buf[:size]`` into pieces of at most
         :data:`MAX_CHUNK_EVENTS` events, in order; [] when it holds fewer (as a trace's chunks do).
 
-        Events are counted as ``{`` bytes: every event has one, and counting them costs ~0.1 ms per MiB, where a
-        scan of the structure (:func:`_event_ends`) takes 25-50 ms. A cut may lie inside an event (a ``},{`` in a
+        Events are counted as ``{`` bytes: every event has one, and counting them is a few hundred times cheaper
+        than a scan of the structure (:func:`_event_ends`). A cut may lie inside an event (a ``},{`` in a
         string): decoding then stops at the last whole event before it, and the next piece goes on from there."""
         a = np.frombuffer(buf, dtype=np.uint8, count=size)
         if np.count_nonzero(a == 123) <= MAX_CHUNK_EVENTS:
@@ -1202,8 +1202,8 @@ class TraceDecoder:
 
         ``ts`` (:class:`FastEvent`) and text ``args`` (shapes, collective args) decode as msgspec.Raw views into
         the decoded buffer, which is reused afterwards: with ``copy_texts`` the span is decoded from a copy (one
-        memcpy per chunk; v100_resnet50_legacy2021, 76k events, best of 6: 0.54 s before these columns, 0.49 s with
-        the copy, 0.87 s when each Raw was copied on its own after decoding). Without (a retry after an error,
+        memcpy per chunk, which costs too little to see; copying each Raw on its own after decoding made decoding
+        nearly twice as slow). Without (a retry after an error,
         so that a region is copied once at most), the Raw values are given their own bytes if a decode kept any.
         """
         if pos < 1 or stop >= len(buf):

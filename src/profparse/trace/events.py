@@ -186,8 +186,8 @@ class _Interner:
 
 def _local_codes(items: Any) -> tuple[list[str], np.ndarray]:
     """Strings or None (counted as ``""``; ``cat`` may be absent) -> (distinct strings in order of first
-    appearance, int32 code per item). None is filled in by Arrow, not by a list comprehension first (``cat``:
-    0.87 -> 0.61 ms per 1 MiB chunk on the v100_ns_resolution tile, 0.33 -> 0.25 on legacy2021)."""
+    appearance, int32 code per item). None is filled in by Arrow, not by a list comprehension first: a quarter
+    less time for ``cat``, which most events carry."""
     try:  # Arrow finds the distinct strings in C
         arr = pa.array(items, pa.string())
         encoded = (pc.fill_null(arr, "") if arr.null_count else arr).dictionary_encode()
@@ -213,7 +213,7 @@ def _float_column(values: Any, missing: float, text: pa.Array | None = None) -> 
     Text is parsed by Arrow, correctly rounded like msgspec and ``float()``; the result equals decoding floats.
     ``text``: the values as an Arrow string array, when the caller has it already.
     Arrow is tried first and refuses what it cannot take exactly (text, ints beyond 2**53): no scan of the values'
-    types first (with :func:`_text_column`, 1.9 -> 1.3 ms per 1 MiB chunk for ts + dur, v100_ns_resolution tile).
+    types first (with :func:`_text_column`; scanning cost ts + dur about a third more time).
     """
     try:
         if text is not None:
@@ -284,8 +284,7 @@ def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
 def _exact_ts_uniform(text: pa.Array) -> np.ndarray | None:
     """:func:`_exact_ts_fast` where every value has the same width, digits and one dot at the same place (Kineto
     writes ``%.3f`` of 16-digit microseconds): the digits are read from Arrow's data buffer as an (n, width)
-    byte matrix by numpy, no string kernels: 0.78 -> 0.42 ms per 1 MiB chunk (a100_ddp and v100_ns tiles, best
-    of 5).
+    byte matrix by numpy, no string kernels: about twice as fast as the kernels.
     None when the values are not of that form (then the string kernels decide)."""
     n = len(text)
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * text.offset)
@@ -344,8 +343,7 @@ def _ids(values: Any, labels: dict[int, str]) -> np.ndarray:
     """pid/tid values (ints, numeric strings, labels) -> int64; a label gets a stable negative id.
 
     Not all ints (legacy traces write every tid as a string): each distinct value is converted once and the rows
-    are mapped through a dict in C, 3.1 -> 0.63 ms per 1 MiB chunk for pid + tid on the v100_resnet50_legacy2021
-    tile (a per-row Python loop before).
+    are mapped through a dict in C: ~5x faster than a per-row Python loop.
     """
     try:
         return np.array(values, dtype=np.int64)
@@ -397,10 +395,9 @@ def _arg_columns(args: tuple[Any, ...]) -> tuple[dict[str, np.ndarray | None], d
     numpy converts in C; Arrow only where that fails (an explicit null, an int beyond int64). Rows are selected
     with ``itertools.compress`` / ``filter(None, ...)`` (structs and Raw values are truthy, None is not): C loops
     with no mask array. Each present text field is dictionary-encoded by Arrow (shapes repeat: few distinct texts
-    reach Python). Against the previous version (Arrow for every integer field, numpy masks from ``is_not``, one
-    Arrow call per text field), CPU ms per 1 MiB chunk, min of 7, alternating runs: 5.7-6.2 -> 4.1-4.3 on the
-    a100_ddp tile (a collective's text fields on a few events of every chunk), 3.0-3.3 -> 2.8-2.9 on the
-    v100_resnet50_legacy2021 tile (input shapes on 38% of the events).
+    reach Python). Against Arrow for every integer field, numpy masks from ``is_not`` and one Arrow call per text
+    field, this takes about a third less CPU where a few events of every chunk carry a collective's text fields,
+    and ~10% less where many events carry input shapes.
     """
     n = len(args)
     ints: dict[str, np.ndarray | None] = dict.fromkeys(_INT_ARG_NAMES)
@@ -443,8 +440,8 @@ def _take(values: tuple[Any, ...], index: np.ndarray) -> tuple[Any, ...]:
 
 def _text_codes(items: list[bytes]) -> tuple[list[bytes], np.ndarray]:
     """Distinct byte strings in order of first appearance and a code per item: Arrow's ``dictionary_encode``, or
-    a dict for a few items (Arrow costs ~0.1 ms per call, a dict ~0.1 us per item: a collective's 5 text fields on
-    4 events of a chunk took 1.7 ms of a 17 ms chunk on a loaded machine)."""
+    a dict for a few items (Arrow costs ~0.1 ms per call, a dict ~0.1 us per item: with an Arrow call each, the
+    text fields of a few collectives were a tenth of a chunk's time)."""
     if len(items) < 256:
         index: dict[bytes, int] = {}
         codes = [index.setdefault(b, len(index)) for b in items]
@@ -589,8 +586,8 @@ class EventTableBuilder:
         """Take the rows :meth:`build` would drop (no ts and not metadata, absurd times) out of a chunk's
         columns before they are stored, counting them; the rows left.
 
-        Stored, they cost ~55 bytes each until the end (and twice that while a column grows): 18 MB of ``{}``
-        events took 868 MB against an estimate of 155 MB. Once a row has been dropped, each row stores its
+        Stored, they cost ~55 bytes each until the end (and twice that while a column grows): a trace of ``{}``
+        events took ~5x the memory estimate. Once a row has been dropped, each row stores its
         position in the array (``trace_index``), which is otherwise the row number.
         """
         metadata = ph.index("M") if "M" in ph else -1  # chunk-local code, as build's kind "metadata"
