@@ -1,8 +1,8 @@
 """A user-level cache of parsed traces, so that a second verb on the same trace does not read the JSON again.
 
 One entry per (trace content, profparse code, parse options), a folder of Arrow IPC files (LZ4-compressed:
-a 100 MB trace's event table is 9 MB instead of 103 MB, for 0.4 s more per warm load under load; measured in
-docs/cache.md) plus ``meta.json``:
+an event table takes a tenth of the space, for a little more time per warm load; docs/cache.md) plus
+``meta.json``:
 
 - ``events.arrow`` (the raw event table), ``links.arrow`` and ``attribution.arrow`` (their per-row arrays),
   ``links.threads.arrow`` and ``attribution.steps.arrow``, and in ``meta.json`` the header, the decode report,
@@ -12,8 +12,8 @@ docs/cache.md) plus ``meta.json``:
 
 Key: XXH3-128 of the file's bytes, and a blake2b of profparse's version, :data:`FORMAT_VERSION`, the source of every
 profparse module and the versions of numpy/pandas/pyarrow/msgspec (so an edited checkout never reads stale
-tables), and the options that change results (``include_marks``, ``strict``). Hashing a 308 MB trace takes
-0.04 s (blake2b took 0.93 s, 10% of a first ``parse``); a ``stat/`` record (device, inode, size, mtime_ns,
+tables), and the options that change results (``include_marks``, ``strict``). XXH3 hashes a trace ~20x faster
+than blake2b did (a tenth of a first ``parse``); a ``stat/`` record (device, inode, size, mtime_ns,
 ctime_ns -> hash) skips it when the file is unchanged, and is only written when the file's times are more
 than :data:`RACY_NS` old (git's "racy" rule: a write later than that gives a different ctime, which no
 user-space call can set back).
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # numpy, pandas and pyarrow are imported inside the functions that use them: finding an entry (the key, a stored
-# summary text: summarize_cmd) must not pay their ~0.8 s of imports (docs/performance.md, "Second looks").
+# summary text: summarize_cmd) must not pay their imports, most of a cached summarize's time (docs/performance.md).
 
 FORMAT_VERSION = 2  # 2: every stored file carries its checksum
 HASH_DIGITS = 32  # file_hash's hex digits (a stat/ record of another length is from an older profparse)
@@ -124,8 +124,8 @@ def code_fingerprint() -> str:
     """A hash of what decides the parsed tables: profparse's sources and version, the format, the libraries.
 
     A library counts by where its ``__init__.py`` lies and that file's size and mtime, found without importing
-    it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` cost 0.8 s of a
-    warm summarize's 1.5 s, and ``importlib.metadata`` 0.12 s."""
+    it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` was half of a
+    warm summarize's time, and ``importlib.metadata`` is slow too."""
     import profparse
 
     h = hashlib.blake2b(digest_size=16)
@@ -143,8 +143,7 @@ def file_hash(path: str | Path) -> str:
     """XXH3-128 of a file's bytes, streamed (32 hex digits).
 
     Non-cryptographic on purpose: it tells a user's own files apart (an accidental collision of 128 bits is out
-    of reach), at ~7 GB/s where blake2b did 0.33 GB/s: 0.04 s instead of 0.93 s for a 308 MB trace (in one
-    process, from the page cache), paid on every file's first run."""
+    of reach), and ~20x faster than blake2b: it is paid on every file's first run."""
     h = xxhash.xxh3_128()
     with open(path, "rb", buffering=0) as f:
         _digest_rest(f, h)
@@ -217,8 +216,8 @@ def _stat_id(st: os.stat_result) -> tuple[int, ...]:
 # -- Arrow files ----------------------------------------------------------------------------------------------------
 
 
-#: rows per record batch of a stored frame: a whole event table converted at once took 190 MB at the peak of a
-#: first ``parse`` of a 308 MB trace (its all-NULL args columns, which take no memory in pandas, materialised
+#: rows per record batch of a stored frame: a whole event table converted at once raised the peak of a first
+#: ``parse`` by over half the JSON's size (its all-NULL args columns, which take no memory in pandas, materialised
 #: too); converting a batch at a time keeps one batch of it
 BATCH_ROWS = 1 << 18
 
@@ -282,7 +281,7 @@ def read_frame(path: Path) -> pd.DataFrame:
     memory than parsing the JSON. Numeric columns are then read-only views, which pandas copies on write.
 
     The buffers come from the C library's allocator, which hands a freed large block back to the system at once:
-    Arrow's default (mimalloc) kept ~40 MB more resident after reading the event table of a 308 MB trace."""
+    Arrow's default (mimalloc) kept tens of MB more resident after reading a large event table."""
     import pandas as pd
     import pyarrow as pa
 
@@ -331,7 +330,7 @@ def _arrays_frame(obj: Any) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict
             frames[f.name] = value
         else:
             rest[f.name] = value
-    return pd.DataFrame(arrays, copy=False), frames, rest  # views: no copy of the arrays (~110 MB at 1.26 M rows)
+    return pd.DataFrame(arrays, copy=False), frames, rest  # views: no copy of the arrays
 
 
 class CorruptEntry(Exception):
@@ -877,8 +876,8 @@ _FULL_CHECK_CELLS = 1 << 20
 
 def _write_checked(path: Path, frame: pd.DataFrame) -> bool:
     """Write ``frame``; whether it reads back the same. A big frame without object columns is checked by its
-    schema only (dtypes, columns): Arrow holds such columns losslessly, and reading back the event table of a
-    100 MB trace to compare values cost 0.6 s of the 1.5 s that storing it took (under load)."""
+    schema only (dtypes, columns): Arrow holds such columns losslessly, and reading back the event table to
+    compare values was ~40% of the time that storing it took."""
     import pyarrow as pa
 
     write_frame(path, frame)

@@ -249,8 +249,8 @@ _set_handler(_term_started_with if _term_started_with is not None else signal.SI
 def entry() -> NoReturn:
     """The ``profparse`` command: :func:`main`, then exit without tearing down the heap.
 
-    Every output is complete (renamed into place) when ``main`` returns; freeing the tables of a 100 MB trace
-    piece by piece took 0.65-1.2 s of wall time after that (docs/performance.md, issue 12), so the process ends
+    Every output is complete (renamed into place) when ``main`` returns; freeing the tables of a large trace
+    piece by piece took about a second of wall time after that (docs/performance.md), so the process ends
     at once after flushing its streams. Tests call :func:`main`, which returns normally.
     """
     # The resource tracker (a process multiprocessing starts for the rank workers' semaphores) takes its warning
