@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 
 from profparse.marks import STAGES
+from profparse.version import __version__
 
-__all__ = ["ParsedTrace", "STAGES", "load", "parse", "summarize"]
-__version__ = "0.1.0"
+__all__ = ["ParsedTrace", "STAGES", "__version__", "load", "parse", "summarize"]
 
 # The library API is imported on first use: `import profparse` (and the command line's start) does not pull
 # pandas and pyarrow in before any work, and a Ctrl-C while they load reaches the CLI's handler.

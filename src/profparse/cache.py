@@ -126,13 +126,13 @@ def code_fingerprint() -> str:
     A library counts by where its ``__init__.py`` lies and that file's size and mtime, found without importing
     it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` was half of a
     warm summarize's time, and ``importlib.metadata`` is slow too."""
-    import profparse
+    from profparse.version import __version__
 
     h = hashlib.blake2b(digest_size=16)
-    for text in (profparse.__version__, str(FORMAT_VERSION)):
+    for text in (__version__, str(FORMAT_VERSION)):
         h.update(text.encode() + b"\0")
     h.update(library_stamp(LIBRARIES).encode() + b"\0")
-    package = Path(profparse.__file__).parent
+    package = Path(__file__).resolve().parent  # this file lies at the top of the package
     for source in sorted(package.rglob("*.py")):
         h.update(str(source.relative_to(package)).encode() + b"\0")
         h.update(source.read_bytes())

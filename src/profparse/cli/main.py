@@ -40,7 +40,6 @@ import argparse  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
-from profparse import __version__  # noqa: E402
 from profparse.cli import (  # noqa: E402
     annotate_cmd,
     common,
@@ -53,6 +52,7 @@ from profparse.cli import (  # noqa: E402
 )
 from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
 from profparse.outputs.formats import display  # noqa: E402
+from profparse.version import __version__  # noqa: E402
 
 VERBS = (parse_cmd, summarize_cmd, plot_cmd, report_cmd, annotate_cmd, diff_cmd, hta_cmd)
 

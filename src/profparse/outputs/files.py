@@ -101,7 +101,7 @@ def read_marker(folder: PathLike) -> dict | None:
 
 
 def write_marker(folder: PathLike, verb: str) -> None:
-    from profparse import __version__
+    from profparse.version import __version__
 
     text = json.dumps({"tool": "profparse", "version": __version__, "verb": verb}) + "\n"
     (Path(folder) / MARKER).write_text(text)

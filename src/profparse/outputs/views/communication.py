@@ -13,6 +13,7 @@ import pandas as pd
 
 from profparse.marks import STAGES
 from profparse.outputs.formats import display
+from profparse.outputs.views._common import STAGE_COLORS, time_unit
 
 KIND = "communication"
 TITLE = "Communication per stage: exposed vs overlapped"
@@ -37,8 +38,6 @@ def draw(prepared: dict[str, Any]) -> Any:
     """One bar per stage: overlapped (solid, the stage colour) under exposed (hatched), overlap % on top."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-
-    from profparse.outputs.plots import STAGE_COLORS, time_unit
 
     frame: pd.DataFrame = prepared["stages"]
     frame = frame.set_index("stage").reindex([s for s in STAGES if s in set(frame["stage"])]).reset_index()

@@ -1,0 +1,105 @@
+"""profparse's own imports form no cycle: every import of a profparse module (at the top of a file or inside a
+function) is read from the sources, and the graph they make has no strongly connected part of two or more."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "profparse"
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> its file (a package by its ``__init__.py``)."""
+    out = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the profparse modules it names in an import (``from a.b import c``: ``a.b.c`` when that is a
+    module, else ``a.b``)."""
+
+    def known(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                graph[name] |= {known(a.name) for a in node.names if a.name.split(".")[0] == "profparse"}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "profparse":
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    graph[name].add(full if full in modules else known(node.module))
+        graph[name].discard(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of two or more modules (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        part.append(top)
+                        if top == node:
+                            break
+                    if len(part) > 1:
+                        found.append(sorted(part))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_the_cycle_finder_finds_a_planted_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_reads_imports_inside_functions(tmp_path: Path) -> None:
+    package = tmp_path / "profparse"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "one.py").write_text("def f():\n    from profparse.sub.two import g\n")
+    (package / "sub" / "two.py").write_text("import profparse.sub.one\nfrom profparse.sub import one\n")
+    graph = import_graph(module_files(package))
+    assert graph["profparse.sub.one"] == {"profparse.sub.two"}
+    assert graph["profparse.sub.two"] == {"profparse.sub.one"}
+    assert cycles(graph) == [["profparse.sub.one", "profparse.sub.two"]]
+
+
+def test_profparse_imports_have_no_cycle() -> None:
+    found = cycles(import_graph(module_files()))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(part) for part in found)
