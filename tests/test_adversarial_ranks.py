@@ -232,7 +232,7 @@ def test_jobs_are_bounded_by_the_cpus(tmp_path, one_cpu, monkeypatch):
     from profparse.ranks import scheduling
 
     used: list[int] = []
-    monkeypatch.setattr(scheduling, "_run_local", lambda tasks, jobs, on_done: used.append(jobs) or [])
+    monkeypatch.setattr(scheduling, "run_local", lambda tasks, jobs, on_done: used.append(jobs) or [])
     monkeypatch.delenv("PROFPARSE_FORCE_JOBS", raising=False)
     scheduling.run_tasks([object()] * 4, jobs=4)  # type: ignore[list-item]
     monkeypatch.setenv("PROFPARSE_FORCE_JOBS", "1")

@@ -103,3 +103,31 @@ def test_the_graph_reads_imports_inside_functions(tmp_path: Path) -> None:
 def test_profparse_imports_have_no_cycle() -> None:
     found = cycles(import_graph(module_files()))
     assert not found, "import cycles: " + "; ".join(" <-> ".join(part) for part in found)
+
+
+def private_imports(modules: dict[str, Path]) -> list[str]:
+    """``module: from other import _name`` for every private function, class or constant one profparse module
+    takes from another (a package's own ``_module`` is fine: it is the package's, shared by its modules)."""
+    found = []
+    for name, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "profparse":
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and f"{node.module}.{alias.name}" not in modules:
+                        found.append(f"{name}: from {node.module} import {alias.name}")
+    return found
+
+
+def test_private_imports_are_found(tmp_path: Path) -> None:
+    package = tmp_path / "profparse"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_shared.py").write_text("")
+    (package / "one.py").write_text("def _helper():\n    pass\n")
+    (package / "two.py").write_text("from profparse.one import _helper\nfrom profparse import _shared\n")
+    assert private_imports(module_files(package)) == ["profparse.two: from profparse.one import _helper"]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    assert private_imports(module_files()) == []

@@ -371,7 +371,7 @@ def crash_on_rank_1(task: ranks.RankTask) -> ranks.RankResult:
 
 def test_a_worker_that_dies_fails_only_its_rank(built):
     tasks = [ranks.RankTask(path=f.path, rank=f.rank, source=f.source) for f in ranks.prepare(built)]
-    results = {r.rank: r for r in ranks._run_local(tasks, 2, lambda result: None, fn=crash_on_rank_1)}
+    results = {r.rank: r for r in ranks.run_local(tasks, 2, lambda result: None, fn=crash_on_rank_1)}
     assert {rank: r.ok for rank, r in results.items()} == {0: True, 1: False, 2: True, 3: True}
     assert "worker process died" in results[1].error and results[1].exit_code == 8
 
@@ -568,7 +568,7 @@ def test_every_rank_out_of_memory_is_exit_8(tmp_path, monkeypatch):
         ranks.RankResult(path="b", rank=1, source="position", ok=False, error="b: not JSON", exit_code=4),
     ]
     with pytest.raises(profparse.errors.TraceFormatError) as caught:
-        ranks._raise_if_none_read("in", results)
+        ranks.raise_if_none_read("in", results)
     assert caught.value.exit_code == 4
 
 

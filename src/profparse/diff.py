@@ -75,7 +75,7 @@ def _change(a: float, b: float) -> dict[str, Any]:
     return {"a": a, "b": b, "delta": delta, "pct": (delta / a) if a else None}
 
 
-def _moved(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step: tuple[int, int] | None) -> list[dict]:
+def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step: tuple[int, int] | None) -> list[dict]:
     """The (stage, name) pairs whose total ``value`` changed most, by absolute change."""
 
     def totals(frame: pd.DataFrame, steps: int) -> pd.DataFrame:
@@ -159,8 +159,8 @@ def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> di
         "levels": [labels[c] for c, _ in columns],
         "stages": stages,
         "gpu": bool(len(a.kernels) or len(b.kernels)),
-        "kernels": _moved(a.kernels, b.kernels, "dur_ns", top, steps),
-        "ops": _moved(a.ops, b.ops, "self_ns", top, steps),
+        "kernels": moved_pairs(a.kernels, b.kernels, "dur_ns", top, steps),
+        "ops": moved_pairs(a.ops, b.ops, "self_ns", top, steps),
     }
 
 

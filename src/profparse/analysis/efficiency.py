@@ -27,7 +27,7 @@ import pandas as pd
 
 from profparse import tables
 from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, has_formula, op_cost
-from profparse.analysis.modules import MODULE_EVENT, _backward, _levels, _roll_up
+from profparse.analysis.modules import MODULE_EVENT, backward_node_measures, call_levels, roll_up
 from profparse.analysis.peaks import device_peaks
 from profparse.marks import STAGES
 from profparse.stages.attribute import Attribution
@@ -430,9 +430,9 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
     call_pos = np.full(n, -1, dtype=np.int64)
     call_pos[calls] = np.arange(len(calls))
     up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
-    level = _levels(up)
+    level = call_levels(up)
     none = np.zeros(0, dtype=np.int64)
-    node_rows, node_call, _ = _backward(events, links, inner, call_pos, none, none, none)
+    node_rows, node_call, _ = backward_node_measures(events, links, inner, call_pos, none, none, none)
     node = np.zeros(n, dtype=bool)
     node[node_rows] = True
     node_pos = np.full(n, -1, dtype=np.int64)
@@ -453,8 +453,8 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
 
     measures = {"flops": f["flops"].to_numpy(float), "bytes": f["bytes"].to_numpy(float),
                 "counted_gpu": f["gpu_ns"].to_numpy(float), "counted_host": f["host_ns"].to_numpy(float)}  # fmt: skip
-    fwd = _roll_up({k: per_call(fwd_call, v) for k, v in measures.items()}, up, level)
-    bwd = _roll_up({k: per_call(bwd_call, v) for k, v in measures.items()}, up, level)
+    fwd = roll_up({k: per_call(fwd_call, v) for k, v in measures.items()}, up, level)
+    bwd = roll_up({k: per_call(bwd_call, v) for k, v in measures.items()}, up, level)
     names = events["name"].cat.categories[events["name"].cat.codes.to_numpy()[calls]]
     names = np.asarray(pd.Index(names).astype(str).str.removeprefix("nn.Module: "), dtype=object)
     call_stage = attribution.stage[calls].astype(np.int64)

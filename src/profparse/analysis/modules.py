@@ -54,7 +54,7 @@ def _innermost(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.nd
     return np.where(mask, np.arange(len(mask)), found)
 
 
-def _levels(up: np.ndarray) -> np.ndarray:
+def call_levels(up: np.ndarray) -> np.ndarray:
     """Number of enclosing calls of each call, by pointer jumping: O(n log depth), not O(n * depth)."""
     level = (up >= 0).astype(np.int64)
     ptr = up.copy()
@@ -67,7 +67,7 @@ def _levels(up: np.ndarray) -> np.ndarray:
     return level
 
 
-def _roll_up(values: dict[str, np.ndarray], up: np.ndarray, level: np.ndarray) -> dict[str, np.ndarray]:
+def roll_up(values: dict[str, np.ndarray], up: np.ndarray, level: np.ndarray) -> dict[str, np.ndarray]:
     """Inclusive sums over a tree of module calls: add each call's total to its parent call, deepest first.
 
     All measures are summed as the columns of one matrix, and calls are sorted by level once, so each level is a
@@ -108,7 +108,7 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
     call_pos = np.full(n, -1, dtype=np.int64)
     call_pos[calls] = np.arange(len(calls))
     up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
-    level = _levels(up)
+    level = call_levels(up)
 
     def per_call(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """Exclusive sums per call: each row counts for the innermost call around it."""
@@ -128,21 +128,21 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
         "ops": per_call(ops),
         "kernels": per_call(launch_of[kernels]),
     }
-    fwd_incl = {"host": fwd["host"], **_roll_up({k: v for k, v in fwd.items() if k != "host"}, up, level)}
+    fwd_incl = {"host": fwd["host"], **roll_up({k: v for k, v in fwd.items() if k != "host"}, up, level)}
     child_host = np.zeros(len(calls), dtype=np.int64)
     has_up = up >= 0
     np.add.at(child_host, up[has_up], fwd["host"][has_up])
     host_self = fwd["host"] - child_host
 
     # backward nodes -> their forward op (same sequence number) -> the innermost call around that op
-    node_rows, node_call, bwd_vals = _backward(events, links, inner, call_pos, activity, kernels, ops)
+    node_rows, node_call, bwd_vals = backward_node_measures(events, links, inner, call_pos, activity, kernels, ops)
     bwd_excl = {
         k: np.bincount(node_call[node_call >= 0], weights=v[node_call >= 0], minlength=len(calls))
         for k, v in bwd_vals.items()
     }
     bwd_excl = {k: v.astype(np.int64) for k, v in bwd_excl.items()}
     node_count = np.bincount(node_call[node_call >= 0], minlength=len(calls)).astype(np.int64)
-    bwd_incl = _roll_up({**bwd_excl, "nodes": node_count}, up, level)
+    bwd_incl = roll_up({**bwd_excl, "nodes": node_count}, up, level)
     nodes_incl = bwd_incl.pop("nodes")
 
     names = np.asarray(categories[name_codes[calls]].astype(str).str.removeprefix("nn.Module: "))
@@ -210,7 +210,7 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
     return _aggregate(rows)
 
 
-def _backward(events, links, inner, call_pos, activity, kernels, ops):
+def backward_node_measures(events, links, inner, call_pos, activity, kernels, ops):
     """Backward nodes (outermost event per node), the call of their forward op, and their host/GPU measures."""
     n = len(events)
     seq = events["sequence_number"].to_numpy()

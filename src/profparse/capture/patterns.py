@@ -108,13 +108,13 @@ class _Session:
 
     def export(self, out_path: Path) -> Path:
         """Chrome trace to a temporary .json, gzipped to a temporary name, renamed (as capture/run.py does)."""
-        from profparse.capture.run import _gzip_atomic
+        from profparse.capture.run import gzip_atomic
 
         out_path.parent.mkdir(parents=True, exist_ok=True)
         tmp_json = out_path.with_name(f".{out_path.name}.{os.getpid()}.json.tmp")
         try:
             self.prof.export_chrome_trace(str(tmp_json))
-            _gzip_atomic(tmp_json, out_path)
+            gzip_atomic(tmp_json, out_path)
         finally:
             if tmp_json.exists():
                 tmp_json.unlink()
@@ -132,23 +132,23 @@ def _hf_path() -> Path:
     return ensure_model()[0]
 
 
-def _from_pretrained(path: Path) -> Any:
+def load_pretrained(path: Path) -> Any:
     """``AutoModelForCausalLM.from_pretrained`` of the tiny model, quietly (no progress-bar frames)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from profparse.capture.run import _from_pretrained as load
-    from profparse.capture.run import _load_kwarg, _quiet_transformers
+    from profparse.capture.run import dtype_keyword, quiet_transformers
+    from profparse.capture.run import from_pretrained_with_dtype as load
 
-    with _quiet_transformers(transformers, True):
-        return load(AutoModelForCausalLM, path, torch.float32, _load_kwarg(transformers))
+    with quiet_transformers(transformers, True):
+        return load(AutoModelForCausalLM, path, torch.float32, dtype_keyword(transformers))
 
 
 def _warm_up(path: Path) -> None:
     """One unprofiled load per process, so the profiled load is warm (no lazy imports in the trace)."""
     if str(path) not in _WARM:
-        _from_pretrained(path)
+        load_pretrained(path)
         _WARM.add(str(path))
 
 
@@ -160,16 +160,16 @@ def _inputs(vocab: int, n: int, seed: int = 0) -> list[Any]:
 
 
 def _vocab(path: Path) -> int:
-    from profparse.capture.run import _vocab_size
+    from profparse.capture.run import model_vocab_size
 
-    return _vocab_size(path)
+    return model_vocab_size(path)
 
 
 def _hf_load(s: _Session, path: Path, prepare: Callable[[Any], Any] | None = None) -> Any:
     """The load stage: ``from_pretrained``, ``.to("cpu")`` and ``prepare(model)`` inside the load mark; then
     ``model.train()``."""
     with s.mark("load"):
-        model = _from_pretrained(path).to("cpu")
+        model = load_pretrained(path).to("cpu")
         if prepare is not None:
             model = prepare(model)
     model.train()
@@ -258,7 +258,7 @@ def _compiled(out_path: Path, with_stack: bool) -> Path:
     backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
     path = _hf_path()
     ids = _inputs(_vocab(path), STEPS)
-    warm = torch.compile(_from_pretrained(path), backend=backend)
+    warm = torch.compile(load_pretrained(path), backend=backend)
     warm.train()
     warm(input_ids=ids[0], labels=ids[0], use_cache=False).loss.backward()
     _WARM.add(str(path))
@@ -267,7 +267,7 @@ def _compiled(out_path: Path, with_stack: bool) -> Path:
     s = _Session(with_stack)
     with s.running():
         with s.mark("load"):
-            model = torch.compile(_from_pretrained(path).to("cpu"), backend=backend)
+            model = torch.compile(load_pretrained(path).to("cpu"), backend=backend)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         s.step()
@@ -390,7 +390,7 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str, with_stack: bool)
         s = _Session(with_stack)
         with s.running():
             with s.mark("load"):
-                model = DistributedDataParallel(_from_pretrained(path).to("cpu"))
+                model = DistributedDataParallel(load_pretrained(path).to("cpu"))
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             s.step()

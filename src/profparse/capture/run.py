@@ -65,7 +65,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             tmp.unlink()
 
 
-def _gzip_atomic(src: Path, dest: Path) -> None:
+def gzip_atomic(src: Path, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
         with open(src, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
@@ -94,7 +94,7 @@ def resolve_device(torch: Any, device: str) -> str:
     return device
 
 
-def _load_kwarg(transformers: Any) -> str:
+def dtype_keyword(transformers: Any) -> str:
     """``dtype`` since transformers 4.56, ``torch_dtype`` before."""
     try:
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
@@ -103,7 +103,7 @@ def _load_kwarg(transformers: Any) -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def _from_pretrained(auto_cls: Any, path: Path, dtype: Any, kwarg: str) -> Any:
+def from_pretrained_with_dtype(auto_cls: Any, path: Path, dtype: Any, kwarg: str) -> Any:
     try:
         return auto_cls.from_pretrained(str(path), **{kwarg: dtype})
     except TypeError:
@@ -112,7 +112,7 @@ def _from_pretrained(auto_cls: Any, path: Path, dtype: Any, kwarg: str) -> Any:
         return auto_cls.from_pretrained(str(path), torch_dtype=dtype)
 
 
-def _vocab_size(path: Path) -> int:
+def model_vocab_size(path: Path) -> int:
     """Read from ``config.json`` directly: going through transformers here would import model code before the
     profiler starts, and that import belongs to the traced ``from_pretrained``."""
     cfg = json.loads((path / "config.json").read_text())
@@ -174,7 +174,7 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet_transformers(transformers: Any, quiet: bool) -> Iterator[None]:
+def quiet_transformers(transformers: Any, quiet: bool) -> Iterator[None]:
     """Under --quiet, silence transformers' progress bars and warnings (this also drops tqdm's frames from the
     trace)."""
     if not quiet:
@@ -250,7 +250,7 @@ def _capture(
     wall["build_model"] = time.perf_counter() - t0
 
     # Inputs: random token ids from a seeded generator, made (and moved) before the profiler starts.
-    vocab = _vocab_size(model_path)
+    vocab = model_vocab_size(model_path)
     gen = torch.Generator().manual_seed(options.seed)
     inputs = [
         torch.randint(0, vocab, (options.batch, options.seq_len), generator=gen).to(device)
@@ -273,13 +273,13 @@ def _capture(
 
     from transformers import AutoModelForCausalLM
 
-    load_kwarg = _load_kwarg(transformers)
+    load_kwarg = dtype_keyword(transformers)
     sync_load = "1" if options.sync_load else None
     if options.warm:
         log("warm-up load (not profiled)")
         t0 = time.perf_counter()
-        with _quiet_transformers(transformers, options.quiet), _env(SYNC_LOAD_ENV, sync_load):
-            warm_model = _from_pretrained(AutoModelForCausalLM, model_path, dtype, load_kwarg)
+        with quiet_transformers(transformers, options.quiet), _env(SYNC_LOAD_ENV, sync_load):
+            warm_model = from_pretrained_with_dtype(AutoModelForCausalLM, model_path, dtype, load_kwarg)
         del warm_model
         wall["warm_up"] = time.perf_counter() - t0
 
@@ -293,7 +293,7 @@ def _capture(
         f"profiling on {device} ({dtype_name}): load + {options.steps} step(s) of batch {options.batch} x "
         f"seq {options.seq_len}"
     )
-    with _quiet_transformers(transformers, options.quiet):
+    with quiet_transformers(transformers, options.quiet):
         t_prof = time.perf_counter()
         with torch.profiler.profile(
             activities=activities,
@@ -307,7 +307,7 @@ def _capture(
             t0 = time.perf_counter()
             with mark(marks.stage_mark("load")):
                 with mark(marks.load_mark("from_pretrained")), _env(SYNC_LOAD_ENV, sync_load):
-                    model = _from_pretrained(AutoModelForCausalLM, model_path, dtype, load_kwarg)
+                    model = from_pretrained_with_dtype(AutoModelForCausalLM, model_path, dtype, load_kwarg)
                     t1 = time.perf_counter()
                 with mark(marks.load_mark("to_device")):
                     model = model.to(device)
@@ -357,7 +357,7 @@ def _capture(
         wall["export"] = time.perf_counter() - t0
         json_bytes = tmp_json.stat().st_size
         t0 = time.perf_counter()
-        _gzip_atomic(tmp_json, trace_path)
+        gzip_atomic(tmp_json, trace_path)
         wall["gzip"] = time.perf_counter() - t0
     finally:
         if tmp_json.exists():

@@ -66,8 +66,8 @@ from profparse.ranks.render import (
     render_ranks_text,
 )
 from profparse.ranks.results import RankResult, RankTask
-from profparse.ranks.run import RanksRun, _raise_if_none_read, parse_ranks
-from profparse.ranks.scheduling import DIED, FORCE_JOBS_ENV, _run_local, local_workers, run_tasks, usable_cpus
+from profparse.ranks.run import RanksRun, parse_ranks, raise_if_none_read
+from profparse.ranks.scheduling import DIED, FORCE_JOBS_ENV, local_workers, run_local, run_tasks, usable_cpus
 from profparse.ranks.stragglers import DEFAULT_METRIC, METRICS, per_rank_totals, stragglers
 from profparse.ranks.worker import run_rank
 
@@ -88,8 +88,8 @@ __all__ = [
     "RankResult",
     "RankTask",
     "RanksRun",
-    "_raise_if_none_read",
-    "_run_local",
+    "raise_if_none_read",
+    "run_local",
     "assign_ranks",
     "describe_sources",
     "find_rank_files",

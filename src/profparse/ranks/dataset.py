@@ -14,7 +14,7 @@ import pandas as pd
 
 from profparse.errors import InputNotFoundError, TraceFormatError
 from profparse.outputs.formats import path_text
-from profparse.ranks.discovery import _valid_rank
+from profparse.ranks.discovery import valid_rank
 from profparse.ranks.results import RankResult
 
 PLAIN_TABLES = ("ranks", "failed_ranks", "collective_matches")  # one file each, not partitioned
@@ -40,7 +40,7 @@ def partitioned_tables(out_dir: str | Path) -> list[str]:
 
 def partition_dir(root: str | Path, table: str, rank: int) -> Path:
     """``root/<table>/rank=<r>``; ``rank`` must be a non-negative int (never text from a trace)."""
-    rank = _valid_rank(rank)
+    rank = valid_rank(rank)
     if rank is None or not isinstance(table, str) or not _TABLE_NAME.fullmatch(table) or table in PLAIN_TABLES:
         raise ValueError(f"bad partition {table!r} / {rank!r}")
     return Path(root) / table / f"rank={rank}"
@@ -96,7 +96,7 @@ def ranks_table(results: Iterable[RankResult]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*RANKS_COLUMNS, *RANKS_EXTRA_COLUMNS])
 
 
-def _write_plain(frame: pd.DataFrame, folder: Path) -> None:
+def write_plain_parquet(frame: pd.DataFrame, folder: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

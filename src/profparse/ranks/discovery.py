@@ -105,7 +105,7 @@ def rank_from_name(name: str) -> int | None:
     return None
 
 
-def _valid_rank(value: Any) -> int | None:
+def valid_rank(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         return None
     value = int(value)
@@ -143,7 +143,7 @@ def _header_rank(buf: bytes) -> int | None:
         info, _ = json.JSONDecoder().raw_decode(head, match.end())
     except ValueError:
         return None
-    return _valid_rank(info.get("rank")) if isinstance(info, dict) else None
+    return valid_rank(info.get("rank")) if isinstance(info, dict) else None
 
 
 @dataclass(frozen=True)

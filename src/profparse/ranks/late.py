@@ -394,7 +394,7 @@ def differences(
 
     The collective kernels themselves are left out: their extra time on the other ranks is the waiting (the
     effect of the late arrival, not its cause)."""
-    from profparse.diff import _moved
+    from profparse.diff import moved_pairs
 
     out: dict[str, list[dict]] = {}
     for kind in ("kernel", "op"):
@@ -416,7 +416,7 @@ def differences(
             continue
         median = pd.DataFrame({"stage": stage, "name": wide.index, "total": wide.median(axis=1).to_numpy()})
         mine = pd.DataFrame({"stage": stage, "name": wide.index, "total": wide[rank].to_numpy()})
-        moved = _moved(median, mine, "total", top, None)
+        moved = moved_pairs(median, mine, "total", top, None)
         out[kind + "s"] = [
             {"name": m["name"], "median_ns": m["a_ns"], "rank_ns": m["b_ns"], "delta_ns": m["delta_ns"],
              "pct": m["pct"]}

@@ -13,12 +13,12 @@ import pandas as pd
 from profparse.errors import OUTPUT_EXIT_CODES, TraceFormatError, error_for_code
 from profparse.ranks import late
 from profparse.ranks.dataset import (
-    _write_plain,
     partition_dir,
     ranks_table,
     table_names,
     unify_partitions,
     write_matches,
+    write_plain_parquet,
 )
 from profparse.ranks.discovery import RankFile, prepare
 from profparse.ranks.results import RankResult, RankTask
@@ -118,7 +118,7 @@ def parse_ranks(
         tasks = _tasks(files, None, include_marks, strict, peak_tflops, cache)
         results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
-        _raise_if_none_read(folder, results)
+        raise_if_none_read(folder, results)
         matches, warnings = _match(results)
         return RanksRun(str(folder), files, results, None, time.perf_counter() - start, matches, warnings)
     out = Path(out_dir)
@@ -127,15 +127,15 @@ def parse_ranks(
         results = run_tasks(tasks, jobs=jobs, scheduler=scheduler, on_done=on_done)
         _display_paths(files, results)
         _raise_if_output_failed(results)
-        _raise_if_none_read(folder, results)
+        raise_if_none_read(folder, results)
         for r in results:  # a failed task removes what it wrote; make sure no half partition stays
             if not r.ok:
                 for name in table_names():
                     shutil.rmtree(partition_dir(tmp, name, r.rank), ignore_errors=True)
         unify_partitions(tmp)
         table = ranks_table(results)
-        _write_plain(table, tmp / "ranks")
-        _write_plain(table[table["status"] != "ok"], tmp / "failed_ranks")
+        write_plain_parquet(table, tmp / "ranks")
+        write_plain_parquet(table[table["status"] != "ok"], tmp / "failed_ranks")
         matches, warnings = _match(results)
         write_matches(matches, tmp / "collective_matches", warnings)
     return RanksRun(str(folder), files, results, out, time.perf_counter() - start, matches, warnings)
@@ -153,7 +153,7 @@ def _raise_if_output_failed(results: list[RankResult]) -> None:
             raise error_for_code(r.exit_code, r.error or "cannot write the output")
 
 
-def _raise_if_none_read(folder: str | Path, results: list[RankResult]) -> None:
+def raise_if_none_read(folder: str | Path, results: list[RankResult]) -> None:
     """No rank read: one error whose exit code is the ranks' own when they agree (8 when all ran out of memory),
     else 4."""
     if results and not any(r.ok for r in results):

@@ -187,7 +187,7 @@ def _stop(pool: Any) -> None:
         process.join(5)
 
 
-def _run_local(
+def run_local(
     tasks: list[RankTask],
     jobs: int,
     on_done: Callable[[RankResult], None],
@@ -209,7 +209,7 @@ def _run_pool(
     on_done: Callable[[RankResult], None],
     fn: Callable[[RankTask], RankResult],
 ) -> list[RankResult]:
-    """The tasks in a pool of ``jobs`` forkserver processes (see :func:`_run_local`)."""
+    """The tasks in a pool of ``jobs`` forkserver processes (see :func:`run_local`)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -296,7 +296,7 @@ def run_tasks(
     if scheduler:
         return _run_dask(tasks, scheduler, on_done)
     jobs, _ = local_workers(jobs, len(tasks))
-    return _run_local(tasks, jobs, on_done)
+    return run_local(tasks, jobs, on_done)
 
 
 FORCE_JOBS_ENV = "PROFPARSE_FORCE_JOBS"

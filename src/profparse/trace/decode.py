@@ -278,7 +278,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _integer(value: Any) -> int | None:
+def integer_value(value: Any) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
@@ -345,7 +345,7 @@ def coerce_event(loose: LooseEvent, report: DecodeReport) -> Event | None:
                 elif field_name == "name":
                     clean[field_name] = raw if isinstance(raw, str) else None
                 else:
-                    clean[field_name] = _integer(raw)
+                    clean[field_name] = integer_value(raw)
         args = Args(**clean)
     pid = loose.pid if isinstance(loose.pid, int | str) and not isinstance(loose.pid, bool) else None
     tid = loose.tid if isinstance(loose.tid, int | str) and not isinstance(loose.tid, bool) else None
@@ -1047,9 +1047,9 @@ class TraceDecoder:
         The usual result is a list of :class:`FastEvent` and the JSON text; after a fallback, a list of
         :class:`Event` and None.
         """
-        return self._decode_data(b"[" + body + b"]")
+        return self.decode_array(b"[" + body + b"]")
 
-    def _decode_data(self, data: bytes | memoryview) -> Decoded:
+    def decode_array(self, data: bytes | memoryview) -> Decoded:
         """:meth:`_decode` of a JSON array (``[`` + events + ``]``), e.g. a view of shared memory."""
         try:
             fast = _FAST.decode(data)
@@ -1213,12 +1213,12 @@ class TraceDecoder:
         try:
             if copy_texts:  # FastEvent.ts (and text args) would view ``buf``
                 data = bytes(buf[pos - 1 : stop + 1])
-                events, text = self._decode_data(data)
+                events, text = self.decode_array(data)
                 return events, (None if text is None else data)
             view = memoryview(buf)[pos - 1 : stop + 1]
             decoded: Decoded | None = None
             try:
-                decoded = self._decode_data(view)
+                decoded = self.decode_array(view)
             finally:
                 try:
                     view.release()

@@ -46,8 +46,8 @@ from profparse.trace.decode import (
     FastEvent,
     ReadSequentially,
     TraceDecoder,
-    _integer,
     expected_json_bytes,
+    integer_value,
     memory_budget,
 )
 
@@ -416,7 +416,7 @@ def _arg_columns(args: tuple[Any, ...]) -> tuple[dict[str, np.ndarray | None], d
             try:
                 found = np.fromiter(values, dtype=np.int64, count=m)  # ~25% less than np.array (no shape search)
             except (TypeError, OverflowError, ValueError):  # an explicit null, an int beyond int64, a string
-                found = _int_array([_integer(v) if isinstance(v, str) else v for v in values])
+                found = _int_array([integer_value(v) if isinstance(v, str) else v for v in values])
             ints[column] = _scatter(found, rows, n)
         elif attr in _TEXT_ARG_SET:
             k = m - values.count(None)
@@ -830,7 +830,7 @@ def _decode_body(body: bytes | None, slot: int = -1, length: int = 0) -> tuple[C
     try:
         if body is None:
             data = _SLOTS.view(slot, length)  # type: ignore[union-attr]
-            events, raw = decoder._decode_data(data)
+            events, raw = decoder.decode_array(data)
         else:
             events, raw = decoder._decode(body)
             del body
