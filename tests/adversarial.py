@@ -188,3 +188,19 @@ def assert_time_within(bad: CliRun, good: CliRun, factor: float = 5.0, slack: fl
     assert bad.seconds <= factor * good.seconds + slack, (
         f"{bad.argv}: {bad.seconds:.2f} s vs {good.seconds:.2f} s for a valid file of the same size"
     )
+
+
+def start_pool_run(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start the CLI in a session of its own and return once its worker pool is starting: the parent, the
+    resource tracker, the forkserver and the first worker are alive (or it ended, or 60 s passed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profparse.cli.main", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(_session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return proc

@@ -11,14 +11,13 @@ import gzip
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from adversarial import REPO, _session_pids, assert_clean_failure, assert_success, run_cli, snapshot
+from adversarial import REPO, _session_pids, assert_clean_failure, assert_success, run_cli, snapshot, start_pool_run
 from tracebuilder import TraceBuilder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc, FIFOs and /dev (Linux)")
@@ -172,17 +171,7 @@ def test_sigterm_while_the_pool_starts(tmp_path):
     tmpdir.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TMPDIR=str(tmpdir), PROFPARSE_FORCE_JOBS="1")
     argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "profparse.cli.main", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    # until the pool's first worker is forked (parent, resource tracker, forkserver, worker)
-    while len(_session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
+    proc = start_pool_run(argv, env)
     proc.send_signal(signal.SIGTERM)
     try:
         err = proc.communicate(timeout=60)[1].decode()

@@ -8,15 +8,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
-from adversarial import REPO, _session_pids, assert_clean_failure, partial_leftovers, run_cli, snapshot
+from adversarial import REPO, _session_pids, assert_clean_failure, partial_leftovers, run_cli, snapshot, start_pool_run
 from conftest import SHARED_TRACES
 from tracebuilder import TraceBuilder, training_step
 
@@ -621,17 +619,7 @@ def test_ctrl_c_while_the_pool_starts(tmp_path):
     folder = _slow_ranks(tmp_path / "in")
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "profparse.cli.main", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    # until the pool's first worker is forked (parent, resource tracker, forkserver, worker): the pool is starting
-    while len(_session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    proc = start_pool_run(argv, env)
     os.killpg(proc.pid, signal.SIGINT)
     err = proc.communicate(timeout=60)[1].decode()
     assert proc.returncode == 130, err
