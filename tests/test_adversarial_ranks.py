@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from adversarial import REPO, _session_pids, assert_clean_failure, assert_success, run_cli, snapshot, start_pool_run
-from tracebuilder import TraceBuilder, training_step
+from tracebuilder import TraceBuilder, slow_rank_folder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc, FIFOs and /dev (Linux)")
 
@@ -97,20 +97,6 @@ def rank_folder(folder: Path, count: int, steps: int = 3) -> Path:
         for step in range(steps):
             t = training_step(b, step, t) + 10
         b.write(folder / f"rank{rank}.json")
-    return folder
-
-
-def slow_rank_folder(folder: Path) -> Path:
-    """Four ranks that take seconds to parse with -j 2 (contents differ, so the cache answers none from another)."""
-    folder.mkdir()
-    b = TraceBuilder()
-    t = 0.0
-    for step in range(3000):
-        t = training_step(b, step, t)
-    b.write(folder / "rank0.json")
-    text = (folder / "rank0.json").read_bytes()
-    for r in range(1, 4):
-        (folder / f"rank{r}.json").write_bytes(text + b"\n" * r)
     return folder
 
 

@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pytest
 from adversarial import REPO, _session_pids, assert_clean_failure, partial_leftovers, run_cli, snapshot, start_pool_run
 from conftest import SHARED_TRACES
-from tracebuilder import TraceBuilder, training_step
+from tracebuilder import TraceBuilder, slow_rank_folder, training_step
 
 import profparse
 import profparse.errors
@@ -586,25 +586,10 @@ def test_folder_that_only_looks_like_a_dataset(tmp_path):
     assert_clean_failure(run_cli("summarize", str(wrong)), 4, contains="not a profparse rank dataset")
 
 
-def _slow_ranks(folder: Path) -> Path:
-    """Four ranks that take a few seconds to parse with -j 2. Their contents differ (by trailing blank lines), so
-    the parsed-trace cache cannot answer one rank from another's entry and make the run short."""
-    folder.mkdir()
-    b = TraceBuilder()
-    t = 0.0
-    for step in range(3000):
-        t = training_step(b, step, t)
-    b.write(folder / "rank0.json")
-    text = (folder / "rank0.json").read_bytes()
-    for r in range(1, 4):
-        (folder / f"rank{r}.json").write_bytes(text + b"\n" * r)
-    return folder
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_pool_workers_die_with_the_parent(tmp_path, sig):
     """The parent killed mid-run: its workers (and the forkserver) are gone within the grace period."""
-    folder = _slow_ranks(tmp_path / "in")
+    folder = slow_rank_folder(tmp_path / "in")
     run = run_cli("parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", signal_after=(2.5, sig))
     # SIGKILL ends the parent at once; SIGTERM unwinds it (exit 143, temporaries removed): either way mid-run
     expected = -signal.SIGKILL if sig == signal.SIGKILL else 143
@@ -616,7 +601,7 @@ def test_pool_workers_die_with_the_parent(tmp_path, sig):
 
 def test_ctrl_c_while_the_pool_starts(tmp_path):
     """Ctrl-C (to the whole process group) as the worker pool starts: exit 130, one line, nothing left."""
-    folder = _slow_ranks(tmp_path / "in")
+    folder = slow_rank_folder(tmp_path / "in")
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q"]
     proc = start_pool_run(argv, env)

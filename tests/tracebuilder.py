@@ -181,3 +181,18 @@ def complete_events(text: bytes) -> Iterator[dict[str, Any]]:
         except json.JSONDecodeError:
             return
         yield event
+
+
+def slow_rank_folder(folder: Path) -> Path:
+    """Four ranks that take a few seconds to parse with -j 2. Their contents differ (by trailing blank lines), so
+    the parsed-trace cache cannot answer one rank from another's entry and make the run short."""
+    folder.mkdir()
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3000):
+        t = training_step(b, step, t)
+    b.write(folder / "rank0.json")
+    text = (folder / "rank0.json").read_bytes()
+    for r in range(1, 4):
+        (folder / f"rank{r}.json").write_bytes(text + b"\n" * r)
+    return folder
