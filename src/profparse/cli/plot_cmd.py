@@ -82,9 +82,6 @@ def run(args: argparse.Namespace) -> int:
             note(message, args.quiet)
         results = body["results"]
         copy_plots(args, results, folder)
-        for r in results:
-            if r.get("note"):
-                note(r["note"], args.quiet)
     else:
         from profparse.outputs.plots import write_plots
 
@@ -95,12 +92,12 @@ def run(args: argparse.Namespace) -> int:
         results = [
             {"kind": r.kind, "files": [f.name for f in r.files], "skipped": r.skipped, "note": r.note} for r in drawn
         ]
-        for r in results:
-            if r["note"]:
-                note(r["note"], args.quiet)
         if parsed.cache is not None:
             body = {"notes": input_notes(args.trace, parsed), "results": results}
             parsed.cache.put_output(options, body, [f for r in drawn for f in r.files])
+    for r in results:  # a PNG drawn at a lower dpi: said again when the figures are copied from the cache
+        if r.get("note"):
+            note(r["note"], args.quiet)
     lines = [
         f"{r['kind']}: skipped ({r['skipped']})"
         if r["skipped"]
