@@ -67,7 +67,7 @@ from profparse.ranks.render import (
 )
 from profparse.ranks.results import RankResult, RankTask
 from profparse.ranks.run import RanksRun, parse_ranks, raise_if_none_read
-from profparse.ranks.scheduling import DIED, FORCE_JOBS_ENV, local_workers, run_local, run_tasks, usable_cpus
+from profparse.ranks.scheduling import DIED, FORCE_JOBS_ENV, local_workers, run_local, run_tasks
 from profparse.ranks.stragglers import DEFAULT_METRIC, METRICS, per_rank_totals, stragglers
 from profparse.ranks.worker import run_rank
 
@@ -115,7 +115,6 @@ __all__ = [
     "run_rank",
     "run_tasks",
     "stragglers",
-    "usable_cpus",
     "table_names",
     "unify_partitions",
     "write_rank_tables",

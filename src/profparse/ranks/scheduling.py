@@ -302,23 +302,14 @@ def run_tasks(
 FORCE_JOBS_ENV = "PROFPARSE_FORCE_JOBS"
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as ``os.process_cpu_count`` of Python 3.13)."""
-    process_cpu_count = getattr(os, "process_cpu_count", None)
-    if process_cpu_count is not None:
-        return process_cpu_count() or 1
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity masks here (macOS)
-        return os.cpu_count() or 1
-
-
 def local_workers(jobs: int | None, tasks: int) -> tuple[int, str | None]:
     """Worker processes for ``tasks`` rank tasks, and a note when ``jobs`` was lowered.
 
     ``jobs`` (default: one per usable CPU), at most one per task, and at most one per usable CPU: each worker
     parses a whole rank, so more of them only share the CPUs and add up their memory. ``$PROFPARSE_FORCE_JOBS=1``
     lifts the CPU bound (a run whose ranks wait on a slow disk, say)."""
+    from profparse.trace.events import usable_cpus  # the decoder's own bound on its workers
+
     cpus = usable_cpus()
     if jobs is None:
         return max(1, min(cpus, tasks)), None

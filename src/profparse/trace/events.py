@@ -869,8 +869,18 @@ def worker_count(path: str | Path, workers: int | None = None) -> int:
     if multiprocessing.parent_process() is not None or threading.active_count() > 1:
         return 1  # inside a worker (e.g. one per rank) or a threaded program: forking more is no help or unsafe
     size = expected_json_bytes(path)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(cpus, 4) if size >= PARALLEL_MIN_BYTES else 1
+    return min(usable_cpus(), 4) if size >= PARALLEL_MIN_BYTES else 1
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as ``os.process_cpu_count`` of Python 3.13)."""
+    process_cpu_count = getattr(os, "process_cpu_count", None)
+    if process_cpu_count is not None:
+        return process_cpu_count() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity masks here (macOS)
+        return os.cpu_count() or 1
 
 
 def _read_parallel(decoder: TraceDecoder, builder: EventTableBuilder, workers: int, progress: Any) -> bool:
