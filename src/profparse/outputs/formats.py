@@ -34,7 +34,8 @@ _BACKTICKS = re.compile("`+")
 _PIPE = re.compile(r"(\\*)\|")
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: a lone surrogate: what no UTF-8 writer accepts (a byte of a file name that is not UTF-8, a "\\ud800" escape)
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPED_BYTES = range(0xDC80, 0xDD00)  # a byte 0x80-0xff of a name that is not UTF-8 (surrogateescape)
 
 
@@ -57,7 +58,7 @@ def path_text(path: Any) -> str:
     """``path`` as text any UTF-8 writer accepts (Parquet metadata, JSON), otherwise exact: only the bytes of a
     name that is not UTF-8 become visible escapes (``tr\\xffce.json``), as :func:`display` shows them."""
     text = str(path)
-    return _SURROGATE.sub(_escape, text) if _SURROGATE.search(text) else text
+    return LONE_SURROGATE.sub(_escape, text) if LONE_SURROGATE.search(text) else text
 
 
 def terminal_safe(text: str) -> str:

@@ -13,7 +13,6 @@ import html
 import io
 import json
 import math
-import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -24,7 +23,7 @@ import pandas as pd
 
 from profparse.marks import STAGES
 from profparse.outputs.files import atomic_file
-from profparse.outputs.formats import display
+from profparse.outputs.formats import LONE_SURROGATE, display
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.trace.events import NULL
@@ -143,9 +142,6 @@ def ranks_payload(
     return {"kind": "ranks", "title": display(Path(folder).name or folder), "ranks": plain(data)}
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
@@ -157,7 +153,7 @@ def render_html(payload: dict[str, Any]) -> str:
     body = body.replace("<", "\\u003c")  # no trace text can close the script or open a comment
     # a lone surrogate (a file name that is not UTF-8, a "\\ud800" escape in a name) cannot be written as UTF-8;
     # as a JSON escape the page reads it back as the same string
-    body = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", body)
+    body = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", body)
     title = html.escape(f"profparse report: {payload['title']}")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
