@@ -19,6 +19,7 @@ try:
 except ImportError:  # a source checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from profparse.base.errors import ProfparseError, from_oserror  # noqa: E402
 from profparse.capture import (  # noqa: E402
     EXTRA_HINT,
     PRESETS,
@@ -29,7 +30,6 @@ from profparse.capture import (  # noqa: E402
 )
 from profparse.cli.common import int_option  # noqa: E402
 from profparse.cli.main import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, OneLineParser, report_error  # noqa: E402
-from profparse.errors import ProfparseError, from_oserror  # noqa: E402
 
 NEEDS_EXTRA = f"capture: needs the 'capture' extra: {EXTRA_HINT}"
 

@@ -24,8 +24,8 @@ except ImportError:  # a source checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import profparse  # noqa: E402
+from profparse.analysis.agreement import agreement  # noqa: E402
 from profparse.capture.patterns import PATTERNS, capture_pattern, rank_path, strip_marks, trace_name  # noqa: E402
-from profparse.stages.agreement import agreement  # noqa: E402
 
 
 def measure(marked: Path, stripped_dir: Path, top: int = 3) -> str:

@@ -25,7 +25,7 @@ import pytest
 from adversarial import CliRun, assert_clean_failure, assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.errors import OutOfMemoryError, TraceFormatError
+from profparse.base.errors import OutOfMemoryError, TraceFormatError
 from profparse.trace.events import read_trace
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc, FIFOs and rlimits (Linux)")
@@ -163,7 +163,7 @@ def test_twenty_flipped_bits_in_gzip(tmp_path, mb):
 @pytest.mark.parametrize("mb", SIZES_MB)
 def test_garbage_after_the_header_is_an_error(tmp_path, mb):
     rng = random.Random(3)
-    garbage = bytes(rng.choice(b"abc{}[],:\"0 \n") for _ in range(int(mb * (1 << 20))))
+    garbage = bytes(rng.choice(b'abc{}[],:"0 \n') for _ in range(int(mb * (1 << 20))))
     bad = write(tmp_path, "garbage.json", b'{"traceEvents": [' + garbage + b"]}")
     good = write(tmp_path, "valid.json", valid_text(mb))
     bad_run, good_run, before, after = run_pair(tmp_path, bad, good)

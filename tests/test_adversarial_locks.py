@@ -19,7 +19,7 @@ import pytest
 from adversarial import CliRun, assert_clean_failure, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.outputs.files import MARKER, read_marker
+from profparse.base.files import MARKER, read_marker
 
 REFUSED, USAGE = 9, 2
 OTHER_UID = 54321  # a user id nobody on the test machine runs as

@@ -30,8 +30,8 @@ from adversarial import (
 )
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.outputs import files
-from profparse.outputs.files import MARKER, read_marker
+from profparse.base import files
+from profparse.base.files import MARKER, read_marker
 
 REFUSED, EXISTS, NO_SPACE, CANNOT_WRITE, USAGE, NOT_FOUND = 9, 6, 10, 11, 2, 3
 

@@ -14,8 +14,8 @@ from adversarial import assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import MAIN, PID, STREAM, TraceBuilder
 
 from profparse.analysis.report import _nested_in_same_class
-from profparse.outputs.formats import display, md_cell, md_code, terminal_safe
-from profparse.outputs.names import shorten_name
+from profparse.base.formats import display, md_cell, md_code, terminal_safe
+from profparse.base.names import shorten_name
 
 UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 

@@ -17,7 +17,7 @@ import pytest
 from adversarial import REPO, assert_clean_failure, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.errors import OutOfMemoryError
+from profparse.base.errors import OutOfMemoryError
 from profparse.trace import events as events_module
 from profparse.trace.decode import MAX_CHUNK_EVENTS, NEED_FIXED, NEED_PER_JSON_BYTE, TraceDecoder
 from profparse.trace.events import read_trace

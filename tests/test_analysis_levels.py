@@ -12,7 +12,7 @@ from tracebuilder import AUTOGRAD, MAIN, PID, TraceBuilder, training_step
 
 import profparse
 from profparse import tables
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.outputs.summary import render_summary
 
 US = 1000
@@ -238,9 +238,10 @@ def test_host_levels_add_up_on_sample_traces(sample_trace):
     p = parsed_once(sample_trace)
     host_levels_add_up(p)
     t = totals(p)
-    assert t.loc["other", "python_ns"] <= p.stage_summary.query("scope == 'total' and stage == 'other'")[
-        "host_wall_ns"
-    ].iloc[0]
+    assert (
+        t.loc["other", "python_ns"]
+        <= p.stage_summary.query("scope == 'total' and stage == 'other'")["host_wall_ns"].iloc[0]
+    )
 
 
 def test_host_levels_add_up_on_shared_traces(shared_trace):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from profparse import marks
-from profparse.outputs.files import MARKER, read_marker
+from profparse.base import marks
+from profparse.base.files import MARKER, read_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "capture.py"

@@ -25,8 +25,15 @@ def events() -> list[dict]:
     """60 events: every third without args, ints and text args on some rows only, one int beyond int64."""
     out = []
     for i in range(60):
-        event = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 4}", "pid": 1 if i % 5 else "main", "ts": 10.0 + i,
-                 "dur": 0.5, "tid": TIDS[i % len(TIDS)]}
+        event = {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"op{i % 4}",
+            "pid": 1 if i % 5 else "main",
+            "ts": 10.0 + i,
+            "dur": 0.5,
+            "tid": TIDS[i % len(TIDS)],
+        }
         if i % 3:
             args: dict = {"External id": i, "Sequence number": i * 10 if i % 2 else None}
             if 20 <= i < 30:
@@ -98,24 +105,42 @@ def test_string_integer_args_take_the_fast_path(tmp_path, chunk_bytes):
     gives; the chunk is decoded in one pass (FastChunk), not event by event."""
     from profparse.trace.decode import FastChunk, TraceDecoder
 
-    doc = [{"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 1, "tid": 2, "ts": 10.0 + i,
-            "dur": 0.5, "args": {"stream": STRING_INTS[i % len(STRING_INTS)], "correlation": i}}
-           for i in range(45)]
+    doc = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "hipLaunchKernel",
+            "pid": 1,
+            "tid": 2,
+            "ts": 10.0 + i,
+            "dur": 0.5,
+            "args": {"stream": STRING_INTS[i % len(STRING_INTS)], "correlation": i},
+        }
+        for i in range(45)
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": doc}))
     body = json.dumps(doc).encode()[1:-1]  # the events, as the reader hands them to the decoder
     events, text = TraceDecoder("")._decode(body)
     assert isinstance(events, FastChunk) and text is not None
     table = read_trace(path, chunk_bytes=chunk_bytes, workers=1).events
-    want = {"0x0": NULL, "7": 7, " 12 ": 12, "-3": -3, "1.5": NULL, "stream": NULL, "99999999999999999999": NULL,
-            5: 5, None: NULL}
+    want = {
+        "0x0": NULL,
+        "7": 7,
+        " 12 ": 12,
+        "-3": -3,
+        "1.5": NULL,
+        "stream": NULL,
+        "99999999999999999999": NULL,
+        5: 5,
+        None: NULL,
+    }
     assert table["stream"].tolist() == [want[e["args"]["stream"]] for e in doc]
     assert table["correlation"].tolist() == list(range(45))
 
 
 def test_chunk_without_any_args(tmp_path):
-    doc = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": "x", "ts": 1.0 + i, "dur": 1.0}
-           for i in range(5)]
+    doc = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": "x", "ts": 1.0 + i, "dur": 1.0} for i in range(5)]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": doc}))
     table = read_trace(path, workers=1).events
@@ -215,8 +240,9 @@ def test_text_args_with_the_same_count_on_other_rows(tmp_path):
             args["dtype"] = "Float" if i == 2 else "Half"
         if i % 2:
             args["Input Dims"] = [[i % 7], [3]]
-        doc.append({"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5,
-                    "args": args})
+        doc.append(
+            {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5, "args": args}
+        )
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": doc}))
     table = read_trace(path, workers=1).events
@@ -231,8 +257,9 @@ def test_text_args_with_the_same_count_on_other_rows(tmp_path):
 def test_ts_that_is_not_a_number_reads_the_chunk_again(tmp_path):
     """null and string ``ts`` (the fast decode takes numbers only): the chunk is decoded with Event, the event
     with null ts is dropped and counted, the string is read as a number; no flow events: flow_id is NULL."""
-    doc = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10.125 + i, "dur": 1}
-           for i in range(6)]
+    doc = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10.125 + i, "dur": 1} for i in range(6)
+    ]
     doc[2]["ts"] = None
     doc[4]["ts"] = "14.5"
     path = tmp_path / "t.json"

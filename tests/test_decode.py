@@ -11,7 +11,7 @@ import pytest
 from tracebuilder import TraceBuilder, complete_events, training_step
 
 import profparse
-from profparse.errors import InputNotFoundError, TraceFormatError, TruncatedTraceError
+from profparse.base.errors import InputNotFoundError, TraceFormatError, TruncatedTraceError
 from profparse.trace.events import read_trace
 
 

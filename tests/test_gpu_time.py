@@ -12,8 +12,8 @@ from tracebuilder import TraceBuilder
 
 import profparse
 from profparse import tables
+from profparse.base.marks import STAGES
 from profparse.diff import diff_data
-from profparse.marks import STAGES
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
 

@@ -20,9 +20,9 @@ import pytest
 from tracebuilder import TraceBuilder
 
 import profparse
-from profparse import marks
+from profparse.analysis.agreement import agreement
+from profparse.base import marks
 from profparse.capture.patterns import PATTERNS, capture_pattern, rank_path, strip_marks, trace_name
-from profparse.stages.agreement import agreement
 
 TARGET = 0.995
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_script_measures_existing_traces(handbuilt: tuple[Path, Path], tmp_path:
 def test_import_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
-        "import profparse.capture.patterns as p, profparse.stages.agreement\n"
+        "import profparse.capture.patterns as p, profparse.analysis.agreement\n"
         "try:\n    p.capture_pattern('nope', 'x.json.gz', True)\nexcept ValueError as e:\n    print(e)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -11,7 +11,7 @@ import pytest
 from conftest import shared_traces
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.errors import ProfparseError
+from profparse.base.errors import ProfparseError
 from profparse.trace.events import read_trace, worker_count
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parallel reader forks (Linux only)")

@@ -15,7 +15,7 @@ from conftest import REPO, SHARED_TRACES, parsed
 from tracebuilder import TraceBuilder, training_step
 
 from profparse import tables
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 
 US = 1000
 
@@ -229,7 +229,7 @@ def test_factorize_sorted_equals_multiindex_factorize(shared_trace):
 def test_repeated_hash_marks_exactly_the_repeated_rows(shared_trace):
     """quality's sort-then-lookup of repeated row hashes marks the rows that another row equals, as a DataFrame
     duplicated() over those columns does (rows listed twice stand in for duplicated events)."""
-    from profparse import quality
+    from profparse.analysis import quality
 
     events = parsed(shared_trace).raw.events
     rows = np.flatnonzero((events["kind"] != "metadata").to_numpy())

@@ -345,7 +345,7 @@ def test_without_marks_the_same_phases_are_found(tmp_path):
 
 def phase_runs(p: profparse.ParsedTrace) -> pd.DataFrame:
     """Recompute the phase runs from the trace's own decisions of the evidence rules."""
-    from profparse.marks import STAGES
+    from profparse.base.marks import STAGES
     from profparse.stages.attribute import _needs_phases
 
     events, attribution = p.raw.events, p.attribution

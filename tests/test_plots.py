@@ -13,11 +13,12 @@ from conftest import parsed as parsed_once
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
+from profparse.base import names
+from profparse.base.files import MARKER
+from profparse.base.marks import STAGES
+from profparse.base.names import shorten_name
 from profparse.cli.main import main
-from profparse.marks import STAGES
-from profparse.outputs import names, plots
-from profparse.outputs.files import MARKER
-from profparse.outputs.names import shorten_name
+from profparse.outputs import plots
 from profparse.outputs.plots import PLOT_KINDS, STAGE_COLORS, optional_table, write_plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

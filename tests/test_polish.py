@@ -19,9 +19,9 @@ from tracebuilder import TraceBuilder, memory_event, training_step
 
 import profparse
 from profparse.analysis import report as analysis_report
+from profparse.base.formats import Column, Table
 from profparse.cli.main import main
 from profparse.hta import HTA_DISTRIBUTIONS, hta_distribution
-from profparse.outputs.formats import Column, Table
 from profparse.outputs.summary import LABEL_WIDTH, render, render_summary, summary_data
 
 REPR_TRACES = [SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz", REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz"]

@@ -94,8 +94,8 @@ def test_events_that_differ_only_in_args_are_not_duplicates(tmp_path):
 
 
 def test_gpu_devices_without_device_properties(tmp_path):
+    from profparse.analysis.quality import gpu_devices
     from profparse.outputs.summary import render_summary
-    from profparse.quality import gpu_devices
 
     b = clean()
     del b.header["deviceProperties"]

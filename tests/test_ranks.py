@@ -19,11 +19,11 @@ from conftest import SHARED_TRACES
 from tracebuilder import TraceBuilder, slow_rank_folder, training_step
 
 import profparse
-import profparse.errors
+import profparse.base.errors
 from profparse import ranks
+from profparse.base.errors import UsageError
+from profparse.base.files import MARKER
 from profparse.cli.main import main
-from profparse.errors import UsageError
-from profparse.outputs.files import MARKER
 from profparse.outputs.parquet import internal_tables
 
 STRAGGLER = 2  # in the built folder: every time of this rank is 1.5x
@@ -557,7 +557,7 @@ def test_every_rank_out_of_memory_is_exit_8(tmp_path, monkeypatch):
         raise MemoryError
 
     monkeypatch.setattr(profparse.api, "parse", no_memory)
-    with pytest.raises(profparse.errors.TraceFormatError) as caught:
+    with pytest.raises(profparse.base.errors.TraceFormatError) as caught:
         ranks.parse_ranks(folder, tmp_path / "out", jobs=1)
     assert caught.value.exit_code == 8 and "out of memory" in str(caught.value)
     assert not (tmp_path / "out").exists()
@@ -565,7 +565,7 @@ def test_every_rank_out_of_memory_is_exit_8(tmp_path, monkeypatch):
         ranks.RankResult(path="a", rank=0, source="position", ok=False, error="a: out of memory", exit_code=8),
         ranks.RankResult(path="b", rank=1, source="position", ok=False, error="b: not JSON", exit_code=4),
     ]
-    with pytest.raises(profparse.errors.TraceFormatError) as caught:
+    with pytest.raises(profparse.base.errors.TraceFormatError) as caught:
         ranks.raise_if_none_read("in", results)
     assert caught.value.exit_code == 4
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from tracebuilder import AUTOGRAD, MAIN, TraceBuilder, training_step
 
 import profparse
+from profparse.base.errors import ProfparseError
 from profparse.cli.main import main
-from profparse.errors import ProfparseError
 from profparse.outputs.parquet import read_parquet, write_parquet
 from profparse.outputs.summary import render_summary
 from profparse.trace import decode

@@ -17,8 +17,12 @@ from profparse.trace.events import NULL, TEXT_ARG_COLUMNS, read_trace
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"
 KEYS = {encoded: name for name, encoded in zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True)}
 TEXT_KEYS = {key: name for key, name in KEYS.items() if name in TEXT_ARG_COLUMNS}
-INT_KEYS = {"In msg nelems": "comm_in_nelems", "Out msg nelems": "comm_out_nelems", "Group size": "comm_group_size",
-            "Seq": "comm_seq"}
+INT_KEYS = {
+    "In msg nelems": "comm_in_nelems",
+    "Out msg nelems": "comm_out_nelems",
+    "Group size": "comm_group_size",
+    "Seq": "comm_seq",
+}
 
 
 def expected_text(value) -> str:
@@ -53,16 +57,37 @@ def document() -> dict:
         training_step(b, step, step * 100)
     doc = b.document()
     extra = [
-        {"Input Dims": [[64], [128, 64], [64, 64], [], []], "Input type": ["float", "float", "float", "Scalar", ""],
-         "Concrete Inputs": ["", "", "", "1", "1"]},
-        {"Collective name": "allreduce", "In msg nelems": 2049000, "Out msg nelems": 2049000, "Group size": 2,
-         "dtype": "Float", "Process Group Name": "0", "Process Group Description": 'pg "quoted" \\ é',
-         "Process Group Ranks": "[0, 1]", "Seq": 7},
+        {
+            "Input Dims": [[64], [128, 64], [64, 64], [], []],
+            "Input type": ["float", "float", "float", "Scalar", ""],
+            "Concrete Inputs": ["", "", "", "1", "1"],
+        },
+        {
+            "Collective name": "allreduce",
+            "In msg nelems": 2049000,
+            "Out msg nelems": 2049000,
+            "Group size": 2,
+            "dtype": "Float",
+            "Process Group Name": "0",
+            "Process Group Description": 'pg "quoted" \\ é',
+            "Process Group Ranks": "[0, 1]",
+            "Seq": 7,
+        },
         {"Process Group Ranks": [0, 1, 2, 3], "dtype": 5, "Input Dims": [[[2, 3], [4]]]},  # odd but valid JSON
     ]
     for n, args in enumerate(extra * 4):
-        doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": f"op{n}", "pid": 1, "tid": 100,
-                                   "ts": 5000 + 10 * n, "dur": 5, "args": dict(args)})
+        doc["traceEvents"].append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": f"op{n}",
+                "pid": 1,
+                "tid": 100,
+                "ts": 5000 + 10 * n,
+                "dur": 5,
+                "args": dict(args),
+            }
+        )
     return doc
 
 

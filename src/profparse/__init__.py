@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from profparse.marks import STAGES
-from profparse.version import __version__
+from profparse.base.marks import STAGES
+from profparse.base.version import __version__
 
 __all__ = ["ParsedTrace", "STAGES", "__version__", "load", "parse", "summarize"]
 

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse import phase_clock, tables
+from profparse import tables
 from profparse.analysis import Analyses
-from profparse.errors import TraceFormatError
+from profparse.base import phase_clock
+from profparse.base.errors import TraceFormatError
 from profparse.stages.attribute import Attribution, attribute
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RawTrace, read_trace
 from profparse.trace.link import Links, link
@@ -184,7 +185,7 @@ class ParsedTrace:
     @_cached_table
     def warnings(self) -> pd.DataFrame:
         """Quality checks that found something: check, severity, count, value, message."""
-        from profparse.quality import quality_checks
+        from profparse.analysis.quality import quality_checks
 
         return quality_checks(self)
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.formats import display, md_code, render_as, text_table
-from profparse.quality import gpu_devices
+from profparse.analysis.quality import gpu_devices
+from profparse.base.formats import display, md_code, render_as, text_table
+from profparse.base.marks import STAGES
 
 FORMATS = ("text", "json", "markdown")
 TOP_N = 10
@@ -189,7 +189,7 @@ def _table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
 
 
 def _short(name: str, width: int = 70, kernel: bool = False) -> str:
-    from profparse.outputs.names import shorten_name
+    from profparse.base.names import shorten_name
 
     return shorten_name(name, width, kernel=kernel)
 

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.errors import ProfparseError, TraceFormatError, install_hint
-from profparse.marks import STAGES
-from profparse.outputs.formats import display, md_cell, md_code, md_table, render_as, text_table
+from profparse.base.errors import ProfparseError, TraceFormatError, install_hint
+from profparse.base.formats import display, md_cell, md_code, md_table, render_as, text_table
+from profparse.base.marks import STAGES
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
@@ -312,7 +312,7 @@ def hta_by_stage(parsed: Any, *, exact: bool = False, consecutive_kernel_delay: 
     """Load the trace with HTA (unless ``ta`` is given) and split its kernel and idle breakdowns by stage.
 
     HTA reads the file itself, whole: a trace cut short, or one without events, is refused first with a
-    :class:`~profparse.errors.TraceFormatError` (exit 4) that says so, rather than HTA's own error."""
+    :class:`~profparse.base.errors.TraceFormatError` (exit 4) that says so, rather than HTA's own error."""
     if ta is None:
         _check_loadable(parsed)
     ta = ta if ta is not None else load_hta(parsed.path, exact=exact)

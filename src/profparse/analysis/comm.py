@@ -360,13 +360,18 @@ def by_stage(table: pd.DataFrame) -> pd.DataFrame:
         {
             "stage": table["stage"],
             "kind": table["kind"],
-            "pg": table["pg_desc"].astype(object).where(table["pg_desc"].notna(), table["pg_name"].astype(object))
+            "pg": table["pg_desc"]
+            .astype(object)
+            .where(table["pg_desc"].notna(), table["pg_name"].astype(object))
             .fillna("-"),
             "bytes": np.where(known, table["bytes"].to_numpy(), 0),
             "known_ns": np.where(known, dur, 0),
             "bus_ns": np.where(known & np.isfinite(table["busbw_gbps"].to_numpy()), dur, 0),
-            "bus_bytes": np.where(known & np.isfinite(table["busbw_gbps"].to_numpy()),
-                                  np.nan_to_num(table["busbw_gbps"].to_numpy() * dur), 0),  # fmt: skip
+            "bus_bytes": np.where(
+                known & np.isfinite(table["busbw_gbps"].to_numpy()),
+                np.nan_to_num(table["busbw_gbps"].to_numpy() * dur),
+                0,
+            ),  # fmt: skip
             "unknown": ~known,
             "time_ns": dur,
             "exposed_ns": table["exposed_ns"].to_numpy(),

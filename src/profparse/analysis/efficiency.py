@@ -29,7 +29,7 @@ from profparse import tables
 from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, has_formula, op_cost
 from profparse.analysis.modules import MODULE_EVENT, backward_node_measures, call_levels, roll_up
 from profparse.analysis.peaks import device_peaks
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask

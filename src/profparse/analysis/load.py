@@ -14,7 +14,7 @@ import pandas as pd
 
 from profparse import tables
 from profparse.analysis.load_rules import SUBSTEPS, UNATTRIBUTED, LoadRule, load_rules
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask

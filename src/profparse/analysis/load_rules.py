@@ -42,7 +42,7 @@ _TF = r"^transformers/"
 
 # fmt: off
 LOAD_RULES: tuple[LoadRule, ...] = (
-    # -- profparse's own load marks (profparse.marks.load_mark); profparse.load:from_pretrained is an umbrella ----
+    # -- profparse's own load marks (profparse.base.marks.load_mark); profparse.load:from_pretrained is an umbrella ----
     *(LoadRule(f"load_mark.{s}", s, 100, rf"^profparse\.load:{s}$", MARK, doc=f"profparse.load:{s} range")
       for s in (CONFIG, CLASS_RESOLUTION, INSTANTIATE, LOAD_WEIGHTS, TO_DEVICE)),
     # -- config read and parse -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from profparse import tables
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask

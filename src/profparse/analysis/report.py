@@ -2,7 +2,7 @@
 
 Each section is one :class:`Section` entry of :data:`SECTIONS`: ``data(parsed)`` gives its JSON-ready entries
 (``outputs/summary.py`` puts them all under ``"analyses"``), ``tables(analyses)`` the
-:class:`~profparse.outputs.formats.Table` s shown, which text, markdown and csv render alike. Adding a section
+:class:`~profparse.base.formats.Table` s shown, which text, markdown and csv render alike. Adding a section
 (efficiency, communication, runtime calls) is one more entry. A section with nothing to show gives no tables (no
 Python frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
 ``[memory]`` events: no memory).
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.outputs.formats import Column, Table, display, tables_markdown, tables_text
+from profparse.base.formats import Column, Table, display, tables_markdown, tables_text
 
 MODULE_ROWS = 12
 RULES_WIDTH = 38

@@ -4,7 +4,7 @@ One row per (scope, step, stage, call name) with the call's ``count``, ``total_n
 call nested in a runtime call counts in both), ``max_ns`` and ``share`` of the stage's host wall time
 (``stage_summary.host_wall_ns`` of the same scope, step and stage; calls on several threads at once can add up to
 more than 1). ``call_class`` groups the names: ``malloc``, ``free``, ``sync``, ``memcpy``, ``memset``, ``launch``,
-``other``. The quality checks ``allocator_churn`` and ``sync_in_step`` (``profparse.quality``) read this table.
+``other``. The quality checks ``allocator_churn`` and ``sync_in_step`` (``profparse.analysis.quality``) read this table.
 """
 
 from __future__ import annotations

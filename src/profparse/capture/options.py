@@ -85,7 +85,7 @@ class CaptureOptions:
     record_shapes: bool = True
     profile_memory: bool = True
     stage_marks: bool = True
-    """Emit profparse's own ``record_function`` stage ranges (see :mod:`profparse.marks`)."""
+    """Emit profparse's own ``record_function`` stage ranges (see :mod:`profparse.base.marks`)."""
     warm: bool = True
     """Load the model once, unprofiled, before the profiler starts, so the profiled load is a warm one. A cold
     (first-in-process) ``from_pretrained`` in transformers 5.x also imports the model's code and builds the

@@ -4,7 +4,7 @@ Each pattern profiles a tiny training session (the capture's tiny Qwen2 where a 
 the true stages in ``profparse.stage:<stage>`` ranges exactly as :mod:`profparse.capture.run` does. Everything
 outside the marks (data loading, batch preparation, logging, optimizer creation) is ``other``.
 :func:`strip_marks` writes the same trace without the marks: attribution of the stripped copy against the marked
-original is what :func:`profparse.stages.agreement.agreement` scores.
+original is what :func:`profparse.analysis.agreement.agreement` scores.
 
 Patterns (:data:`PATTERNS`):
 
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from profparse import marks
+from profparse.base import marks
 
 PATTERNS: tuple[str, ...] = (
     "grad_accum",

@@ -2,7 +2,7 @@
 
 Layout of the trace (see docs/capture.md): the profiler starts, ``ProfilerStep#0`` covers loading
 (``from_pretrained`` + ``.to(device)``, then the optimizer's creation), and ``ProfilerStep#1..N`` are the N
-training steps. With stage marks on, ``record_function`` ranges named by :mod:`profparse.marks` wrap each
+training steps. With stage marks on, ``record_function`` ranges named by :mod:`profparse.base.marks` wrap each
 stage.
 """
 
@@ -22,11 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from profparse import marks
+from profparse.base import marks
+from profparse.base.errors import InputNotFoundError, UsageError, from_oserror, install_hint
+from profparse.base.files import atomic_dir, check_target
 from profparse.capture.model import ensure_model
 from profparse.capture.options import CaptureOptions, CaptureResult
-from profparse.errors import InputNotFoundError, UsageError, from_oserror, install_hint
-from profparse.outputs.files import atomic_dir, check_target
 
 MANIFEST_FORMAT = 1
 EXTRA_HINT = install_hint("capture")
@@ -211,9 +211,9 @@ def _model_folder(options: CaptureOptions) -> Path | None:
 def run_capture(options: CaptureOptions) -> CaptureResult:
     """Profile loading + ``options.steps`` training steps; write ``trace.json.gz`` and ``manifest.json``.
 
-    The run folder follows the verbs' output rules (profparse.outputs.files): it is written under a temporary
+    The run folder follows the verbs' output rules (profparse.base.files): it is written under a temporary
     name and renamed into place when complete, an existing one is replaced only with ``force`` and only when a
-    capture wrote it. Bad requests raise :mod:`profparse.errors` errors before anything is created.
+    capture wrote it. Bad requests raise :mod:`profparse.base.errors` errors before anything is created.
     """
     run_dir = Path(options.out) if options.out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     model_path = _model_folder(options)

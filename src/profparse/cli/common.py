@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from profparse.errors import NoSpaceError, OutputWriteError, from_oserror, is_no_space
-from profparse.outputs.formats import display
+from profparse.base.errors import NoSpaceError, OutputWriteError, from_oserror, is_no_space
+from profparse.base.formats import display
 
 #: True when the process started with its standard output closed (``>&-``); see main.guard_std_streams.
 STDOUT_CLOSED = False
@@ -79,7 +79,7 @@ def input_is_dir(path: str) -> bool:
 
 def check_output(args: argparse.Namespace, kind: str, verb: str, inputs: list[str]) -> None:
     """Refuse a bad ``-o`` before any work is done (writing checks again, under the output's lock)."""
-    from profparse.outputs import files
+    from profparse.base import files
 
     files.check_target(args.out, kind=kind, verb=verb, force=args.force, inputs=inputs)
 

@@ -1,7 +1,7 @@
 """``profparse`` command line: one small module per verb, all thin over the library API.
 
 Every user-caused error ends here as one line and its documented exit code (docs/exit-codes.md): profparse's own
-errors carry their code (profparse.errors), argparse errors are exit 2, and an ``OSError`` that got this far is
+errors carry their code (profparse.base.errors), argparse errors are exit 2, and an ``OSError`` that got this far is
 mapped by its kind (disk full 10, an input's path 3, an output's path 11).
 """
 
@@ -40,6 +40,9 @@ import argparse  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
+from profparse.base.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
+from profparse.base.formats import display  # noqa: E402
+from profparse.base.version import __version__  # noqa: E402
 from profparse.cli import (  # noqa: E402
     annotate_cmd,
     common,
@@ -50,9 +53,6 @@ from profparse.cli import (  # noqa: E402
     report_cmd,
     summarize_cmd,
 )
-from profparse.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
-from profparse.outputs.formats import display  # noqa: E402
-from profparse.version import __version__  # noqa: E402
 
 VERBS = (parse_cmd, summarize_cmd, plot_cmd, report_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
@@ -187,7 +187,7 @@ def _main(argv: Sequence[str] | None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
             return exc.code if isinstance(exc.code, int) else UsageError.exit_code
-        from profparse.outputs import files
+        from profparse.base import files
 
         quiet = getattr(args, "quiet", False)
         files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
@@ -201,7 +201,7 @@ def _main(argv: Sequence[str] | None) -> int:
         signum = stopped_by(exc)  # an error a signal caused (it broke an import, a read) is that signal
         return _stopped(signum) if signum is not None else _report(exc, args)
     finally:
-        files_module = sys.modules.get("profparse.outputs.files")
+        files_module = sys.modules.get("profparse.base.files")
         if files_module is not None:
             files_module.wait_notice = None
         if previous_term is not None:

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any
 
+from profparse.base.errors import OutputWriteError, PartialFailureError, UsageError
+from profparse.base.formats import display
 from profparse.cli.common import (
     add_input_options,
     add_peak_option,
@@ -23,8 +25,6 @@ from profparse.cli.common import (
     parse_input,
     steps_bar,
 )
-from profparse.errors import OutputWriteError, PartialFailureError, UsageError
-from profparse.outputs.formats import display
 
 TRACE_HELP = "a Kineto trace (.json or .json.gz), or a folder of per-rank traces"
 

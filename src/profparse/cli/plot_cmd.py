@@ -10,6 +10,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from profparse.base.formats import display
 from profparse.cli.choices import PLOT_FORMATS as FORMATS
 from profparse.cli.choices import PLOT_KINDS, PLOT_MAX_PIXELS
 from profparse.cli.common import (
@@ -24,7 +25,6 @@ from profparse.cli.common import (
     parse_input,
     stored_output,
 )
-from profparse.outputs.formats import display
 
 #: PNG resolution. Below MIN_DPI the smallest labels (7 pt) are under one pixel, which FreeType refuses (dpi 1-5
 #: was an internal error); each PNG is also held to profparse.outputs.plots.MAX_PIXELS, whatever the dpi.
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 def copy_plots(args: argparse.Namespace, results: list[dict], folder: Path) -> None:
     """Write the stored figures into ``-o`` as :func:`profparse.outputs.plots.write_plots` writes drawn ones
     (one atomic folder; with --force only the chosen kinds' and formats' files are replaced)."""
-    from profparse.outputs.files import atomic_dir
+    from profparse.base.files import atomic_dir
 
     kinds = args.kind or list(PLOT_KINDS)
     owns = [f"{kind}.{fmt}" for kind in kinds for fmt in args.formats or FORMATS]

@@ -78,7 +78,7 @@ def run_trace(args: argparse.Namespace) -> int:
 
 def copy_report(args: argparse.Namespace, page: Path) -> int:
     """Write a stored page to ``-o`` as :func:`profparse.outputs.report.write_report` does; its size."""
-    from profparse.outputs.files import atomic_file
+    from profparse.base.files import atomic_file
 
     data = page.read_bytes()
     with atomic_file(args.out, force=args.force, inputs=[args.trace]) as tmp:

@@ -13,10 +13,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profparse import phase_clock, tables
+from profparse import tables
 from profparse.analysis import TABLES as ANALYSIS_TABLES
-from profparse.outputs.files import atomic_dir
-from profparse.outputs.formats import path_text
+from profparse.base import phase_clock
+from profparse.base.files import atomic_dir
+from profparse.base.formats import path_text
 from profparse.trace.events import NULL, release_memory
 
 TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings") + ANALYSIS_TABLES

@@ -22,9 +22,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from profparse.errors import OutputRefusedError, TraceFormatError
-from profparse.marks import STAGES
-from profparse.outputs.files import atomic_file
+from profparse.base.errors import OutputRefusedError, TraceFormatError
+from profparse.base.files import atomic_file
+from profparse.base.marks import STAGES
 from profparse.tables import HOST_SPAN_KINDS, mixed_containers, union_length
 from profparse.trace.decode import BOM, open_trace
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profparse.outputs.files import atomic_dir
+from profparse.base.files import atomic_dir
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS, Figure, optional_table, style, time_unit, timeline_intervals
 from profparse.outputs.views.stages import level_panels

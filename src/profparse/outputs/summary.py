@@ -16,9 +16,9 @@ import pandas as pd
 from profparse.analysis import report as analysis_report
 from profparse.analysis.comm import summary as comm_summary
 from profparse.analysis.efficiency import summary_section as efficiency_section
+from profparse.analysis.quality import gpu_devices
 from profparse.analysis.runtime import top_calls as runtime_top_calls
-from profparse.marks import STAGES
-from profparse.outputs.formats import (
+from profparse.base.formats import (
     Column,
     Table,
     display,
@@ -29,8 +29,8 @@ from profparse.outputs.formats import (
     tables_markdown,
     tables_text,
 )
-from profparse.outputs.names import unique_labels
-from profparse.quality import gpu_devices
+from profparse.base.marks import STAGES
+from profparse.base.names import unique_labels
 from profparse.trace.events import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")

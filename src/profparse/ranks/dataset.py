@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from profparse.errors import InputNotFoundError, TraceFormatError
-from profparse.outputs.formats import path_text
+from profparse.base.errors import InputNotFoundError, TraceFormatError
+from profparse.base.formats import path_text
 from profparse.ranks.discovery import valid_rank
 from profparse.ranks.results import RankResult
 
@@ -162,7 +162,7 @@ def read_table(out_dir: str | Path, table: str, columns: Sequence[str] | None = 
     (only ``columns`` and ``rank`` when ``columns`` is given).
 
     A folder that only looks like such a dataset (files that are not Parquet, a table without ``rank``
-    partitions) is a :class:`~profparse.errors.TraceFormatError` (exit 4), not an Arrow error."""
+    partitions) is a :class:`~profparse.base.errors.TraceFormatError` (exit 4), not an Arrow error."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from profparse.errors import InputNotFoundError, ProfparseError, UsageError
+from profparse.base.errors import InputNotFoundError, ProfparseError, UsageError
 
 RANK_SOURCES = ("distributedInfo", "file name", "sorted position")
 RANK_FROM = {

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 
 NULL = -(2**63)  # profparse.trace.events.NULL: the int64 sentinel of a missing value
 TOP_N = 5

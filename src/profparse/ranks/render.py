@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.errors import UsageError
-from profparse.marks import STAGES
-from profparse.outputs.formats import display, md_cell, md_code, render_as
-from profparse.outputs.formats import text_table as _table
-from profparse.outputs.names import shorten_name
+from profparse.base.errors import UsageError
+from profparse.base.formats import display, md_cell, md_code, render_as
+from profparse.base.formats import text_table as _table
+from profparse.base.marks import STAGES
+from profparse.base.names import shorten_name
 from profparse.ranks import late
 from profparse.ranks.discovery import RankFile, describe_sources
 from profparse.ranks.results import RankResult

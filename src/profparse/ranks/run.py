@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profparse.errors import OUTPUT_EXIT_CODES, TraceFormatError, error_for_code
+from profparse.base.errors import OUTPUT_EXIT_CODES, TraceFormatError, error_for_code
 from profparse.ranks import late
 from profparse.ranks.dataset import (
     partition_dir,
@@ -109,7 +109,7 @@ def parse_ranks(
     the next verb on the same folder reads no JSON; not on a Dask cluster, whose workers' folders are not the
     user's.
     """
-    from profparse.outputs.files import atomic_dir
+    from profparse.base.files import atomic_dir
 
     start = time.perf_counter()
     files = list(files) if files is not None else prepare(folder, rank_from)

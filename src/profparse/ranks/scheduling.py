@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from profparse.errors import ProfparseError, UsageError, install_hint
+from profparse.base.errors import ProfparseError, UsageError, install_hint
 from profparse.ranks.results import RankResult, RankTask
 from profparse.ranks.worker import run_rank
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.ranks.results import RankResult
 
 METRICS = {

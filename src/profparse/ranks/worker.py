@@ -6,8 +6,8 @@ import time
 import traceback
 from pathlib import Path
 
-from profparse.errors import ProfparseError, from_oserror
-from profparse.outputs.formats import path_text
+from profparse.base.errors import ProfparseError, from_oserror
+from profparse.base.formats import path_text
 from profparse.ranks import late
 from profparse.ranks.dataset import write_rank_tables
 from profparse.ranks.results import RankResult, RankTask
@@ -15,8 +15,8 @@ from profparse.ranks.results import RankResult, RankTask
 
 def run_rank(task: RankTask) -> RankResult:
     """Parse one rank file (and write its partitions when ``task.out_root`` is set). Never raises for bad input."""
+    from profparse.analysis.quality import gpu_devices
     from profparse.api import load
-    from profparse.quality import gpu_devices
 
     start = time.perf_counter()
     result = RankResult(path=task.path, rank=task.rank, source=task.source, ok=False)

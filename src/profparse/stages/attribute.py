@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
@@ -31,7 +31,7 @@ _RULE_LAST = (1 << _RULE_BITS) - 1  # rule indexes are stored as _RULE_LAST - in
 class Attribution:
     """Per-row results plus the context that produced them."""
 
-    stage: np.ndarray  # int8 codes into profparse.marks.STAGES
+    stage: np.ndarray  # int8 codes into profparse.base.marks.STAGES
     rule: np.ndarray  # int16 codes into rule_names
     rule_names: list[str]
     step: np.ndarray  # int64 step number, NULL outside any step

@@ -36,7 +36,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.rules import GPU_UNLINKED, UNCLASSIFIED
 from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, kind_mask, track_keys

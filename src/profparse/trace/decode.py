@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
-from profparse.errors import (
+from profparse.base.errors import (
     InputNotFoundError,
     OutOfMemoryError,
     TraceFormatError,

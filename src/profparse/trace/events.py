@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec.structs import astuple
 
-from profparse.errors import OutOfMemoryError
+from profparse.base.errors import OutOfMemoryError
 from profparse.trace.decode import (
     ABSENT,
     BYTES_PER_EVENT,

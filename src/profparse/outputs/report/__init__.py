@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.files import atomic_file
-from profparse.outputs.formats import LONE_SURROGATE, display
+from profparse.base.files import atomic_file
+from profparse.base.formats import LONE_SURROGATE, display
+from profparse.base.marks import STAGES
+from profparse.base.version import __version__
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.trace.events import NULL
-from profparse.version import __version__
 
 #: Views the page draws itself; any other registered view is shown as tables plus its PNG.
 NATIVE = frozenset({"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "memory", "layers", "load"})

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.formats import display
+from profparse.base.formats import display
+from profparse.base.marks import STAGES
 
 #: One colour per stage, used by every plot and the HTML report (Okabe-Ito palette: readable for colour-blind viewers).
 STAGE_COLORS: dict[str, str] = {

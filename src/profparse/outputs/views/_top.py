@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.names import unique_labels
+from profparse.base.marks import STAGES
+from profparse.base.names import unique_labels
 from profparse.outputs.views._common import STAGE_COLORS, Figure, Prepared, fmt_time, time_unit
 
 TOP_N = 8

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.formats import display
+from profparse.base.formats import display
+from profparse.base.marks import STAGES
 from profparse.outputs.views._common import STAGE_COLORS, time_unit
 
 KIND = "communication"

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.outputs.names import shorten_name
+from profparse.base.names import shorten_name
 from profparse.outputs.views._common import (
     STAGE_COLORS,
     Figure,

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.formats import display
-from profparse.outputs.names import shorten_name
+from profparse.base.formats import display
+from profparse.base.marks import STAGES
+from profparse.base.names import shorten_name
 from profparse.outputs.views import _common
 from profparse.outputs.views._common import (
     STAGE_COLORS,

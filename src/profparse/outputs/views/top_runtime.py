@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
-from profparse.outputs.names import unique_labels
+from profparse.base.marks import STAGES
+from profparse.base.names import unique_labels
 from profparse.outputs.views._common import Figure, Prepared
 from profparse.outputs.views._top import TOP_N, top_draw, with_title
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from profparse.errors import OutputExistsError, OutputRefusedError, OutputWriteError, UsageError, from_oserror
+from profparse.base.errors import OutputExistsError, OutputRefusedError, OutputWriteError, UsageError, from_oserror
 
 MARKER = ".profparse-output"
 NAME_MAX = 255
@@ -101,7 +101,7 @@ def read_marker(folder: PathLike) -> dict | None:
 
 
 def write_marker(folder: PathLike, verb: str) -> None:
-    from profparse.version import __version__
+    from profparse.base.version import __version__
 
     text = json.dumps({"tool": "profparse", "version": __version__, "verb": verb}) + "\n"
     (Path(folder) / MARKER).write_text(text)

@@ -126,13 +126,13 @@ def code_fingerprint() -> str:
     A library counts by where its ``__init__.py`` lies and that file's size and mtime, found without importing
     it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` was half of a
     warm summarize's time, and ``importlib.metadata`` is slow too."""
-    from profparse.version import __version__
+    from profparse.base.version import __version__
 
     h = hashlib.blake2b(digest_size=16)
     for text in (__version__, str(FORMAT_VERSION)):
         h.update(text.encode() + b"\0")
     h.update(library_stamp(LIBRARIES).encode() + b"\0")
-    package = Path(__file__).resolve().parent  # this file lies at the top of the package
+    package = Path(__file__).resolve().parents[1]  # the profparse package: this file is cache/__init__.py
     for source in sorted(package.rglob("*.py")):
         h.update(str(source.relative_to(package)).encode() + b"\0")
         h.update(source.read_bytes())
@@ -865,8 +865,8 @@ def _sealed_json(body: dict[str, Any], default: Callable[[Any], Any] = str) -> s
 
 def _unsafe_for_terminal(stdout: str, options: dict[str, Any]) -> bool:
     """Whether a stored text holds what a fresh run of these options never prints: a text or markdown rendering
-    goes through :func:`profparse.outputs.formats.terminal_safe` (JSON and CSV keep names exact)."""
-    from profparse.outputs.formats import PLAIN_FORMATS, terminal_safe
+    goes through :func:`profparse.base.formats.terminal_safe` (JSON and CSV keep names exact)."""
+    from profparse.base.formats import PLAIN_FORMATS, terminal_safe
 
     return options.get("format") not in PLAIN_FORMATS and terminal_safe(stdout) != stdout
 

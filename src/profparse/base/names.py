@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from profparse.outputs.formats import display
+from profparse.base.formats import display
 
 LABEL_WIDTH = 72
 #: Characters of a name read to make its label: the label shows its first identifiers and template arguments,

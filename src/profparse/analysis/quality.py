@@ -14,8 +14,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from profparse.errors import ProfparseError
-from profparse.marks import STAGES
+from profparse.base.errors import ProfparseError
+from profparse.base.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES
 from profparse.stages.rules import GPU_UNLINKED
 from profparse.trace.decode import open_trace

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution, step_window
 from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask
@@ -628,9 +628,7 @@ def _split_gpu_span(
     sel = alone & (length > 0)
     busy += np.bincount(key[sel] + lowest[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
     sel = (n_running >= 2) & (length > 0)
-    overlap += np.bincount(key[sel] + charged_overlap[sel], weights=length[sel], minlength=len(busy)).astype(
-        np.int64
-    )
+    overlap += np.bincount(key[sel] + charged_overlap[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
     sel = gap & (length > 0)
     idle += np.bincount(key[sel] + next_stage[sel], weights=length[sel], minlength=len(busy)).astype(np.int64)
     span = np.zeros(len(busy) // n_stages, dtype=np.int64)
@@ -681,7 +679,7 @@ def stage_summary(
     def total(mask: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(key[mask], weights=weights, minlength=groups).astype(np.int64)
 
-    gpu_key = (np.repeat(step_rows(gpu.step), n_stages) * n_stages + np.tile(np.arange(n_stages), len(gpu.step)))
+    gpu_key = np.repeat(step_rows(gpu.step), n_stages) * n_stages + np.tile(np.arange(n_stages), len(gpu.step))
     host_rows = host[host["scope"] != "total"]
     frame = pd.DataFrame(
         {

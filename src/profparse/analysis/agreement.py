@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from profparse.marks import STAGES
+from profparse.base.marks import STAGES
 from profparse.stages.rules import RULES
 
 if TYPE_CHECKING:
@@ -82,8 +82,8 @@ class Agreement:
         grouped = grouped.rename(columns={"sum": "ns", "size": "events"}).reset_index()
         total = frame[weight].sum()
         grouped["share"] = grouped["ns"] / total if total else np.nan
-        return grouped.sort_values(["ns", "name"], ascending=[False, True], kind="stable").head(top).reset_index(
-            drop=True
+        return (
+            grouped.sort_values(["ns", "name"], ascending=[False, True], kind="stable").head(top).reset_index(drop=True)
         )
 
 
