@@ -177,6 +177,23 @@ class ParsedTrace:
         """Matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak."""
         return _public(self._analysis.gemms)
 
+    def table(self, name: str) -> pd.DataFrame:
+        """Table ``name`` with internal NULL sentinels (int64 -1 for missing), as the writers and analyses use it;
+        the attribute of the same name is the public version with nullable columns."""
+        if name in {"stage_summary", "host_time"}:
+            return self._stage_summary if name == "stage_summary" else self._host_time
+        if name in {"kernels", "ops", "warnings"}:
+            return getattr(self, name)
+        return getattr(self._analysis, name)
+
+    def with_substage(self, events: pd.DataFrame) -> pd.DataFrame:
+        """``events`` (rows of the event table) with the loading ``substage`` and ``substage_rule`` columns."""
+        return self._analysis.add_substage(events)
+
+    def value(self, name: str) -> Any:
+        """An intermediate result the tables share: ``substeps``, ``flop_counts`` or ``peak``."""
+        return getattr(self._analysis, name)
+
     @property
     def peak(self) -> Any:
         """The peak that MFU is measured against: ``tflops`` (NaN if unknown), ``dtype``, ``device``, ``note``."""

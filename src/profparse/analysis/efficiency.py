@@ -361,7 +361,7 @@ def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.D
     by_stage = f.groupby(["step", "stage"], observed=False).agg(sums).reset_index()
     by_step = f.groupby("step").agg(sums).reset_index()
     by_total = f.groupby("stage", observed=False).agg(sums).reset_index()
-    summary = parsed._stage_summary
+    summary = parsed.table("stage_summary")
     steps = parsed.steps
     busy = summary[summary["scope"] != "total"].groupby(["step", "stage"], observed=False)["gpu_busy_ns"].sum()
     total_busy = summary[summary["scope"] == "total"].set_index("stage")["gpu_busy_ns"]
@@ -510,8 +510,7 @@ def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> p
 def summary_section(parsed: Any, top: int = 5) -> dict[str, Any]:
     """JSON-ready data for the summary's "Efficiency" section: per stage totals, MFU per step, the peak used, and
     the ops whose GPU (or, on CPU traces, host) time has no FLOP formula."""
-    analysis = parsed._analysis
-    eff, flops, peak = analysis.efficiency, analysis.flops, analysis.peak
+    eff, flops, peak = parsed.table("efficiency"), parsed.table("flops"), parsed.value("peak")
     if flops.empty or not (flops["flops"] > 0).any():
         return {}
 

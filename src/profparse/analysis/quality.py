@@ -171,7 +171,7 @@ def _gpu_inference_rows(
 
 def _in_step_calls(parsed: Any, call_class: str) -> tuple[int, int, float, str]:
     """(count, ns, share of the steps' wall, top names) of runtime calls of one class inside step windows."""
-    calls = parsed._analysis.runtime_calls
+    calls = parsed.table("runtime_calls")
     calls = calls[(calls["scope"] == "step") & (calls["call_class"] == call_class).to_numpy()]
     if calls.empty:
         return 0, 0, 0.0, ""

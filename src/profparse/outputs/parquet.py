@@ -75,18 +75,18 @@ def table_makers(parsed: Any) -> dict[str, Callable[[], Table]]:
     raw, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
 
     def events(start: int, stop: int) -> pd.DataFrame:
-        return parsed._analysis.add_substage(tables.event_table(raw, links, attribution, start, stop))
+        return parsed.with_substage(tables.event_table(raw, links, attribution, start, stop))
 
     makers: dict[str, Callable[[], Table]] = {
         "events": lambda: RowSlices(len(raw), events),
         "kernels": lambda: tables.kernel_table(raw, links, attribution),
         "ops": lambda: tables.op_table(raw, links, attribution),
-        "stage_summary": lambda: parsed._stage_summary,  # computed once, shared with parsed.stage_summary
+        "stage_summary": lambda: parsed.table("stage_summary"),  # computed once, shared with parsed.stage_summary
         "steps": lambda: attribution.steps,
         "warnings": lambda: parsed.warnings,
     }
     for name in ANALYSIS_TABLES:
-        makers[name] = lambda name=name: getattr(parsed._analysis, name)
+        makers[name] = lambda name=name: parsed.table(name)
     return makers
 
 

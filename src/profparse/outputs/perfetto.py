@@ -308,7 +308,7 @@ def _substage_codes(parsed: Any) -> tuple[np.ndarray, list[str]] | None:
     Reads the analyses' per-row result directly when it is there (no copy of the event table), else the public
     ``events.substage`` column.
     """
-    substeps = getattr(getattr(parsed, "_analysis", None), "substeps", None)
+    substeps = parsed.value("substeps") if hasattr(parsed, "value") else None
     if substeps is not None and hasattr(substeps, "substep") and hasattr(substeps, "substage_column"):
         if not getattr(substeps, "active", True):
             return None

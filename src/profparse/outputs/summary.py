@@ -142,7 +142,7 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "runtime_calls": runtime_top_calls(parsed.runtime_calls, top),
-        "communication": comm_summary(parsed._analysis.collectives, parsed._analysis.comm_exposure),
+        "communication": comm_summary(parsed.table("collectives"), parsed.table("comm_exposure")),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analysis_report.summary_sections(parsed),
         "efficiency": efficiency_section(parsed),
