@@ -104,6 +104,76 @@ def render_as(data: dict[str, Any], fmt: str, renderers: Mapping[str, Renderer])
     raise ValueError(f"unknown format {fmt!r}; expected one of {choices}")
 
 
+# -- JSON-ready data and the numbers shown in tables ------------------------------------------------------------------
+
+
+def plain(value: Any, *, null: int | None = None) -> Any:
+    """``value`` as JSON-ready data, the one converter of every JSON output (summary, ranks, report page).
+
+    Recursive: DataFrames as ``{"index", "columns", "cols"}`` (columnar), Series and arrays as lists, dicts (keys as
+    text), lists and tuples as lists. numpy scalars become Python ones; missing values (None, ``pd.NA``, ``pd.NaT``,
+    NaN, infinities) become None, and so does ``null``, an int that stands for a missing one (the tables' NULL
+    sentinel, passed by callers that read tables holding it). Text and bools are kept, anything else becomes text.
+    numpy and pandas are imported here, not with this module: the CLI starts without them."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    def convert(v: Any) -> Any:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, bool | np.bool_):
+            return bool(v)
+        if isinstance(v, int | np.integer):
+            return None if null is not None and v == null else int(v)
+        if isinstance(v, float | np.floating):
+            return float(v) if math.isfinite(v) else None
+        if isinstance(v, dict):
+            return {str(k): convert(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [convert(x) for x in v]
+        if isinstance(v, pd.DataFrame):
+            return {
+                "index": [convert(i) for i in v.index],
+                "columns": [str(c) for c in v.columns],
+                "cols": {str(c): convert(v[c].to_numpy()) for c in v.columns},
+            }
+        if isinstance(v, pd.Series):
+            v = v.to_numpy()
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind in "iu":
+                return v.tolist() if null is None else [None if x == null else x for x in v.tolist()]
+            if v.dtype.kind == "f":
+                return [x if math.isfinite(x) else None for x in v.tolist()]
+            return [convert(x) for x in v.tolist()]
+        return None if v is pd.NA or v is pd.NaT else str(v)
+
+    return convert(value)
+
+
+def ms_text(ns: Any) -> str:
+    """Nanoseconds as milliseconds with two decimals and thousands separators; ``-`` for None."""
+    return "-" if ns is None else f"{ns / 1e6:,.2f}"
+
+
+def us_text(ns: Any) -> str:
+    """Nanoseconds as microseconds with one decimal and thousands separators; ``-`` for None."""
+    return "-" if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def bytes_text(n: Any) -> str:
+    """A byte count in the largest binary unit it reaches (``1.5 MiB``, ``-2.0 KiB``, ``512 B``); ``-`` for None."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{sign}{n / scale:,.1f} {unit}"
+    return f"{sign}{n} B"
+
+
 TEXT_WIDTH = 100  # a summary line fits a terminal of this width (a longer last, left-aligned column wraps)
 
 
