@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from profparse.cli.common import add_input_options, check_output, note, output_option, parse_input
+from profparse.cli.common import check_output, note, parse_input
+from profparse.cli.options import add_input_options, add_output_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,15 +17,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(args: stage, rule, step). OUT is gzip-compressed when it ends with .gz.",
     )
     add_input_options(p)
-    p.add_argument(
-        "-o",
-        "--out",
-        required=True,
-        type=output_option,
-        help="output trace (.json or .json.gz); must not exist unless --force",
-    )
-    p.add_argument(
-        "--force", action="store_true", help="replace an existing regular file (never the input, a link or a device)"
+    add_output_options(
+        p,
+        out_help="output trace (.json or .json.gz); must not exist unless --force",
+        force_help="replace an existing regular file (never the input, a link or a device)",
     )
     p.set_defaults(run=run)
 

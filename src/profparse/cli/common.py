@@ -1,4 +1,5 @@
-"""Options and helpers shared by the verbs."""
+"""Helpers shared by the verbs: reading the input, writing the result, replaying a stored one (their options:
+:mod:`profparse.cli.options`)."""
 
 from __future__ import annotations
 
@@ -11,62 +12,10 @@ from typing import Any
 
 from profparse.base.errors import NoSpaceError, OutputWriteError, from_oserror, is_no_space
 from profparse.base.formats import display
+from profparse.cli.progress import reading_bar
 
 #: True when the process started with its standard output closed (``>&-``); see main.guard_std_streams.
 STDOUT_CLOSED = False
-
-
-def int_option(low: int, high: int | None = None) -> Any:
-    """An argparse ``type`` for an integer option in ``[low, high]``: a bad value is a one-line usage error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound} (got {value})")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-#: ``--peak-tflops`` bounds: 1 MFLOP/s to 1 EFLOP/s per device, around every real peak by orders of magnitude.
-#: Outside them the MFU arithmetic leaves the float range (1e-320 overflowed dividing by it, 1e300 multiplying by
-#: it: numpy's RuntimeWarnings on stderr, and an MFU of 1e196 or 0).
-PEAK_TFLOPS_RANGE = (1e-6, 1e6)
-
-
-def peak_option(text: str) -> float:
-    """An argparse ``type`` for ``--peak-tflops``: a number within :data:`PEAK_TFLOPS_RANGE`."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of TFLOP/s, got {text!r}") from None
-    low, high = PEAK_TFLOPS_RANGE
-    if not low <= value <= high:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} TFLOP/s (got {text})")
-    return value
-
-
-def add_peak_option(parser: argparse.ArgumentParser) -> None:
-    """``--peak-tflops``: the peak MFU and HFU are measured against (default: the device's, from the peak table)."""
-    parser.add_argument(
-        "--peak-tflops",
-        type=peak_option,
-        default=None,
-        metavar="TFLOPS",
-        help="dense peak TFLOP/s for MFU/HFU (default: the device's peak for the main dtype; docs/efficiency.md)",
-    )
-
-
-def output_option(text: str) -> str:
-    """An argparse ``type`` for ``-o``: not empty."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the output path is empty")
-    return text
 
 
 def input_is_dir(path: str) -> bool:
@@ -114,63 +63,6 @@ def _discard_stdout() -> None:
         pass
 
 
-def add_input_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="a Kineto trace (.json or .json.gz)")
-    parser.add_argument(
-        "--no-marks",
-        action="store_true",
-        help="ignore stage marks (profparse.stage:* and user ranges) and infer stages from PyTorch's own events",
-    )
-    parser.add_argument("--strict", action="store_true", help="treat a truncated trace as an error")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
-    add_cache_option(parser)
-
-
-def add_cache_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-cache",
-        action="store_true",
-        help="read the JSON even when this trace's parsed tables are in the cache, and store nothing (docs/cache.md)",
-    )
-
-
-def progress_bar(path: str, quiet: bool) -> Any:
-    """A tqdm byte counter on stderr when it is a terminal, else None."""
-    if quiet or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    try:
-        size = Path(path).stat().st_size
-    except OSError:
-        return None
-    gz = str(path).endswith(".gz")
-    tqdm.monitor_interval = 0  # no monitor thread: reading forks decoding workers only from a single-threaded process
-    bar = tqdm(total=None if gz else size, unit="B", unit_scale=True, desc="reading", leave=False, file=sys.stderr)
-    state = {"last": 0}
-
-    def update(done: int) -> None:
-        bar.update(done - state["last"])
-        state["last"] = done
-
-    update.close = bar.close  # type: ignore[attr-defined]
-    update.phase = lambda text: bar.set_description_str(text)  # type: ignore[attr-defined]  # after reading
-    return update
-
-
-def steps_bar(total: int, desc: str, quiet: bool) -> Any:
-    """A tqdm counter of ``total`` steps on stderr when it is a terminal, else None."""
-    if quiet or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
-
-
 def note(message: str, quiet: bool) -> None:
     if not quiet:
         print(f"profparse: {display(message)}", file=sys.stderr)  # trace and file names may hold control characters
@@ -180,7 +72,7 @@ def parse_input(args: argparse.Namespace) -> Any:
     """Run the library's data path on ``args.trace`` with the common options (through the cache, docs/cache.md)."""
     from profparse.api import load
 
-    progress = progress_bar(args.trace, args.quiet)
+    progress = reading_bar(args.trace, args.quiet)
     out = getattr(args, "out", None)
     try:
         parsed = load(

@@ -11,17 +11,8 @@ import copy
 
 from profparse.cli.choices import DIFF_FORMATS as FORMATS
 from profparse.cli.choices import DIFF_TOP_N as TOP_N
-from profparse.cli.common import (
-    add_cache_option,
-    emit,
-    entry_name,
-    input_notes,
-    int_option,
-    parse_input,
-    replay_text,
-    stored_text,
-    text_options,
-)
+from profparse.cli.common import emit, entry_name, input_notes, parse_input, replay_text, stored_text, text_options
+from profparse.cli.options import add_read_options, int_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,14 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("a", help="the baseline trace (A)")
     p.add_argument("b", help="the trace to compare with it (B)")
-    p.add_argument(
-        "--no-marks",
-        action="store_true",
-        help="ignore stage marks (profparse.stage:* and user ranges) and infer stages from PyTorch's own events",
-    )
-    p.add_argument("--strict", action="store_true", help="treat a truncated trace as an error")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
-    add_cache_option(p)
+    add_read_options(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     p.add_argument("--top", type=int_option(0), default=TOP_N, help=f"kernels and ops listed (default: {TOP_N})")
     p.add_argument(

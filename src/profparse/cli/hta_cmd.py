@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from profparse.cli.common import add_input_options, emit, int_option, parse_input
+from profparse.cli.common import emit, parse_input
+from profparse.cli.options import add_input_options, int_option
 
 FORMATS = ("text", "json", "markdown")
 

@@ -13,18 +13,8 @@ from pathlib import Path
 from profparse.base.formats import display
 from profparse.cli.choices import PLOT_FORMATS as FORMATS
 from profparse.cli.choices import PLOT_KINDS, PLOT_MAX_PIXELS
-from profparse.cli.common import (
-    add_input_options,
-    check_output,
-    emit,
-    input_notes,
-    int_option,
-    note,
-    output_option,
-    output_options,
-    parse_input,
-    stored_output,
-)
+from profparse.cli.common import check_output, emit, input_notes, note, output_options, parse_input, stored_output
+from profparse.cli.options import add_input_options, add_output_options, int_option
 
 #: PNG resolution. Below MIN_DPI the smallest labels (7 pt) are under one pixel, which FreeType refuses (dpi 1-5
 #: was an internal error); each PNG is also held to profparse.outputs.plots.MAX_PIXELS, whatever the dpi.
@@ -40,13 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "in the trace (no GPU, no [memory] events, no nn.Module events, no loading) is skipped with a note.",
     )
     add_input_options(p)
-    p.add_argument(
-        "-o", "--out", required=True, type=output_option, help="output folder (created; must not exist unless --force)"
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="replace the plots of the chosen kinds and formats in a folder profparse plot wrote (others stay)",
+    add_output_options(
+        p,
+        out_help="output folder (created; must not exist unless --force)",
+        force_help="replace the plots of the chosen kinds and formats in a folder profparse plot wrote (others stay)",
     )
     p.add_argument(
         "--kind",

@@ -5,17 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profparse.cli.common import (
-    add_input_options,
-    check_output,
-    input_notes,
-    note,
-    output_option,
-    output_options,
-    parse_input,
-    stored_output,
-)
-from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, rank_run, resolve_input
+from profparse.cli.common import check_output, input_notes, note, output_options, parse_input, stored_output
+from profparse.cli.options import add_input_options, add_metric_option, add_output_options, add_rank_options
+from profparse.cli.rank_folder import partial_failure, rank_run, resolve_input
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,12 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Write OUT, one HTML file with its scripts and styles inlined (it opens from disk with no "
         "network). The numbers are the ones 'summarize' prints; see docs/report.md.",
     )
-    add_input_options(p)
-    p.add_argument(
-        "-o", "--out", required=True, type=output_option, help="output .html file; must not exist unless --force"
-    )
-    p.add_argument(
-        "--force", action="store_true", help="replace an existing regular file (never the input, a link or a device)"
+    add_input_options(p, rank_folders=True)
+    add_output_options(
+        p,
+        out_help="output .html file; must not exist unless --force",
+        force_help="replace an existing regular file (never the input, a link or a device)",
     )
     add_rank_options(p)
     add_metric_option(p)

@@ -14,23 +14,14 @@ import argparse
 
 from profparse.cli.choices import SUMMARY_FORMATS as FORMATS
 from profparse.cli.choices import SUMMARY_TOP_N as TOP_N
-from profparse.cli.common import (
-    add_input_options,
-    add_peak_option,
-    emit,
-    input_notes,
-    int_option,
-    parse_input,
-    replay_text,
-    stored_text,
-    text_options,
-)
-from profparse.cli.parse_cmd import add_metric_option, add_rank_options, partial_failure, rank_run, resolve_input
+from profparse.cli.common import emit, input_notes, parse_input, replay_text, stored_text, text_options
+from profparse.cli.options import add_input_options, add_metric_option, add_peak_option, add_rank_options, int_option
+from profparse.cli.rank_folder import partial_failure, rank_run, resolve_input
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summarize", help="print time per stage, per step, and the top kernels and ops per stage")
-    add_input_options(p)
+    add_input_options(p, rank_folders=True)
     add_peak_option(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     p.add_argument(
