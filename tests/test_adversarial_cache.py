@@ -1,4 +1,4 @@
-"""Adversarial cases for the parsed-trace cache (profparse/cache.py, docs/cache.md), issue 25 items 2, 3 and 12:
+"""Adversarial cases for the parsed-trace cache (profparse/cache/, docs/cache.md), issue 25 items 2, 3 and 12:
 the cache never touches a folder or a file it did not make, never replays a text it did not write, survives any
 damage to an entry (it is removed and rebuilt, never an exit 70), and reads an entry in less memory than parsing.
 
@@ -21,7 +21,8 @@ from adversarial import REPO, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
-from profparse import analysis, cache
+from profparse import analysis
+from profparse.cache import folders, frames, sealed, store
 from profparse.cli.main import main
 
 #: every table an entry may store (``table.<name>.arrow``), by the property that reads it through the cache
@@ -41,7 +42,7 @@ def small_trace(path: Path) -> Path:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ[cache.DIR_ENV])
+    return Path(os.environ[store.DIR_ENV])
 
 
 def entries(root: Path | None = None) -> list[Path]:
@@ -51,7 +52,7 @@ def entries(root: Path | None = None) -> list[Path]:
 def seal(body: dict) -> str:
     """A stored JSON body as the cache writes it (with a valid checksum): what an attacker who read the code
     could plant. Before the checksums existed, plain JSON."""
-    return cache._sealed_json(body) if hasattr(cache, "_sealed_json") else json.dumps(body)
+    return sealed.sealed_json(body)
 
 
 def run_main(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -77,17 +78,17 @@ def test_a_folder_of_the_users_keeps_every_file(tmp_path: Path, monkeypatch: pyt
     (mine / "notes.md").write_text("hello")
     for path in mine.rglob("*"):
         os.utime(path, (OLD, OLD))
-    monkeypatch.setenv(cache.DIR_ENV, str(mine))
+    monkeypatch.setenv(store.DIR_ENV, str(mine))
     before = snapshot(mine)
     trace = small_trace(tmp_path / "t.json")
 
     first = run_cli("summarize", str(trace), "--format", "json")
     assert_success(first)
     assert {k: v for k, v in snapshot(mine).items() if k in before} == before
-    ours = mine / cache.SUBFOLDER
+    ours = mine / folders.SUBFOLDER
     assert set(snapshot(mine)) - set(before) <= set(snapshot(ours))  # all the cache wrote is in its subfolder
     assert f"the cache keeps its data in {ours}" in first.stderr
-    assert (ours / cache.MARKER).read_bytes() == cache.MARKER_TEXT
+    assert (ours / folders.MARKER).read_bytes() == folders.MARKER_TEXT
     assert stat.S_IMODE(ours.stat().st_mode) == 0o700
     assert len(entries(ours)) == 1 and not entries(mine)
 
@@ -101,26 +102,26 @@ def test_a_new_or_empty_folder_is_made_private_and_marked(tmp_path: Path, monkey
     trace = small_trace(tmp_path / "t.json")
     empty = cache_dir()
     new = tmp_path / "new" / "cache"
-    monkeypatch.setenv(cache.DIR_ENV, str(new))
+    monkeypatch.setenv(store.DIR_ENV, str(new))
     assert profparse.load(trace).cache is not None
     assert stat.S_IMODE(new.stat().st_mode) == 0o700  # before: 0755 (the umask's), readable by all
-    assert (new / cache.MARKER).read_bytes() == cache.MARKER_TEXT and len(entries(new)) == 1
+    assert (new / folders.MARKER).read_bytes() == folders.MARKER_TEXT and len(entries(new)) == 1
 
-    monkeypatch.setenv(cache.DIR_ENV, str(empty))
+    monkeypatch.setenv(store.DIR_ENV, str(empty))
     assert list(empty.iterdir()) == []  # conftest's: an empty folder, taken as it is
     assert profparse.load(trace).cache is not None
-    assert (empty / cache.MARKER).read_bytes() == cache.MARKER_TEXT and len(entries(empty)) == 1
+    assert (empty / folders.MARKER).read_bytes() == folders.MARKER_TEXT and len(entries(empty)) == 1
 
 
 def test_a_marker_of_another_tool_is_not_profparses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     other = tmp_path / "other-cache"
     other.mkdir()
     (other / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# another tool's cache\n")
-    monkeypatch.setenv(cache.DIR_ENV, str(other))
+    monkeypatch.setenv(store.DIR_ENV, str(other))
     messages: list[str] = []
     assert profparse.load(small_trace(tmp_path / "t.json"), notify=messages.append).cache is not None
     assert not entries(other)
-    assert entries(other / cache.SUBFOLDER)
+    assert entries(other / folders.SUBFOLDER)
     assert len(messages) == 1 and "keeps its data in" in messages[0]
 
 
@@ -192,7 +193,7 @@ def test_names_the_cache_did_not_make_are_never_touched(tmp_path: Path, monkeypa
     (root / "notes.txt").write_text("mine")
     before = snapshot(victim)
     size = sum(f.stat().st_size for f in entries()[0].iterdir())
-    monkeypatch.setenv(cache.MAX_ENV, str(int(size * 1.5)))  # room for one entry: storing b evicts a
+    monkeypatch.setenv(store.MAX_ENV, str(int(size * 1.5)))  # room for one entry: storing b evicts a
     profparse.load(b)
     assert len(entries()) == 1  # a's entry was evicted
     assert snapshot(victim) == before
@@ -286,8 +287,8 @@ def test_any_error_reading_an_entry_is_a_miss(tmp_path: Path) -> None:
 READ_PEAK = (
     "import sys, pyarrow as pa\n"
     "from pathlib import Path\n"
-    "from profparse import cache\n"
-    "frame = cache.read_frame(Path(sys.argv[1]))\n"
+    "from profparse.cache.frames import read_frame\n"
+    "frame = read_frame(Path(sys.argv[1]))\n"
     "peak = sum(pool.max_memory() for pool in {pa.default_memory_pool(), pa.system_memory_pool()})\n"
     "print(peak, int(frame.memory_usage(deep=False).sum()))\n"
 )
@@ -301,13 +302,13 @@ def test_reading_a_stored_table_holds_one_copy(batches: int, tmp_path: Path, mon
     import numpy as np
 
     rows = 400_000
-    monkeypatch.setattr(cache, "BATCH_ROWS", rows // batches)
+    monkeypatch.setattr(frames, "BATCH_ROWS", rows // batches)
     rng = np.random.default_rng(12)
     frame = pd.DataFrame({f"c{i}": rng.integers(0, 1 << 40, rows) for i in range(12)})
     frame["name"] = pd.Categorical(rng.choice(["aten::mm", "aten::add", "Memcpy"], rows))
     path = tmp_path / "table.arrow"
-    cache.write_frame(path, frame)
-    pd.testing.assert_frame_equal(cache.read_frame(path), frame, check_exact=True)
+    frames.write_frame(path, frame)
+    pd.testing.assert_frame_equal(frames.read_frame(path), frame, check_exact=True)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run(
         [sys.executable, "-c", READ_PEAK, str(path)], capture_output=True, text=True, env=env, check=True

@@ -1,4 +1,4 @@
-"""The parsed-trace cache (profparse/cache.py, docs/cache.md): same answers warm as cold, and never in the way.
+"""The parsed-trace cache (profparse/cache/, docs/cache.md): same answers warm as cold, and never in the way.
 
 Every test runs with its own empty PROFPARSE_CACHE_DIR (conftest's autouse fixture)."""
 
@@ -19,7 +19,7 @@ from tracebuilder import TraceBuilder, training_step
 
 import profparse
 import profparse.api
-from profparse import cache
+from profparse.cache import folders, frames, keys, sealed, store
 from profparse.cli.main import main
 
 TABLES = (
@@ -42,7 +42,7 @@ TABLES = (
 
 
 def cache_dir() -> Path:
-    return Path(os.environ[cache.DIR_ENV])
+    return Path(os.environ[store.DIR_ENV])
 
 
 def entries() -> list[Path]:
@@ -130,12 +130,12 @@ def test_frames_stored_in_batches_read_back_identical(tmp_path: Path, monkeypatc
     warm load of the sample trace gives back every table equal, cell for cell, in more than one batch."""
     import pyarrow as pa
 
-    monkeypatch.setattr(cache, "BATCH_ROWS", 1000)
-    monkeypatch.setattr(cache, "_FULL_CHECK_CELLS", 10**12)  # compare every value as it is stored, not the schema
+    monkeypatch.setattr(frames, "BATCH_ROWS", 1000)
+    monkeypatch.setattr(frames, "FULL_CHECK_CELLS", 10**12)  # compare every value as it is stored, not the schema
     trace = REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz"  # in every clone; 31 k events, NCCL text args
     cold = profparse.load(trace)
     assert len(cold.raw.events) > 3 * 1000
-    source = cache._sealed_payload(cold.cache.folder / "events.arrow")  # the Arrow file before its checksum
+    source = sealed.sealed_payload(cold.cache.folder / "events.arrow")  # the Arrow file before its checksum
     assert pa.ipc.open_file(source).num_record_batches == -(-len(cold.raw.events) // 1000)
     uncached = profparse.load(trace, cache=False)
     no_json_reading(monkeypatch)
@@ -201,7 +201,7 @@ def test_changed_content_is_a_new_entry_even_with_the_old_mtime(
 ) -> None:
     trace = built_trace(tmp_path / "t.json", kernel_us=10)
     old = os.stat(trace)
-    monkeypatch.setattr(cache, "RACY_NS", -(10**15))  # trust the stat of a file just written (the test's shortcut)
+    monkeypatch.setattr(keys, "RACY_NS", -(10**15))  # trust the stat of a file just written (the test's shortcut)
     first = profparse.load(trace)
     assert first.kernels["dur_ns"].max() == 20_000
     assert len(list((cache_dir() / "stat").iterdir())) == 1  # the hash was recorded against the file's stat
@@ -217,7 +217,7 @@ def test_a_racy_file_rewritten_with_an_equal_stat_is_hashed_again(
 ) -> None:
     """A rewrite within one clock tick leaves size and times equal: a file written just now is never known by its
     stat, not even by the process that hashed it (no stale tables for the new content)."""
-    monkeypatch.setattr(cache, "_stat_id", lambda st: (st.st_dev, st.st_ino, st.st_size))  # one tick, always
+    monkeypatch.setattr(keys, "stat_id", lambda st: (st.st_dev, st.st_ino, st.st_size))  # one tick, always
     trace = built_trace(tmp_path / "t.json", kernel_us=10)
     assert profparse.load(trace).kernels["dur_ns"].max() == 20_000
     built_trace(trace, kernel_us=40)  # same name, inode and size
@@ -247,7 +247,7 @@ def test_no_cache_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) 
 
 
 def test_max_bytes_zero_turns_the_cache_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cache.MAX_ENV, "0")
+    monkeypatch.setenv(store.MAX_ENV, "0")
     assert profparse.load(built_trace(tmp_path / "t.json")).cache is None
     assert list(cache_dir().iterdir()) == []
 
@@ -294,7 +294,7 @@ def test_corrupt_table_is_recomputed(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_unwritable_cache_folder_only_turns_caching_off(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("x")
-    os.environ[cache.DIR_ENV] = str(blocker / "cache")  # conftest's monkeypatch restores it
+    os.environ[store.DIR_ENV] = str(blocker / "cache")  # conftest's monkeypatch restores it
     trace = built_trace(tmp_path / "t.json")
     code, out, err = run(capsys, "summarize", str(trace), "--format", "json")
     _, uncached, usual = run(capsys, "summarize", str(trace), "--format", "json", "--no-cache")
@@ -311,7 +311,7 @@ def test_full_disk_only_turns_caching_off(
         Path(path).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cache, "write_frame", full)
+    monkeypatch.setattr(frames, "write_frame", full)
     trace = built_trace(tmp_path / "t.json")
     code, out, err = run(capsys, "summarize", str(trace), "--format", "json")
     _, uncached, usual = run(capsys, "summarize", str(trace), "--format", "json", "--no-cache")
@@ -323,7 +323,7 @@ def test_full_disk_only_turns_caching_off(
 
 def test_cache_never_inside_an_output_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "plots"
-    os.environ[cache.DIR_ENV] = str(out / "cache")
+    os.environ[store.DIR_ENV] = str(out / "cache")
     trace = built_trace(tmp_path / "t.json")
     code, _, err = run(capsys, "parse", str(trace), "-o", str(out))
     assert code == 0 and "cache off: the cache folder" in err
@@ -369,11 +369,11 @@ def test_two_writers_of_one_entry(tmp_path: Path) -> None:
 def test_second_put_keeps_the_first_entry(tmp_path: Path) -> None:
     trace = built_trace(tmp_path / "t.json")
     parsed = profparse.load(trace, cache=False)
-    store = cache.Cache.open()
-    name, _ = store.key(trace, {"include_marks": True, "strict": False})
-    first = store.put(name, parsed)
+    opened = store.Cache.open()
+    name, _ = opened.key(trace, {"include_marks": True, "strict": False})
+    first = opened.put(name, parsed)
     meta = (first.folder / "meta.json").read_bytes()
-    second = store.put(name, parsed)  # as a run that lost the race does
+    second = opened.put(name, parsed)  # as a run that lost the race does
     assert second.folder == first.folder and (first.folder / "meta.json").read_bytes() == meta
     assert len(entries()) == 1 and not leftovers()
 
@@ -394,7 +394,7 @@ def test_least_recently_used_entries_are_evicted(tmp_path: Path, monkeypatch: py
     t0 = profparse.load(traces[0]).cache.folder
     size = sum(f.stat().st_size for f in t0.iterdir())
     limit = int(size * 2.5)  # room for two entries
-    monkeypatch.setenv(cache.MAX_ENV, str(limit))
+    monkeypatch.setenv(store.MAX_ENV, str(limit))
     t1 = profparse.load(traces[1]).cache.folder
     now = os.stat(t1 / "meta.json").st_mtime
     os.utime(t0 / "meta.json", (now - 200, now - 200))  # t0 used first, t1 after it
@@ -407,7 +407,7 @@ def test_least_recently_used_entries_are_evicted(tmp_path: Path, monkeypatch: py
 
 
 def test_an_entry_over_the_limit_is_not_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cache.MAX_ENV, "1000")
+    monkeypatch.setenv(store.MAX_ENV, "1000")
     messages: list[str] = []
     parsed = profparse.load(built_trace(tmp_path / "t.json"), notify=messages.append)
     assert parsed.cache is None and not entries() and not leftovers()
@@ -415,7 +415,7 @@ def test_an_entry_over_the_limit_is_not_stored(tmp_path: Path, monkeypatch: pyte
 
 
 def test_tests_never_use_the_users_cache() -> None:
-    assert cache.cache_root() == cache_dir()
+    assert store.cache_root() == cache_dir()
     assert Path.home() / ".cache" not in [cache_dir(), *cache_dir().parents]
 
 
@@ -466,7 +466,7 @@ def test_a_table_that_does_not_read_back_identical_is_not_kept(column: pd.Series
 def test_tables_added_later_keep_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = profparse.load(built_trace(tmp_path / "a.json", kernel_us=10))
     core = sum(f.stat().st_size for f in first.cache.folder.iterdir())
-    monkeypatch.setenv(cache.MAX_ENV, str(int(core * 2.2)))  # two cores fit, not two with their tables
+    monkeypatch.setenv(store.MAX_ENV, str(int(core * 2.2)))  # two cores fit, not two with their tables
     second = profparse.load(built_trace(tmp_path / "b.json", kernel_us=20))
     assert len(entries()) == 2
     os.utime(first.cache.folder / "meta.json", (1, 1))  # the first is the least recently used

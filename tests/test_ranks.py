@@ -207,9 +207,9 @@ def test_parse_folder_writes_a_partitioned_dataset(built, tmp_path, capsys):
 def test_a_second_look_at_a_rank_folder_reads_no_json(built, tmp_path, capsys, monkeypatch):
     """Each rank goes through the parsed-trace cache: after one verb on the folder, the next reads no JSON and
     gives what a run without the cache gives; --no-cache stores nothing."""
-    from profparse import cache
+    from profparse.cache import store
 
-    entries = lambda: sorted(Path(os.environ[cache.DIR_ENV]).glob("e-*"))  # noqa: E731
+    entries = lambda: sorted(Path(os.environ[store.DIR_ENV]).glob("e-*"))  # noqa: E731
     summarize = ["summarize", str(built), "--format", "json", "-j", "1", "-q"]
     assert main([*summarize, "--no-cache"]) == 0
     uncached = capsys.readouterr().out
@@ -233,10 +233,10 @@ def test_a_second_look_at_a_rank_folder_reads_no_json(built, tmp_path, capsys, m
 def test_rank_workers_use_the_callers_cache_folder(built, tmp_path, monkeypatch):
     """The pool's workers come from a forkserver started once per process, with the environment of that moment;
     they store each rank where the caller's cache is now, not where it was then."""
-    from profparse import cache
+    from profparse.cache import store
 
     for name in ("first", "second"):
-        monkeypatch.setenv(cache.DIR_ENV, str(tmp_path / name))
+        monkeypatch.setenv(store.DIR_ENV, str(tmp_path / name))
         ranks.parse_ranks(built, None, jobs=2, cache=True)
         assert len(list((tmp_path / name).glob("e-*"))) == 4, name
 

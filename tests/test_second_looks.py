@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tracebuilder import TraceBuilder, training_step
 
-from profparse import cache
+from profparse.cache import folders, frames, keys, sealed, store
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("pandas", "numpy", "pyarrow")
@@ -46,7 +46,7 @@ def cli(tmp_path: Path, *argv: str) -> tuple[int, str, str, list[str]]:
 
 
 def texts() -> list[Path]:
-    return sorted(Path(os.environ[cache.DIR_ENV]).glob("e-*/text.*.json"))
+    return sorted(Path(os.environ[store.DIR_ENV]).glob("e-*/text.*.json"))
 
 
 def steps_trace(path: Path, steps: int = 3, kernel_us: float = 10) -> Path:
@@ -152,7 +152,7 @@ def test_the_stored_text_is_what_is_served_and_no_cache_ignores_it(tmp_path: Pat
     assert body["stdout"] == cold[1] and body["code"] == 0
     assert [f"profparse: {n}" for n in body["notes"]] == cold[2].splitlines() and body["notes"]  # its warnings
     body.update(stdout="from the cache\n", notes=["warning: replayed"], code=0)
-    stored.write_text(cache._sealed_json(body))  # sealed again: a text the cache wrote
+    stored.write_text(sealed.sealed_json(body))  # sealed again: a text the cache wrote
     assert cli(tmp_path, "summarize", str(trace))[:3] == (0, "from the cache\n", "profparse: warning: replayed\n")
     assert cli(tmp_path, "summarize", str(trace), "--no-cache")[:3] == cold[:3]
 
@@ -165,9 +165,9 @@ def test_a_code_change_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     cold = capsys.readouterr()
     (stored,) = texts()
     body = json.loads(stored.read_text())
-    stored.write_text(cache._sealed_json({**body, "stdout": "STALE\n"}))
+    stored.write_text(sealed.sealed_json({**body, "stdout": "STALE\n"}))
     assert main(["summarize", str(trace)]) == 0 and capsys.readouterr().out == "STALE\n"  # served while current
-    monkeypatch.setattr(cache, "code_fingerprint", lambda: "another profparse")
+    monkeypatch.setattr(keys, "code_fingerprint", lambda: "another profparse")
     assert main(["summarize", str(trace)]) == 0
     assert capsys.readouterr().out == cold.out  # the older code's text is not served
 
@@ -198,7 +198,7 @@ def test_a_folder_of_ranks_is_not_served_from_texts(tmp_path: Path) -> None:
 
 
 def outputs_stored() -> list[Path]:
-    return sorted(Path(os.environ[cache.DIR_ENV]).glob("e-*/out.*"))
+    return sorted(Path(os.environ[store.DIR_ENV]).glob("e-*/out.*"))
 
 
 def folder_files(folder: Path) -> dict[str, bytes]:
@@ -262,10 +262,10 @@ def test_cached_diff_is_byte_identical_and_keyed_by_both_traces(tmp_path: Path) 
 
 
 def test_the_cache_opening_note_is_printed_warm_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cache.MAX_ENV, "lots")
+    monkeypatch.setenv(store.MAX_ENV, "lots")
     trace = steps_trace(tmp_path / "t.json")
     cold = cli(tmp_path, "summarize", str(trace))
-    assert f"note: {cache.MAX_ENV}='lots' is not a byte count" in cold[2].splitlines()[0]
+    assert f"note: {store.MAX_ENV}='lots' is not a byte count" in cold[2].splitlines()[0]
     warm = cli(tmp_path, "summarize", str(trace))
     assert warm[3] == [] and warm[:3] == cold[:3]
 

@@ -302,7 +302,8 @@ def load(
     not lie in."""
     if not cache:
         return parse(path, include_marks=include_marks, strict=strict, progress=progress, peak_tflops=peak_tflops)
-    from profparse.cache import Cache, load_options
+    from profparse.cache.keys import load_options
+    from profparse.cache.store import Cache
 
     store = Cache.open(**({"notify": notify} if notify else {}), inputs=[path], outputs=outputs)
     options = load_options(include_marks, strict, peak_tflops)

@@ -161,7 +161,8 @@ def entry_name(
     cache again and says it), and imports neither pandas nor pyarrow."""
     if getattr(args, "no_cache", False):
         return None
-    from profparse.cache import Cache, load_options
+    from profparse.cache.keys import load_options
+    from profparse.cache.store import Cache
 
     heard: list[str] = []
     store = Cache.open(notify=heard.append, inputs=[trace], outputs=outputs)
@@ -181,7 +182,7 @@ def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[di
 def output_options(args: argparse.Namespace, libraries: tuple[str, ...]) -> dict[str, Any]:
     """:func:`text_options` of a verb that writes files, less where they go (``-o``, ``--force``: the files are
     the same), plus the libraries that render them."""
-    from profparse.cache import library_stamp
+    from profparse.cache.keys import library_stamp
 
     options = {k: v for k, v in text_options(args).items() if k not in ("out", "force")}
     options["libraries"] = library_stamp(libraries)
