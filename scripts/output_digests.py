@@ -55,9 +55,10 @@ def frame_digest(frame: pd.DataFrame) -> str:
 
 
 def _profparse(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PROFPARSE_CACHE_DIR": tempfile.mkdtemp(prefix="pp-digest-cache-")}
     command = [sys.executable, "-c", "import sys; from profparse.cli.main import main; sys.exit(main())", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    with tempfile.TemporaryDirectory(prefix="pp-digest-cache-") as cache:
+        env = {**os.environ, "PROFPARSE_CACHE_DIR": cache}
+        return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
 
 
 def trace_digests(trace: Path) -> dict[str, str]:

@@ -21,12 +21,12 @@ from adversarial import REPO, assert_success, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
-from profparse import analysis
 from profparse.cache import folders, frames, sealed, store
 from profparse.cli.main import main
+from profparse.tables.registry import TABLES
 
 #: every table an entry may store (``table.<name>.arrow``), by the property that reads it through the cache
-PARSED_TABLES = ("kernels", "ops", "_host_time", "_stage_summary", "warnings", "stage_summary", "steps")
+PARSED_TABLES = tuple(name for name, spec in TABLES.items() if spec.stored)
 OLD = time.time() - 3 * 3600  # older than the sweep's hour: what a killed run's leftovers look like
 
 
@@ -210,8 +210,7 @@ def same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
 
 def touch_tables(parsed: profparse.ParsedTrace) -> dict[str, pd.DataFrame]:
     """Every table, each read from the entry where stored (and stored where not)."""
-    tables = {name: getattr(parsed, name) for name in PARSED_TABLES}
-    return tables | {f"analysis.{name}": getattr(parsed._analysis, name) for name in analysis.TABLES}
+    return {name: parsed.table(name) for name in PARSED_TABLES}
 
 
 def test_bit_flips_in_any_stored_file_are_found_and_repaired(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

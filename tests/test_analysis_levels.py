@@ -11,9 +11,10 @@ from conftest import parsed as parsed_once
 from tracebuilder import AUTOGRAD, MAIN, PID, TraceBuilder, training_step
 
 import profparse
-from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.outputs.summary import render_summary
+from profparse.tables.host_time import host_segments, working_threads
+from profparse.trace.kinds import NULL
 
 US = 1000
 
@@ -110,7 +111,7 @@ def test_other_formats_carry_levels(tmp_path, fmt):
     assert "python" in text and "launch_latency" in text if fmt == "json" else "Levels per stage" in text
 
 
-NULL_STEP = tables.NULL
+NULL_STEP = NULL
 
 # -- honest levels: waiting threads, a main thread waiting on the engine, steps capped --------------------------------
 
@@ -181,8 +182,8 @@ def with_stages(p: profparse.ParsedTrace, monitor_stage: str) -> profparse.Parse
 @pytest.mark.parametrize("monitor_stage", ["other", "forward"])
 def test_honest_levels_by_hand(tmp_path, monitor_stage):
     p = with_stages(waiting_trace(tmp_path), monitor_stage)
-    levels = p._analysis.stage_levels.set_index(["scope", "step", "stage"])  # internal: NULL step for totals
-    summary = p._stage_summary.set_index(["scope", "step", "stage"])
+    levels = p.table("stage_levels").set_index(["scope", "step", "stage"])  # internal: NULL step for totals
+    summary = p.table("stage_summary").set_index(["scope", "step", "stage"])
 
     def row(step, stage):
         return levels.loc[("step", step, stage)], summary.loc[("step", step, stage), "host_wall_ns"]
@@ -212,7 +213,7 @@ def test_honest_levels_by_hand(tmp_path, monitor_stage):
 
 
 def host_levels_add_up(p: profparse.ParsedTrace) -> None:
-    levels, summary = p._analysis.stage_levels, p._stage_summary
+    levels, summary = p.table("stage_levels"), p.table("stage_summary")
     wall = summary["host_wall_ns"].to_numpy()
     parts = (levels["python_ns"] + levels["op_ns"] + levels["runtime_ns"] + levels["wait_ns"]).to_numpy()
     assert (parts == wall).all()
@@ -250,12 +251,12 @@ def test_host_levels_add_up_on_shared_traces(shared_trace):
 
 def test_waiting_only_threads_create_no_stage_time(tmp_path):
     p = waiting_trace(tmp_path)  # the stage rules decide here
-    flags = tables.working_threads(p.raw.events, p.links, p.attribution.stage)
+    flags = working_threads(p.raw.events, p.links, p.attribution.stage)
     threads = p.links.threads
     monitor = int(np.flatnonzero(threads["tid"].to_numpy() == MONITOR)[0])
     main = int(np.flatnonzero(threads["tid"].to_numpy() == MAIN)[0])
     assert not flags[monitor] and flags[main]
-    seg = tables.host_segments(p.raw.events, p.links, p.attribution)
+    seg = host_segments(p.raw.events, p.links, p.attribution)
     assert seg.end.max() <= 200 * US  # nothing from the monitor's 0-300 us
 
 
@@ -275,7 +276,7 @@ def test_engine_running_inline_is_not_waiting(tmp_path):
                        ("threading", "other")):  # fmt: skip
         stage[np.char.find(names.astype(str), part) >= 0] = STAGES.index(name)
     p = profparse.ParsedTrace(raw=p.raw, links=p.links, attribution=dataclasses.replace(p.attribution, stage=stage))
-    levels = p._analysis.stage_levels.set_index(["scope", "stage"]).loc["total"]
+    levels = p.table("stage_levels").set_index(["scope", "stage"]).loc["total"]
     assert levels.loc["backward", "python_ns"] == 10 * US and levels.loc["backward", "wait_ns"] == 0
     assert levels.loc["backward", "op_ns"] == 30 * US
     assert levels.loc["other", "wait_ns"] == 10 * US and levels.loc["other", "python_ns"] == 0

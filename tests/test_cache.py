@@ -19,7 +19,7 @@ from tracebuilder import TraceBuilder, training_step
 
 import profparse
 import profparse.api
-from profparse.cache import folders, frames, keys, sealed, store
+from profparse.cache import frames, keys, sealed, store
 from profparse.cli.main import main
 
 TABLES = (
@@ -159,7 +159,7 @@ def test_sample_trace_summarize_json_same_cold_warm_and_uncached(
     forget_texts()
     assert run(capsys, "summarize", str(sample_trace), "--format", "json") == (0, uncached, err0)  # from tables
     stored = {p.name for p in entries()[0].glob("table.*.arrow")}
-    assert {"table.kernels.arrow", "table.ops.arrow", "table._stage_summary.arrow"} <= stored
+    assert {"table.kernels.arrow", "table.ops.arrow", "table.stage_summary.arrow"} <= stored
 
 
 def test_parse_tables_same_cold_and_warm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -11,10 +11,10 @@ from conftest import parsed as parsed_once
 from tracebuilder import TraceBuilder
 
 import profparse
-from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.diff import diff_data
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.tables.gpu_time import gpu_time
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
 
 US = 1000
@@ -107,7 +107,7 @@ def test_gpu_time_ground_truth(tmp_path):
 
 def test_gpu_time_groups_by_step_and_device(tmp_path):
     p = with_kernel_stages(staged_trace(tmp_path))
-    g = tables.gpu_time(p.raw.events, p.attribution)
+    g = gpu_time(p.raw.events, p.attribution)
     spans = {(int(s), int(d)): int(v) for s, d, v in zip(g.step, g.device, g.span, strict=True)}
     assert spans == {(1, 0): 85 * US, (1, 1): 10 * US, (2, 0): 30 * US, (3, 0): 40 * US}
     parts = (g.busy + g.overlap + g.idle).reshape(len(g.span), len(STAGES)).sum(axis=1)
@@ -161,7 +161,7 @@ def independent_spans(p: profparse.ParsedTrace) -> pd.Series:
 
 
 def check_additive(p: profparse.ParsedTrace) -> None:
-    summary = p._stage_summary
+    summary = p.table("stage_summary")
     rows = summary[summary["scope"] != "total"]
     parts = rows.groupby("step")[list(COLUMNS)].sum().sum(axis=1)
     spans = independent_spans(p)
@@ -172,7 +172,7 @@ def check_additive(p: profparse.ParsedTrace) -> None:
     ev = p.raw.events
     act = kind_mask(ev, GPU_ACTIVITY_KINDS)
     if act.any():  # busy + overlap over stages is the time the GPU ran anything (union per step and device)
-        g = tables.gpu_time(ev, p.attribution)
+        g = gpu_time(ev, p.attribution)
         n = len(STAGES)
         ran = (g.busy + g.overlap).reshape(-1, n).sum(axis=1)
         assert (ran + g.idle.reshape(-1, n).sum(axis=1) == g.span).all()
@@ -191,7 +191,7 @@ def test_additive_on_sample_traces(sample_trace):
 def test_additive_on_shared_gpu_traces(shared_trace):
     p = parsed_once(shared_trace)
     check_additive(p)
-    g = tables.gpu_time(p.raw.events, p.attribution)
+    g = gpu_time(p.raw.events, p.attribution)
     busy = g.busy.reshape(-1, len(STAGES)).sum(axis=1) + g.overlap.reshape(-1, len(STAGES)).sum(axis=1)
     ev = p.raw.events
     rows = np.flatnonzero(kind_mask(ev, GPU_ACTIVITY_KINDS))

@@ -131,3 +131,85 @@ def test_private_imports_are_found(tmp_path: Path) -> None:
 
 def test_no_module_imports_another_modules_private_names() -> None:
     assert private_imports(module_files()) == []
+
+
+# The layers, lowest first: a module may import its own layer and the ones below it, never one above.
+LAYERS = (
+    ("base", ("profparse.base",)),
+    ("trace", ("profparse.trace",)),
+    ("stages", ("profparse.stages",)),
+    ("tables", ("profparse.tables",)),
+    ("analysis", ("profparse.analysis",)),
+    ("outputs", ("profparse.outputs",)),
+    ("cache", ("profparse.cache",)),
+    ("verbs", ("profparse.api", "profparse.diff", "profparse.hta")),
+    ("ranks", ("profparse.ranks",)),
+    ("cli", ("profparse.cli",)),
+    ("package", ("profparse", "profparse.__main__")),
+    ("capture", ("profparse.capture",)),
+)
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (the package itself only by its own name)."""
+    best, best_length = None, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            inside = module == prefix or (prefix != "profparse" and module.startswith(prefix + "."))
+            if inside and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    assert best is not None, f"{module} lies in no layer: add it to LAYERS or move it into one"
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target) > layer_of(module)
+    )
+
+
+def test_an_upward_import_is_found() -> None:
+    graph = {"profparse.trace.events": {"profparse.base.errors"}, "profparse.base.files": {"profparse.cli.main"}}
+    assert upward_imports(graph) == ["profparse.base.files (base) imports profparse.cli.main (cli)"]
+
+
+def test_every_module_lies_in_a_layer_and_no_import_runs_upward() -> None:
+    graph = import_graph(module_files())
+    assert upward_imports(graph) == []
+
+
+def private_member_uses(modules: dict[str, Path]) -> list[str]:
+    """``module:line: name._member`` wherever a module reaches into a private member of another profparse module
+    or of a parsed trace (``parsed._x``); ``self._x`` and ``cls._x`` are a class's own."""
+    found = []
+    for name, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        ours = {"parsed"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "profparse":
+                ours |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                ours |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("profparse")}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ours:
+                if node.attr.startswith("_") and not node.attr.startswith("__"):
+                    found.append(f"{name}:{node.lineno}: {node.value.id}.{node.attr}")
+    return sorted(found, key=lambda line: (line.split(":")[0], int(line.split(":")[1])))
+
+
+def test_private_member_uses_are_found(tmp_path: Path) -> None:
+    package = tmp_path / "profparse"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "one.py").write_text("def _helper():\n    pass\n")
+    (package / "two.py").write_text(
+        "import os\nfrom profparse import one\n\ndef f(parsed):\n    os._exit(0)\n    one._helper()\n    parsed._x\n"
+    )
+    assert private_member_uses(module_files(package)) == ["profparse.two:6: one._helper", "profparse.two:7: parsed._x"]
+
+
+def test_no_module_touches_another_modules_private_members() -> None:
+    assert private_member_uses(module_files()) == []

@@ -20,7 +20,7 @@ from profparse.base.marks import STAGES
 from profparse.stages.rules import RULES
 
 if TYPE_CHECKING:
-    from profparse.api import ParsedTrace
+    from profparse.tables.parsed import ParsedTrace
 
 MARK_RULES = frozenset(r.name for r in RULES if r.source == "mark")
 OP_KEY = ("pid", "tid", "ts_ns", "dur_ns", "name")

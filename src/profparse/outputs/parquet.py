@@ -13,14 +13,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profparse import tables
-from profparse.analysis import TABLES as ANALYSIS_TABLES
 from profparse.base import phase_clock
 from profparse.base.files import atomic_dir
 from profparse.base.formats import path_text
-from profparse.trace.events import NULL, release_memory
+from profparse.tables.parsed import ParsedTrace
+from profparse.tables.registry import written
+from profparse.trace.budget import release_memory
+from profparse.trace.kinds import NULL
 
-TABLES = ("events", "kernels", "ops", "stage_summary", "steps", "warnings") + ANALYSIS_TABLES
+TABLES = tuple(spec.name for spec in written())  # the Parquet files, one per table
 
 
 def _with_nulls(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
@@ -70,27 +71,20 @@ class RowSlices:
 Table = pd.DataFrame | RowSlices
 
 
-def table_makers(parsed: Any) -> dict[str, Callable[[], Table]]:
-    """The tables to write, each computed only when its function is called (internal NULL sentinels)."""
-    raw, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
-
-    def events(start: int, stop: int) -> pd.DataFrame:
-        return parsed.with_substage(tables.event_table(raw, links, attribution, start, stop))
-
-    makers: dict[str, Callable[[], Table]] = {
-        "events": lambda: RowSlices(len(raw), events),
-        "kernels": lambda: tables.kernel_table(raw, links, attribution),
-        "ops": lambda: tables.op_table(raw, links, attribution),
-        "stage_summary": lambda: parsed.table("stage_summary"),  # computed once, shared with parsed.stage_summary
-        "steps": lambda: attribution.steps,
-        "warnings": lambda: parsed.warnings,
-    }
-    for name in ANALYSIS_TABLES:
-        makers[name] = lambda name=name: parsed.table(name)
+def table_makers(parsed: ParsedTrace) -> dict[str, Callable[[], Table]]:
+    """The tables to write (:func:`profparse.tables.registry.written`), each computed only when its function is
+    called (internal NULL sentinels)."""
+    makers: dict[str, Callable[[], Table]] = {}
+    for spec in written():
+        if spec.sliced:
+            rows = spec.function()
+            makers[spec.name] = lambda rows=rows: RowSlices(len(parsed.raw.events), lambda a, b: rows(parsed, a, b))
+        else:
+            makers[spec.name] = lambda name=spec.name: parsed.table(name)
     return makers
 
 
-def internal_tables(parsed: Any) -> dict[str, pd.DataFrame]:
+def internal_tables(parsed: ParsedTrace) -> dict[str, pd.DataFrame]:
     """The tables to write, with internal NULL sentinels."""
     made = {name: make() for name, make in table_makers(parsed).items()}
     return {name: table.frame() if isinstance(table, RowSlices) else table for name, table in made.items()}
@@ -214,7 +208,7 @@ def _made(make: Callable[[], Table]) -> Table:
 
 
 def write_parquet(
-    parsed: Any, out_dir: str | Path, *, force: bool = False, on_table: Callable[[str], Any] | None = None
+    parsed: ParsedTrace, out_dir: str | Path, *, force: bool = False, on_table: Callable[[str], Any] | None = None
 ) -> Path:
     """Write every table of ``parsed`` into ``out_dir`` (atomically: all tables or nothing); ``on_table(name)``
     is called as each table is written (e.g. to advance a progress bar)."""

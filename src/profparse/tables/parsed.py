@@ -1,0 +1,186 @@
+"""A trace after reading, linking and stage attribution: :class:`ParsedTrace`, whose tables are those of
+:data:`~profparse.tables.registry.TABLES`, each computed on first use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from profparse.stages.attribute import Attribution
+from profparse.tables.registry import TABLES, VALUES, TableSpec, public
+from profparse.tables.rows import event_table, nullable
+from profparse.trace.events import RawTrace
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.link import Links
+
+
+class TableStore(Protocol):
+    """Where computed tables are kept between runs (a :class:`profparse.cache` entry)."""
+
+    def table(self, name: str) -> pd.DataFrame | None: ...
+
+    def put_table(self, name: str, frame: pd.DataFrame) -> None: ...
+
+
+@dataclass(repr=False)
+class ParsedTrace:
+    """A trace after linking and stage attribution; tables are computed on first access.
+
+    Every table of :data:`~profparse.tables.registry.TABLES` marked ``public`` is an attribute with nullable
+    columns (``parsed.kernels``); :meth:`table` gives the internal form (int64 ``NULL`` = -1 for missing)."""
+
+    raw: RawTrace
+    links: Links
+    attribution: Attribution
+    options: dict[str, Any] = field(default_factory=dict)
+    cache: TableStore | None = None  # the cache entry this trace was read from or stored in, if any
+    _internal: dict[str, Any] = field(default_factory=dict, init=False)
+    _public: dict[str, pd.DataFrame] = field(default_factory=dict, init=False)
+
+    @property
+    def path(self) -> str:
+        return self.raw.path
+
+    @property
+    def header(self) -> dict[str, Any]:
+        return self.raw.header
+
+    @property
+    def rank(self) -> int | None:
+        """``distributedInfo.rank`` when it is a rank number: an int from 0 to 2^31-1 (``true`` is not rank 1)."""
+        info = self.raw.header.get("distributedInfo")
+        rank = info.get("rank") if isinstance(info, dict) else None
+        if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 31:
+            return rank
+        return None
+
+    def table(self, name: str) -> pd.DataFrame:
+        """Table ``name`` with internal NULL sentinels, as the writers and analyses use it; read from the cache
+        entry when stored there, else computed (and stored)."""
+        if name not in self._internal:
+            spec = TABLES[name]
+            stored = self.cache is not None and spec.stored
+            frame = self.cache.table(name) if stored else None
+            if frame is None:
+                frame = spec.function()(*self._arguments(spec.needs))
+                if stored:
+                    self.cache.put_table(name, frame)
+            self._internal[name] = frame
+        return self._internal[name]
+
+    def value(self, name: str) -> Any:
+        """An intermediate result that several tables read (:data:`~profparse.tables.registry.VALUES`)."""
+        if name not in self._internal:
+            spec = VALUES[name]
+            self._internal[name] = spec.function()(*self._arguments(spec.needs))
+        return self._internal[name]
+
+    def public(self, name: str) -> pd.DataFrame:
+        """Table ``name`` with nullable columns where the internal one has NULL sentinels."""
+        if name not in self._public:
+            self._public[name] = nullable_columns(self.table(name))
+        return self._public[name]
+
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        """A public table declared after this class was made (the declared ones are properties)."""
+        spec = TABLES.get(name)
+        if spec is None or not spec.public or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.public(name)
+
+    def _arguments(self, needs: tuple[str, ...]) -> list[Any]:
+        inputs = {
+            "raw": lambda: self.raw.events,
+            "links": lambda: self.links,
+            "attribution": lambda: self.attribution,
+            "header": lambda: self.raw.header,
+            "peak_tflops": lambda: self.options.get("peak_tflops"),
+            "parsed": lambda: self,
+        }
+        return [inputs[n]() if n in inputs else self.value(n) if n in VALUES else self.table(n) for n in needs]
+
+    def with_substage(self, events: pd.DataFrame) -> pd.DataFrame:
+        """``events`` (rows of the event table, in order) with the loading ``substage`` and ``substage_rule``."""
+        substeps = self.value("substeps")
+        out = events.copy(deep=False)
+        substage, rule = substeps.substage_column(), substeps.rule_column()
+        raw_index = self.raw.events["trace_index"].to_numpy()
+        index = out["trace_index"].to_numpy()
+        if len(index) != len(raw_index) or not np.array_equal(index, raw_index):
+            pos = np.searchsorted(raw_index, index)
+            substage, rule = substage[pos], rule[pos]
+        out["substage"] = substage
+        out["substage_rule"] = rule
+        return out
+
+    @property
+    def peak(self) -> Any:
+        """The peak that MFU is measured against: ``tflops`` (NaN if unknown), ``dtype``, ``device``, ``note``."""
+        return self.value("peak")
+
+    @property
+    def rules(self) -> pd.DataFrame:
+        """The stage rules that were applied, highest priority first."""
+        return pd.DataFrame([vars(r) for r in self.attribution.rules])
+
+    def __repr__(self) -> str:
+        """A few lines: path, events, steps, stages, devices, warnings and the tables."""
+        events = self.raw.events
+        kinds = events["kind"].value_counts()
+        gpu_kinds = [kind for kind in GPU_ACTIVITY_KINDS if kind in kinds.index]
+        gpu = events["kind"].isin(gpu_kinds).to_numpy()
+        devices = ["CPU"] + [f"GPU {d}" for d in sorted(set(events["device"].to_numpy()[gpu].tolist()) - {NULL})]
+        steps = self.attribution.steps
+        step_text = "none found"
+        if len(steps):
+            sources = ", ".join(sorted(set(steps["source"].astype(str))))
+            step_text = f"{len(steps)} ({steps['step'].min()}-{steps['step'].max()}, from {sources})"
+        summary = self.table("stage_summary")
+        totals = summary[summary["scope"] == "total"]
+        present = [f"{r.stage} {r.host_wall_ns / 1e6:,.2f} ms" for r in totals.itertuples() if r.host_wall_ns > 0]
+        names = [f".{spec.name}" for spec in public()]
+        lines = [
+            f"ParsedTrace({self.path!r})",
+            f"  events:   {len(events):,} ({int(kinds.get('cpu_op', 0)):,} CPU ops, {int(gpu.sum()):,} GPU activities)",
+            f"  steps:    {step_text}",
+            f"  stages:   {', '.join(present) or 'none with host time'} (host wall)",
+            f"  devices:  {', '.join(devices)}" + (f"; rank {self.rank}" if self.rank is not None else ""),
+            f"  warnings: {len(self.table('warnings'))} (see .warnings)",
+            "  tables:   " + " ".join(names[: len(names) // 2]),
+            "            " + " ".join(names[len(names) // 2 :]),
+        ]
+        return "\n".join(lines)
+
+
+def _table_property(spec: TableSpec) -> property:
+    def get(self: ParsedTrace) -> pd.DataFrame:
+        return self.public(spec.name)
+
+    get.__name__, get.__doc__ = spec.name, spec.summary[:1].upper() + spec.summary[1:] + "."
+    return property(get)
+
+
+for _spec in public():
+    setattr(ParsedTrace, _spec.name, _table_property(_spec))
+
+
+def nullable_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its NULL-sentinel int64 columns turned into nullable Int64 columns."""
+    out = frame.copy(deep=False)
+    for column in out.columns:
+        values = out[column].to_numpy() if out[column].dtype == np.int64 else None
+        if values is not None and (values == NULL).any():
+            out[column] = nullable(values)
+    return out
+
+
+def event_rows(parsed: ParsedTrace, start: int = 0, stop: int | None = None) -> pd.DataFrame:
+    """Rows ``start:stop`` of the event table (every row by default), with the loading sub-steps."""
+    return parsed.with_substage(event_table(parsed.raw.events, parsed.links, parsed.attribution, start, stop))
+
+
+def step_windows(attribution: Attribution) -> pd.DataFrame:
+    return attribution.steps

@@ -1,0 +1,95 @@
+"""The table registry (``profparse.tables.registry``) is the one place a table is declared: every entry resolves,
+its needs are known, its columns are documented, and the API, the Parquet writer and the cache follow it (a new
+entry is enough for a new table to be computed, written and stored)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import profparse
+from profparse.outputs.parquet import read_parquet, write_parquet
+from profparse.tables import registry
+from profparse.tables.parsed import ParsedTrace
+from profparse.tables.registry import INPUTS, TABLES, VALUES, TableSpec
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = [
+    REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz",
+    REPO / "sample_traces" / "gpu" / "a100_ddp_rank0_nccl.json.gz",
+]
+
+
+@pytest.mark.parametrize("spec", [*TABLES.values(), *VALUES.values()], ids=lambda s: s.name)
+def test_every_entry_resolves_and_takes_what_it_needs(spec) -> None:
+    function = spec.function()
+    assert callable(function)
+    known = set(INPUTS) | set(TABLES) | set(VALUES)
+    assert set(spec.needs) <= known, f"{spec.name} needs something undeclared: {set(spec.needs) - known}"
+    inspect.signature(function).bind(*spec.needs)  # as many positional parameters as needs
+
+
+def test_needs_form_no_cycle() -> None:
+    declared = {**TABLES, **VALUES}
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name not in declared or state.get(name) == "done":
+            return
+        assert state.get(name) != "open", f"cycle: {' -> '.join((*path, name))}"
+        state[name] = "open"
+        for need in declared[name].needs:
+            visit(need, (*path, name))
+        state[name] = "done"
+
+    for name in declared:
+        visit(name, ())
+
+
+@pytest.fixture(scope="module")
+def parsed_samples() -> list[ParsedTrace]:
+    return [profparse.load(path, cache=False) for path in SAMPLES]
+
+
+def test_every_public_table_is_an_attribute_and_its_columns_are_documented(parsed_samples) -> None:
+    for spec in registry.public():
+        doc = (REPO / spec.doc).read_text()
+        headings = [line for line in doc.splitlines() if line.startswith("#")]
+        assert any(re.search(rf"\b{spec.name}\b", h) for h in headings), f"no heading names {spec.name} in {spec.doc}"
+        documented = set(re.findall(r"`([a-z0-9_]+)`", doc))
+        for parsed in parsed_samples:
+            frame = getattr(parsed, spec.name)
+            assert isinstance(frame, pd.DataFrame)
+            missing = [c for c in frame.columns if c not in documented]
+            assert not missing, f"{spec.name}: columns not documented in {spec.doc}: {missing}"
+
+
+def test_parse_writes_exactly_the_written_tables(parsed_samples, tmp_path: Path) -> None:
+    out = write_parquet(parsed_samples[1], tmp_path / "out")
+    assert sorted(p.stem for p in out.glob("*.parquet")) == sorted(s.name for s in registry.written())
+
+
+def extra_rows(raw: pd.DataFrame, stage_summary: pd.DataFrame) -> pd.DataFrame:
+    """A table made from the raw events and another table: one row per kind, and the stage summary's row count."""
+    counts = raw["kind"].astype(str).value_counts().sort_index()
+    return pd.DataFrame({"kind": counts.index, "events": counts.to_numpy(), "summary_rows": len(stage_summary)})
+
+
+def test_one_new_entry_is_computed_written_and_stored(monkeypatch, tmp_path: Path) -> None:
+    spec = TableSpec("extra", f"{__name__}:extra_rows", ("raw", "stage_summary"), "docs/tables.md", "test table")
+    monkeypatch.setitem(TABLES, "extra", spec)
+    monkeypatch.setenv("PROFPARSE_CACHE_DIR", str(tmp_path / "cache"))
+    parsed = profparse.load(SAMPLES[0])
+    expected = extra_rows(parsed.raw.events, parsed.table("stage_summary"))
+    pd.testing.assert_frame_equal(parsed.extra, expected)
+    assert parsed.extra["events"].sum() == len(parsed.raw.events)
+    folder = write_parquet(parsed, tmp_path / "out")
+    written = read_parquet(folder)["extra"]
+    assert written["events"].tolist() == expected["events"].tolist()
+    again = profparse.load(SAMPLES[0])  # from the cache entry the first load stored
+    assert again.cache is not None and again.cache.table("extra") is not None
+    pd.testing.assert_frame_equal(again.table("extra"), expected)
