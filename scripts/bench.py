@@ -78,7 +78,7 @@ print("rows", len(t.t.get_trace(0)), flush=True)
 HTA06_CODE = HTA_CODE
 
 # The decode limit: one typed msgspec decode of only the fields profparse reads (the structs of
-# profparse.trace.decode, float timestamps, text args as msgspec.Raw; integer args may also be strings, as in ROCm
+# profparse.trace.schema, float timestamps, text args as msgspec.Raw; integer args may also be strings, as in ROCm
 # traces, where profparse falls back per event), single-threaded, cyclic GC off; no columns.
 DECODE_CODE = """
 import gc, sys, time
@@ -145,9 +145,9 @@ print("events", len(doc.traceEvents), "decode_s", round(time.perf_counter() - t0
 FLOOR_CODE = """
 import sys
 import profparse.api  # what `profparse parse` imports before it reads: numpy, pandas, pyarrow, msgspec
-from profparse.trace import events
-events.chunk_columns = lambda chunk, raw=None: None  # decode each chunk (in the worker processes), keep nothing
-events.EventTableBuilder.add = lambda self, chunk, raw=None: None  # the same for a chunk decoded here
+from profparse.trace import events, table, workers
+workers.chunk_columns = lambda chunk, raw=None: None  # decode each chunk (in the worker processes), keep nothing
+table.EventTableBuilder.add = lambda self, chunk, raw=None: None  # the same for a chunk decoded here
 raw = events.read_trace(sys.argv[1])
 print("events", raw.report.events_read, "rows", len(raw.events), flush=True)
 """

@@ -348,7 +348,7 @@ def test_device_is_refused(tmp_path):
 POOL_SCRIPT = """
 import os, sys, time, multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from profparse.trace.events import die_with_parent
+from profparse.trace.workers import die_with_parent
 pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
                            initargs=(os.getpid(),))
 list(pool.map(abs, range(4)))

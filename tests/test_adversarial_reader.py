@@ -18,9 +18,10 @@ from adversarial import REPO, assert_clean_failure, assert_success, run_cli, sna
 from tracebuilder import TraceBuilder, training_step
 
 from profparse.base.errors import OutOfMemoryError
-from profparse.trace import events as events_module
-from profparse.trace.decode import MAX_CHUNK_EVENTS, NEED_FIXED, NEED_PER_JSON_BYTE, TraceDecoder
+from profparse.trace.budget import NEED_FIXED, NEED_PER_JSON_BYTE
+from profparse.trace.decode import MAX_CHUNK_EVENTS, TraceDecoder
 from profparse.trace.events import read_trace
+from profparse.trace.table import EventTableBuilder
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc and rlimits (Linux)")
 
@@ -247,7 +248,7 @@ def test_tiny_events_are_decoded_a_bounded_number_at_a_time(tmp_path: Path) -> N
     plain.write_bytes(json.dumps({"traceEvents": [e if e else {"ph": "i"} for e in written]}).encode())
     decoder = TraceDecoder(plain)
     sizes = [
-        len(decoder._decode(bytes(item))[0]) if isinstance(item, memoryview) else len(item[0])
+        len(decoder.decode_body(bytes(item))[0]) if isinstance(item, memoryview) else len(item[0])
         for item in decoder.bodies()
         if item is not None
     ]
@@ -283,6 +284,6 @@ def test_out_of_memory_while_reading_names_the_file(tmp_path: Path, monkeypatch:
     def no_memory(*args: object, **kwargs: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr(events_module.EventTableBuilder, "append", no_memory)
+    monkeypatch.setattr(EventTableBuilder, "append", no_memory)
     with pytest.raises(OutOfMemoryError, match=str(path)):
         read_trace(path, workers=1)

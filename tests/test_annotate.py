@@ -22,7 +22,7 @@ from profparse.outputs.perfetto import (
     stage_intervals,
     write_annotated,
 )
-from profparse.trace.events import GPU_ACTIVITY_KINDS
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
 TRACES = [CPU_MARKS, *shared_traces()]

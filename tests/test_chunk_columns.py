@@ -12,8 +12,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from profparse.trace.decode import Args
-from profparse.trace.events import INT_ARG_COLUMNS, NULL, TEXT_ARG_COLUMNS, _exact_ts_uniform, read_trace
+from profparse.trace.events import read_trace
+from profparse.trace.kinds import INT_ARG_COLUMNS, NULL, TEXT_ARG_COLUMNS
+from profparse.trace.schema import Args
+from profparse.trace.timestamps import _exact_ts_uniform
 
 KEY_OF = dict(zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True))
 INT_KEYS = {KEY_OF[attr]: column for column, attr in INT_ARG_COLUMNS}
@@ -103,7 +105,8 @@ def test_string_integer_args_take_the_fast_path(tmp_path, chunk_bytes):
     """An integer args key written as a string (ROCm: a runtime call's ``"stream": "0x0"``) is the int it spells
     (``int()``'s rules: " 12 " is 12) or NULL ("0x0", "1.5", a word, beyond int64), as the per-event repair
     gives; the chunk is decoded in one pass (FastChunk), not event by event."""
-    from profparse.trace.decode import FastChunk, TraceDecoder
+    from profparse.trace.decode import TraceDecoder
+    from profparse.trace.schema import FastChunk
 
     doc = [
         {
@@ -121,7 +124,7 @@ def test_string_integer_args_take_the_fast_path(tmp_path, chunk_bytes):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": doc}))
     body = json.dumps(doc).encode()[1:-1]  # the events, as the reader hands them to the decoder
-    events, text = TraceDecoder("")._decode(body)
+    events, text = TraceDecoder("").decode_body(body)
     assert isinstance(events, FastChunk) and text is not None
     table = read_trace(path, chunk_bytes=chunk_bytes, workers=1).events
     want = {

@@ -174,7 +174,7 @@ def test_covered_matches_brute_force(comms: list, computes: list) -> None:
             "pid": np.zeros(len(comms) + len(computes), dtype=np.int64),
         }
     )
-    from profparse.trace.events import KINDS
+    from profparse.trace.kinds import KINDS
 
     frame["kind"] = pd.Categorical(frame["kind"].astype(str), categories=list(KINDS))
     got = comm._covered_by_compute(frame, np.arange(len(comms)), device, start, end)

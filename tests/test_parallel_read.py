@@ -12,7 +12,8 @@ from conftest import shared_traces
 from tracebuilder import TraceBuilder, training_step
 
 from profparse.base.errors import ProfparseError
-from profparse.trace.events import read_trace, worker_count
+from profparse.trace.events import read_trace
+from profparse.trace.workers import worker_count
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parallel reader forks (Linux only)")
 
@@ -140,7 +141,7 @@ def test_worker_count(tmp_path, monkeypatch):
 def test_exact_timestamp_fast_path_equals_decimal_path():
     import pyarrow as pa
 
-    from profparse.trace.events import _exact_ts_fast, _exact_ts_ns
+    from profparse.trace.timestamps import _exact_ts_fast, _exact_ts_ns
 
     rng = random.Random(11)
     texts = ["1712195495519689.047", "-0.500", "0.1", "12.34", "4458676388068.751", "7.000", "1e3", "1.5e3", "7.1234"]
@@ -155,7 +156,7 @@ def test_exact_timestamp_fast_path_equals_decimal_path():
 
 
 def test_growing_columns_and_args_seen_late(tmp_path, monkeypatch):
-    import profparse.trace.events as events_module
+    import profparse.trace.table as table_module
 
     doc = document()
     late = {"ph": "i", "name": "[memory]", "pid": 1, "tid": 100, "ts": 900, "s": "t"}
@@ -163,7 +164,7 @@ def test_growing_columns_and_args_seen_late(tmp_path, monkeypatch):
     path = tmp_path / "late.json"
     path.write_text(json.dumps(doc, indent=1))
     whole = read_trace(path, workers=1)
-    monkeypatch.setattr(events_module, "_INITIAL_ROWS", 7)
+    monkeypatch.setattr(table_module, "_INITIAL_ROWS", 7)
     small = read_trace(path, workers=1, chunk_bytes=300)
     assert whole.events.equals(small.events)
     assert small.events["mem_bytes"].iloc[-1] == 64 and small.events["python_id"].iloc[-1] == 3

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.trace.decode import Args
-from profparse.trace.events import NULL, TEXT_ARG_COLUMNS, read_trace
+from profparse.trace.events import read_trace
+from profparse.trace.kinds import NULL, TEXT_ARG_COLUMNS
+from profparse.trace.schema import Args
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"
 KEYS = {encoded: name for name, encoded in zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True)}

@@ -25,7 +25,7 @@ import pandas as pd
 
 from profparse import tables
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, kind_mask
 
 COMM_KERNEL = re.compile(r"(?i)nccl|rccl")

@@ -31,7 +31,7 @@ from profparse.analysis.modules import MODULE_EVENT, backward_node_measures, cal
 from profparse.analysis.peaks import device_peaks
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")

@@ -30,7 +30,7 @@ import pandas as pd
 from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
 HOST_COLUMNS = ("python_ns", "op_ns", "op_python_ns", "runtime_ns", "sync_ns", "wait_ns")

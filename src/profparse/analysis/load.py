@@ -16,7 +16,7 @@ from profparse import tables
 from profparse.analysis.load_rules import SUBSTEPS, UNATTRIBUTED, LoadRule, load_rules
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import GPU_ACTIVITY_KINDS
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask
 
 LOAD = STAGES.index("load")

@@ -14,7 +14,7 @@ import pandas as pd
 from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import NULL
+from profparse.trace.kinds import NULL
 from profparse.trace.link import Links, kind_mask
 
 # c10::DeviceType codes (the ones that matter for traces; ROCm reports CUDA)

@@ -21,7 +21,7 @@ import pandas as pd
 from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
 
 MODULE_EVENT = re.compile(r"^nn\.Module: .")

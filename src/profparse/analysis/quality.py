@@ -18,9 +18,9 @@ from profparse.base.errors import ProfparseError
 from profparse.base.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES
 from profparse.stages.rules import GPU_UNLINKED
-from profparse.trace.decode import open_trace
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
+from profparse.trace.source import open_trace
 
 COLUMNS = ("check", "severity", "count", "value", "message")
 OTHER_SHARE_WARN = 0.05

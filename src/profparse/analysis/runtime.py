@@ -16,7 +16,7 @@ import pandas as pd
 
 from profparse import tables
 from profparse.stages.attribute import Attribution
-from profparse.trace.events import NULL, RUNTIME_KINDS
+from profparse.trace.kinds import NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
 #: (class, pattern) in order; the first that matches a call's name decides.

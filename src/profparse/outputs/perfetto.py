@@ -26,9 +26,10 @@ from profparse.base.errors import OutputRefusedError, TraceFormatError
 from profparse.base.files import atomic_file
 from profparse.base.marks import STAGES
 from profparse.tables import HOST_SPAN_KINDS, mixed_containers, union_length
-from profparse.trace.decode import BOM, open_trace
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
+from profparse.trace.scan import event_boundaries
+from profparse.trace.source import BOM, open_trace
 
 STAGE_PROCESS_NAME = "profparse stages"
 STAGE_CATEGORY = "profparse_stage"
@@ -433,28 +434,9 @@ class AnnotateResult:
     trailing_bytes: int = 0  # bytes after the input's JSON document, not copied (parsing ignores them too)
 
 
-def _last_boundary(tail: bytes) -> tuple[int, int] | None:
-    """The last ``}`` ``,`` ``{`` between two events: (end of the first, start of the second)."""
-    pos = len(tail)
-    while True:
-        pos = tail.rfind(b"}", 0, pos)
-        if pos < 0:
-            return None
-        j = pos + 1
-        n = len(tail)
-        while j < n and tail[j] in b" \t\r\n":
-            j += 1
-        if j < n and tail[j] == 44:  # ','
-            j += 1
-            while j < n and tail[j] in b" \t\r\n":
-                j += 1
-            if j < n and tail[j] == 123:  # '{'
-                return pos + 1, j
-
-
 def _last_event_end(tail: bytes) -> int | None:
     """End (just after its ``}``) of the last complete event in the tail of a trace cut short, or None."""
-    boundary = _last_boundary(tail)
+    boundary = next(event_boundaries(tail, len(tail)), None)  # the last '},{' between two events
     start = boundary[1] if boundary else tail.find(b"{")
     candidates = []
     close = tail.rfind(b"]")

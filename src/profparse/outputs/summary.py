@@ -31,7 +31,7 @@ from profparse.base.formats import (
 )
 from profparse.base.marks import STAGES
 from profparse.base.names import unique_labels
-from profparse.trace.events import NULL
+from profparse.trace.kinds import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
 HOST_COLUMNS = frozenset({"host_wall_ns", "host_op_ns"})

@@ -118,7 +118,7 @@ def peek_rank(path: str | Path) -> int | None:
     Reads in small blocks so that a file cut short or corrupt further on still yields its header; a file that
     cannot be read at all returns None here, and its task reports the error.
     """
-    from profparse.trace.decode import open_trace
+    from profparse.trace.source import open_trace
 
     buf = b""
     try:

@@ -308,7 +308,7 @@ def local_workers(jobs: int | None, tasks: int) -> tuple[int, str | None]:
     ``jobs`` (default: one per usable CPU), at most one per task, and at most one per usable CPU: each worker
     parses a whole rank, so more of them only share the CPUs and add up their memory. ``$PROFPARSE_FORCE_JOBS=1``
     lifts the CPU bound (a run whose ranks wait on a slow disk, say)."""
-    from profparse.trace.events import usable_cpus  # the decoder's own bound on its workers
+    from profparse.trace.workers import usable_cpus  # the decoder's own bound on its workers
 
     cpus = usable_cpus()
     if jobs is None:

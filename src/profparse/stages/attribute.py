@@ -12,7 +12,7 @@ from profparse.base.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
-from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
 from profparse.trace.link import Links, depth_order, first_row_of, kind_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}

@@ -38,7 +38,7 @@ import pandas as pd
 
 from profparse.base.marks import STAGES
 from profparse.stages.rules import GPU_UNLINKED, UNCLASSIFIED
-from profparse.trace.events import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, kind_mask, track_keys
 
 SEQUENCE_MATCH = "gpu.sequence_match"

@@ -14,7 +14,7 @@ import pandas as pd
 
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution, step_window
-from profparse.trace.events import GPU_ACTIVITY_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask
 
 HOST_SPAN_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"})

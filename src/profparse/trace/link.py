@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.trace.events import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS, release_memory
+from profparse.trace.budget import release_memory
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 
 
 def kind_mask(events: pd.DataFrame, kinds: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:

@@ -27,7 +27,7 @@ from profparse.base.marks import STAGES
 from profparse.base.version import __version__
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
-from profparse.trace.events import NULL
+from profparse.trace.kinds import NULL
 
 #: Views the page draws itself; any other registered view is shown as tables plus its PNG.
 NATIVE = frozenset({"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "memory", "layers", "load"})

@@ -17,7 +17,7 @@ from profparse.outputs.views._common import (
     time_unit,
     trace_title,
 )
-from profparse.trace.events import NULL
+from profparse.trace.kinds import NULL
 
 KIND = "memory"
 TITLE = "Memory allocated over time"

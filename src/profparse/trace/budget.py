@@ -1,0 +1,108 @@
+"""How much memory a trace needs and how much there is: the early refusal of a trace too large for the machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from profparse.base.errors import OutOfMemoryError, UsageError
+
+MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
+# peak memory ~ NEED_PER_JSON_BYTE x the JSON + NEED_FIXED: the peak that docs/performance.md reports, on top of
+# what Python, pandas and pyarrow take themselves
+NEED_PER_JSON_BYTE = 1.5
+NEED_FIXED = 128 << 20
+BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
+
+
+def _size(text: str) -> int:
+    """``"1.5G"``, ``"800M"``, ``"123456"`` -> bytes (binary units)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if found is None:
+        raise UsageError(f"{MEMORY_ENV}={text!r}: expected a size such as 4G, 800M or a number of bytes")
+    return int(float(found.group(1)) * units[found.group(2).upper()])
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def memory_budget() -> tuple[int | None, str]:
+    """Bytes this process may still take, and what says so: ``$PROFPARSE_MEMORY_LIMIT``, else the smaller of
+    ``MemAvailable`` (/proc/meminfo) and the address-space limit (``ulimit -v``) minus what is mapped already."""
+    env = os.environ.get(MEMORY_ENV, "").strip()
+    if env:
+        return _size(env), f"allowed by {MEMORY_ENV}"
+    found: list[tuple[int, str]] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append((int(line.split()[1]) * 1024, "available"))
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            mapped = 0
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmSize:"):
+                    mapped = int(line.split()[1]) * 1024
+            found.append((max(soft - mapped, 0), "left under the address-space limit (ulimit -v)"))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return min(found) if found else (None, "")
+
+
+def check_memory(path: str, json_bytes: float, disk_bytes: int | None = None) -> None:
+    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON need more memory than there is; ``disk_bytes``:
+    the size of the compressed file they are inflated from, for the message."""
+    need = NEED_PER_JSON_BYTE * json_bytes + NEED_FIXED
+    budget, source = memory_budget()
+    if budget is None or need <= budget:
+        return
+    inflated = f", inflated from {_human(disk_bytes)} on disk" if disk_bytes is not None else ""
+    raise OutOfMemoryError(
+        f"{path}: needs about {_human(need)} of memory for about {_human(json_bytes)} of JSON{inflated}; "
+        f"{_human(budget)} {source}. Run it where more memory is free (or set {MEMORY_ENV} to a larger "
+        "size to try anyway)"
+    )
+
+
+def memory_left() -> str:
+    """What :func:`memory_budget` says is left, for a message."""
+    budget, source = memory_budget()
+    return "no limit known" if budget is None else f"{budget >> 20} MiB {source}"
+
+
+def _load_malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the system (glibc keeps it otherwise): big numpy arrays come from fresh
+    mappings, not from that kept memory, so without this it only inflates the resident size. Takes a few ms."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
