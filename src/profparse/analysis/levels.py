@@ -1,7 +1,7 @@
 """The stage x level matrix: where each stage's time goes, from Python down to the device.
 
 Host levels split the stage's host wall time (``stage_summary.host_wall_ns``) exactly, with no double counting
-(see :func:`profparse.tables.host_time`): at each moment of the stage's wall time, the innermost event of each
+(see :func:`profparse.tables.host_time.host_time`): at each moment of the stage's wall time, the innermost event of each
 thread running the stage gives a level, and where several threads run the stage at once the moment counts once,
 for the first of ops, Python inside ops, runtime calls, Python, synchronize, waiting:
 
@@ -17,7 +17,7 @@ so ``python_ns + op_ns + runtime_ns + wait_ns == host_wall_ns``. Device levels:
 
 - ``device_ns``: duration of GPU activity (kernels, memcpy, memset) launched by the stage; ``device_busy_ns``,
   ``device_overlap_ns`` and ``device_idle_ns`` as ``gpu_busy_ns``, ``gpu_overlap_ns`` and ``gpu_idle_ns`` of
-  ``stage_summary`` (:func:`profparse.tables.gpu_time`);
+  ``stage_summary`` (:func:`profparse.tables.gpu_time.gpu_time`);
 - launch latency: GPU start minus the start of the runtime call that launched it, per stage (count, mean,
   p50/p90/p99/max).
 """
@@ -27,9 +27,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.tables.host_time import host_time
+from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
@@ -60,7 +61,41 @@ def stage_levels(
     host: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per row of ``summary`` (the internal ``stage_summary``: scope, step, stage) with the level columns;
-    ``host`` is :func:`profparse.tables.host_time`'s result where the caller has it already."""
+    ``host`` is :func:`profparse.tables.host_time.host_time`'s result where the caller has it already."""
+    levels = _counted_levels(events, links, attribution)
+    host = (host_time(events, links, attribution) if host is None else host).copy()  # not the cached one
+    host["op_ns"] = host["op_ns"] + host["op_python_ns"]
+    host["runtime_ns"] = host["runtime_ns"] + host["sync_ns"]
+    host = host[["scope", "step", "stage_code", *HOST_COLUMNS]]
+
+    rows = summary[["scope", "step", "stage", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].copy()
+    rows["stage_code"] = rows["stage"].cat.codes.astype(np.int64)
+    keys = ["scope", "step", "stage_code"]
+    merged = rows.merge(levels, on=keys, how="left", sort=False).merge(host, on=keys, how="left", sort=False)
+    out = pd.DataFrame(
+        {
+            "scope": merged["scope"].to_numpy(),
+            "step": merged["step"].to_numpy(),
+            "stage": stage_categorical(merged["stage_code"].to_numpy()),
+        }
+    )
+    for column in (*HOST_COLUMNS, SUM_COLUMNS[0]):
+        out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
+    out["device_busy_ns"] = merged["gpu_busy_ns"].to_numpy().astype(np.int64)
+    out["device_overlap_ns"] = merged["gpu_overlap_ns"].to_numpy().astype(np.int64)
+    out["device_idle_ns"] = merged["gpu_idle_ns"].to_numpy().astype(np.int64)
+    for column in SUM_COLUMNS[1:]:
+        out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
+    for column in LATENCY_COLUMNS:
+        values = merged[column].to_numpy()
+        out[column] = np.where(np.isnan(values.astype(np.float64)), NULL, values).astype(np.int64)
+    out["launch_latency_count"] = np.where(out["launch_latency_count"] == NULL, 0, out["launch_latency_count"])
+    return out
+
+
+def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """Device time, counts per level and launch latency per (scope, step, stage_code): ``step`` rows per step
+    (``outside_steps`` for events outside every step) and ``total`` rows per stage."""
     n_stages = len(STAGES)
     stage = attribution.stage.astype(np.int64)
     step = attribution.step
@@ -107,35 +142,7 @@ def stage_levels(
         frames.append(pd.DataFrame(cols))
     levels = pd.concat(frames, ignore_index=True)
     levels.loc[(levels["scope"] == "step") & (levels["step"] == NULL), "scope"] = "outside_steps"
-
-    host = (tables.host_time(events, links, attribution) if host is None else host).copy()  # not the cached one
-    host["op_ns"] = host["op_ns"] + host["op_python_ns"]
-    host["runtime_ns"] = host["runtime_ns"] + host["sync_ns"]
-    host = host[["scope", "step", "stage_code", *HOST_COLUMNS]]
-
-    rows = summary[["scope", "step", "stage", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].copy()
-    rows["stage_code"] = rows["stage"].cat.codes.astype(np.int64)
-    keys = ["scope", "step", "stage_code"]
-    merged = rows.merge(levels, on=keys, how="left", sort=False).merge(host, on=keys, how="left", sort=False)
-    out = pd.DataFrame(
-        {
-            "scope": merged["scope"].to_numpy(),
-            "step": merged["step"].to_numpy(),
-            "stage": tables.stage_categorical(merged["stage_code"].to_numpy()),
-        }
-    )
-    for column in (*HOST_COLUMNS, SUM_COLUMNS[0]):
-        out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
-    out["device_busy_ns"] = merged["gpu_busy_ns"].to_numpy().astype(np.int64)
-    out["device_overlap_ns"] = merged["gpu_overlap_ns"].to_numpy().astype(np.int64)
-    out["device_idle_ns"] = merged["gpu_idle_ns"].to_numpy().astype(np.int64)
-    for column in SUM_COLUMNS[1:]:
-        out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
-    for column in LATENCY_COLUMNS:
-        values = merged[column].to_numpy()
-        out[column] = np.where(np.isnan(values.astype(np.float64)), NULL, values).astype(np.int64)
-    out["launch_latency_count"] = np.where(out["launch_latency_count"] == NULL, 0, out["launch_latency_count"])
-    return out
+    return levels
 
 
 def _latency(key: np.ndarray, latency: np.ndarray, groups: int) -> dict[str, np.ndarray]:

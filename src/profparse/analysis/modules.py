@@ -14,13 +14,14 @@ are counted in the backward stage with ``recompute`` = True.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
 
@@ -86,8 +87,28 @@ def roll_up(values: dict[str, np.ndarray], up: np.ndarray, level: np.ndarray) ->
     return {k: out[:, i] for i, k in enumerate(keys)}
 
 
-def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
-    """One row per (module instance, stage, recompute); empty when the trace has no ``nn.Module`` events."""
+@dataclass
+class CallTree:
+    """The ``nn.Module`` calls of a trace as a tree: ``calls`` (their rows), ``inner`` (per row, the innermost
+    call around it, itself included; -1 for none), ``call_pos`` (per row, its position in ``calls``), ``up``
+    (per call, the position of its enclosing call) and ``level`` (per call, its depth in the tree)."""
+
+    calls: np.ndarray
+    inner: np.ndarray
+    call_pos: np.ndarray
+    up: np.ndarray
+    level: np.ndarray
+
+    def per_call(self, rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """Exclusive sums per call: each row counts for the innermost call around it."""
+        owner = self.call_pos[np.maximum(self.inner[rows], 0)]
+        ok = (self.inner[rows] >= 0) & (owner >= 0)
+        w = None if weights is None else weights[ok]
+        return np.bincount(owner[ok], weights=w, minlength=len(self.calls)).astype(np.int64)
+
+
+def call_tree(events: pd.DataFrame, links: Links) -> CallTree | None:
+    """The module call tree, or None when the trace has no ``nn.Module`` events."""
     n = len(events)
     categories = events["name"].cat.categories
     is_module_name = np.fromiter(
@@ -97,63 +118,59 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
     module = is_module_name[name_codes] & links.host & kind_mask(events, HOST_KINDS) if n else np.zeros(0, bool)
     calls = np.flatnonzero(module)
     if calls.size == 0:
-        return _empty()
-
-    ts = events["ts_ns"].to_numpy()
-    dur = events["dur_ns"].to_numpy()
-    parent, depth = links.parent, links.depth
-    # calls form a tree: each call's enclosing call and its depth in that tree
-    enclosing = innermost_ancestor_of_kind(parent, depth, module)  # nearest module call above each row
-    inner = np.where(module, np.arange(n), enclosing)  # the innermost call around each row (itself included)
+        return None
+    enclosing = innermost_ancestor_of_kind(links.parent, links.depth, module)  # nearest module call above each row
+    inner = np.where(module, np.arange(n), enclosing)
     call_pos = np.full(n, -1, dtype=np.int64)
     call_pos[calls] = np.arange(len(calls))
     up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
-    level = call_levels(up)
+    return CallTree(calls, inner, call_pos, up, call_levels(up))
 
-    def per_call(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        """Exclusive sums per call: each row counts for the innermost call around it."""
-        owner = call_pos[np.maximum(inner[rows], 0)]
-        ok = (inner[rows] >= 0) & (owner >= 0)
-        w = None if weights is None else weights[ok]
-        return np.bincount(owner[ok], weights=w, minlength=len(calls)).astype(np.int64)
 
+def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """One row per (module instance, stage, recompute); empty when the trace has no ``nn.Module`` events."""
+    tree = call_tree(events, links)
+    if tree is None:
+        return _empty()
+    calls, up, level = tree.calls, tree.up, tree.level
+    dur = events["dur_ns"].to_numpy()
     ops = np.flatnonzero(kind_mask(events, {"cpu_op"}) & links.host)
     activity = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS) & (links.launch >= 0))
     kernels = activity[kind_mask(events, {"kernel"})[activity]]
-    launch_of = links.launch
 
     fwd = {
         "host": dur[calls].astype(np.int64),
-        "gpu": per_call(launch_of[activity], dur[activity]),
-        "ops": per_call(ops),
-        "kernels": per_call(launch_of[kernels]),
+        "gpu": tree.per_call(links.launch[activity], dur[activity]),
+        "ops": tree.per_call(ops),
+        "kernels": tree.per_call(links.launch[kernels]),
     }
     fwd_incl = {"host": fwd["host"], **roll_up({k: v for k, v in fwd.items() if k != "host"}, up, level)}
     child_host = np.zeros(len(calls), dtype=np.int64)
     has_up = up >= 0
     np.add.at(child_host, up[has_up], fwd["host"][has_up])
-    host_self = fwd["host"] - child_host
 
     # backward nodes -> their forward op (same sequence number) -> the innermost call around that op
-    node_rows, node_call, bwd_vals = backward_node_measures(events, links, inner, call_pos, activity, kernels, ops)
+    node_rows, node_call, bwd_vals = backward_node_measures(
+        events, links, tree.inner, tree.call_pos, activity, kernels, ops
+    )
+    known = node_call >= 0
     bwd_excl = {
-        k: np.bincount(node_call[node_call >= 0], weights=v[node_call >= 0], minlength=len(calls))
+        k: np.bincount(node_call[known], weights=v[known], minlength=len(calls)).astype(np.int64)
         for k, v in bwd_vals.items()
     }
-    bwd_excl = {k: v.astype(np.int64) for k, v in bwd_excl.items()}
-    node_count = np.bincount(node_call[node_call >= 0], minlength=len(calls)).astype(np.int64)
+    node_count = np.bincount(node_call[known], minlength=len(calls)).astype(np.int64)
     bwd_incl = roll_up({**bwd_excl, "nodes": node_count}, up, level)
     nodes_incl = bwd_incl.pop("nodes")
 
-    names = np.asarray(categories[name_codes[calls]].astype(str).str.removeprefix("nn.Module: "))
+    codes = events["name"].cat.codes.to_numpy()[calls]
+    names = np.asarray(events["name"].cat.categories[codes].astype(str).str.removeprefix("nn.Module: "))
     call_stage = attribution.stage[calls].astype(np.int64)
-    parent_name = np.where(up >= 0, names[np.maximum(up, 0)], "")
     base = pd.DataFrame(
         {
             "module": names.astype(object),
-            "parent": parent_name.astype(object),
+            "parent": np.where(up >= 0, names[np.maximum(up, 0)], "").astype(object),
             "depth": level,
-            "ts": ts[calls],
+            "ts": events["ts_ns"].to_numpy()[calls],
         }
     )
     forward = base.assign(
@@ -162,7 +179,7 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
         calls=1,
         backward_nodes=0,
         host_ns=fwd["host"],
-        host_self_ns=host_self,
+        host_self_ns=fwd["host"] - child_host,
         gpu_ns=fwd_incl["gpu"],
         op_count=fwd_incl["ops"],
         kernel_count=fwd_incl["kernels"],
@@ -180,34 +197,31 @@ def module_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
         kernel_count=bwd_incl["kernels"][with_nodes],
     )
     frames = [forward, backward]
-    orphan = node_call < 0
-    if orphan.any():
-        frames.append(
-            pd.DataFrame(
-                {
-                    "module": [NO_MODULE],
-                    "parent": [""],
-                    "depth": [0],
-                    "ts": [int(ts[node_rows[orphan]].min())],
-                    "stage": [BACKWARD],
-                    "recompute": [False],
-                    "calls": [0],
-                    "backward_nodes": [int(orphan.sum())],
-                    **{
-                        c: [int(bwd_vals[k][orphan].sum())]
-                        for c, k in (
-                            ("host_ns", "host"),
-                            ("gpu_ns", "gpu"),
-                            ("op_count", "ops"),
-                            ("kernel_count", "kernels"),
-                        )
-                    },
-                    "host_self_ns": [int(bwd_vals["host"][orphan].sum())],
-                }
-            )
-        )
-    rows = pd.concat(frames, ignore_index=True)
-    return _aggregate(rows)
+    if not known.all():
+        orphans = {k: v[~known] for k, v in bwd_vals.items()}
+        frames.append(_orphan_row(events["ts_ns"].to_numpy(), node_rows[~known], orphans))
+    return _aggregate(pd.concat(frames, ignore_index=True))
+
+
+def _orphan_row(ts: np.ndarray, rows: np.ndarray, measures: dict[str, np.ndarray]) -> pd.DataFrame:
+    """One row for the backward nodes whose forward op lies in no module call."""
+    return pd.DataFrame(
+        {
+            "module": [NO_MODULE],
+            "parent": [""],
+            "depth": [0],
+            "ts": [int(ts[rows].min())],
+            "stage": [BACKWARD],
+            "recompute": [False],
+            "calls": [0],
+            "backward_nodes": [len(rows)],
+            "host_ns": [int(measures["host"].sum())],
+            "gpu_ns": [int(measures["gpu"].sum())],
+            "op_count": [int(measures["ops"].sum())],
+            "kernel_count": [int(measures["kernels"].sum())],
+            "host_self_ns": [int(measures["host"].sum())],
+        }
+    )
 
 
 def backward_node_measures(events, links, inner, call_pos, activity, kernels, ops):
@@ -287,7 +301,7 @@ def _aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     out["class"] = parts[0].where(out["module"] != NO_MODULE, NO_MODULE)
     instance = pd.to_numeric(parts[1], errors="coerce")
     out["instance"] = np.where(instance.isna(), NULL, instance.fillna(0)).astype(np.int64)
-    out["stage"] = tables.stage_categorical(out["stage"].to_numpy())
+    out["stage"] = stage_categorical(out["stage"].to_numpy())
     for column in (
         "depth",
         "calls",
@@ -309,6 +323,6 @@ def _empty() -> pd.DataFrame:
     frame["module"] = frame["module"].astype(object)
     frame["class"] = frame["class"].astype(object)
     frame["parent"] = frame["parent"].astype(object)
-    frame["stage"] = tables.stage_categorical(np.array([], np.int8))
+    frame["stage"] = stage_categorical(np.array([], np.int8))
     frame["recompute"] = frame["recompute"].astype(bool)
     return frame

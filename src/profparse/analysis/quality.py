@@ -206,19 +206,10 @@ def _sync_in_step_row(parsed: Any) -> list[dict[str, Any]]:
     return [_row("sync_in_step", severity, count, ns, message)]
 
 
-def quality_checks(parsed: Any) -> pd.DataFrame:
-    """Run every check on a parsed trace; one row per finding."""
-    events = parsed.raw.events
-    links = parsed.links
-    attribution = parsed.attribution
-    report = parsed.raw.report
-    rows: list[dict[str, Any]] = []
-    n = len(events)
-    ts = events["ts_ns"].to_numpy()
-    dur = events["dur_ns"].to_numpy()
-    activity = kind_mask(events, GPU_ACTIVITY_KINDS)
-    gpu_total = int(dur[activity].sum())
-
+def _reading_rows(parsed: Any) -> list[dict[str, Any]]:
+    """What reading the file found: truncation, dropped events, trailing bytes, lone surrogates, negative
+    durations, repeated ``ProfilerStep#N``."""
+    report, rows = parsed.raw.report, []
     if report.truncated:
         rows.append(
             _row("truncated", "warning", report.events_read, report.truncated_at_byte or 0,
@@ -234,18 +225,21 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
     if surrogates:
         message = f"{surrogates} lone surrogate escapes (\\ud800...) in strings were read as U+FFFD (no event lost)"
         rows.append(_row("lone_surrogates", "warning", surrogates, 0, message))
-    negative = int(events.attrs.get("negative_dur", 0))
+    negative = int(parsed.raw.events.attrs.get("negative_dur", 0))
     if negative:
         rows.append(
             _row("negative_duration", "warning", negative, 0, f"{negative} events had a negative dur (set to 0)")
         )
-    for message in getattr(attribution, "step_notes", ()):  # repeated ProfilerStep#N: renumbered or dropped
+    for message in getattr(parsed.attribution, "step_notes", ()):  # repeated ProfilerStep#N: renumbered or dropped
         rows.append(_row("repeated_steps", "warning", 0, 0, message))
+    return rows
 
-    rows.extend(_gpu_inference_rows(activity, links.launch, attribution, dur, gpu_total))
-    rows.extend(_allocator_churn_row(parsed))
-    rows.extend(_sync_in_step_row(parsed))
 
+def _clock_rows(parsed: Any, activity: np.ndarray) -> list[dict[str, Any]]:
+    """GPU activity outside the profiled window, overlapping on a stream, or starting before its launch."""
+    events, links, rows = parsed.raw.events, parsed.links, []
+    ts = events["ts_ns"].to_numpy()
+    dur = events["dur_ns"].to_numpy()
     window = _profiled_window(events, links.host)
     if window is not None and activity.any():
         outside = activity & ((ts < window[0]) | (ts + dur > window[1]))
@@ -254,14 +248,12 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
                 _row("outside_window", "warning", outside.sum(), dur[outside].sum(),
                      f"{int(outside.sum())} GPU events lie (partly) outside the profiled window")
             )  # fmt: skip
-
     overlaps, overlap_ns = _stream_overlaps(events, activity)
     if overlaps:
         rows.append(
             _row("stream_overlap", "warning", overlaps, overlap_ns,
                  f"{overlaps} GPU events overlap the previous one on the same stream ({overlap_ns / 1e6:.3f} ms)")
         )  # fmt: skip
-
     launched = activity & (links.launch >= 0)
     if launched.any():
         early = launched.copy()
@@ -271,20 +263,29 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
                 _row("timestamps_backwards", "warning", early.sum(), 0,
                      f"{int(early.sum())} GPU events start before the call that launched them (clock skew)")
             )  # fmt: skip
+    return rows
 
+
+def _duplicate_events_row(parsed: Any) -> list[dict[str, Any]]:
+    """Events that appear twice in the file, every field and args equal."""
+    events = parsed.raw.events
     key = [c for c in events.columns if c != "trace_index"]  # every field the tables keep
     real = (events["kind"] != "metadata").to_numpy()
-    alike = _duplicate_rows(events, real, key) if n else np.zeros(0, dtype=np.int64)
-    if len(alike):
-        duplicates = _same_in_file(parsed.path, events, alike)  # args too: the tables keep only some of them
-        if duplicates is None:
-            duplicates = int(events.iloc[alike][key].duplicated().sum())
-        if duplicates:
-            rows.append(
-                _row("duplicate_events", "warning", duplicates, 0,
-                     f"{duplicates} events appear twice (every field and args equal)")
-            )  # fmt: skip
+    alike = _duplicate_rows(events, real, key) if len(events) else np.zeros(0, dtype=np.int64)
+    if not len(alike):
+        return []
+    duplicates = _same_in_file(parsed.path, events, alike)  # args too: the tables keep only some of them
+    if duplicates is None:
+        duplicates = int(events.iloc[alike][key].duplicated().sum())
+    if not duplicates:
+        return []
+    message = f"{duplicates} events appear twice (every field and args equal)"
+    return [_row("duplicate_events", "warning", duplicates, 0, message)]
 
+
+def _stage_rows(parsed: Any, activity: np.ndarray, gpu_total: int) -> list[dict[str, Any]]:
+    """Stages a training trace should have but lacks, and the share of host and GPU time left in ``other``."""
+    events, links, attribution, rows = parsed.raw.events, parsed.links, parsed.attribution, []
     stage = attribution.stage
     stage_names = list(STAGES)
     present = {name: bool(((stage == code) & (links.host | activity)).any()) for code, name in enumerate(stage_names)}
@@ -297,12 +298,11 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
             )  # fmt: skip
     if not any(present[s] for s in ("forward", "backward", "optimizer", "load")):
         rows.append(_row("no_stages", "warning", 0, 0, "no stage could be attributed: everything is 'other'"))
-
     other = stage == stage_names.index("other")
     ops = kind_mask(events, {"cpu_op"}) & links.host
-    op_total = links.self_ns[ops].sum()
+    dur = events["dur_ns"].to_numpy()
     for label, mask, weights, total in (
-        ("host op self time", ops, links.self_ns, op_total),
+        ("host op self time", ops, links.self_ns, links.self_ns[ops].sum()),
         ("GPU time", activity, dur, gpu_total),
     ):
         if total <= 0:
@@ -316,4 +316,22 @@ def quality_checks(parsed: Any) -> pd.DataFrame:
                 _row(f"other_share_{'gpu' if label == 'GPU time' else 'host'}", severity, int((mask & other).sum()),
                      share, f"{share:.1%} of {label} is in 'other' ({loose:.1%} unclassified)")
             )  # fmt: skip
+    return rows
+
+
+def quality_checks(parsed: Any) -> pd.DataFrame:
+    """Run every check on a parsed trace; one row per finding."""
+    events = parsed.raw.events
+    activity = kind_mask(events, GPU_ACTIVITY_KINDS)
+    dur = events["dur_ns"].to_numpy()
+    gpu_total = int(dur[activity].sum())
+    rows = [
+        *_reading_rows(parsed),
+        *_gpu_inference_rows(activity, parsed.links.launch, parsed.attribution, dur, gpu_total),
+        *_allocator_churn_row(parsed),
+        *_sync_in_step_row(parsed),
+        *_clock_rows(parsed, activity),
+        *_duplicate_events_row(parsed),
+        *_stage_rows(parsed, activity, gpu_total),
+    ]
     return pd.DataFrame(rows, columns=list(COLUMNS))

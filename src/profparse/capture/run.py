@@ -18,6 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,39 @@ def run_capture(options: CaptureOptions) -> CaptureResult:
     return CaptureResult(run_dir=run_dir, trace_path=trace_path, manifest_path=manifest_path, manifest=manifest)
 
 
+@dataclass
+class _Session:
+    """What one capture needs while it runs: the options, torch and transformers, the device, the dtype."""
+
+    options: CaptureOptions
+    torch: Any
+    transformers: Any
+    device: str
+    dtype_name: str
+    log: Callable[[str], None]
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def dtype(self) -> Any:
+        return self.torch.bfloat16 if self.dtype_name == "bf16" else self.torch.float32
+
+    def sync(self) -> None:
+        if self.on_cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def mark(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        if self.options.stage_marks:
+            return self.torch.profiler.record_function(name)
+        return contextlib.nullcontext()
+
+    def activities(self) -> list[Any]:
+        activity = self.torch.profiler.ProfilerActivity
+        return [activity.CPU, activity.CUDA] if self.on_cuda else [activity.CPU]
+
+
 def _capture(
     options: CaptureOptions, torch: Any, transformers: Any, device: str, model_path: Path | None, run_dir: Path
 ) -> dict[str, Any]:
@@ -236,11 +270,9 @@ def _capture(
     log = _logger(options.quiet)
     t_start = time.perf_counter()
     wall: dict[str, Any] = {}
-    on_cuda = device.startswith("cuda")
-    dtype_name = options.dtype or ("bf16" if on_cuda else "fp32")
-    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    dtype_name = options.dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    session = _Session(options, torch, transformers, device, dtype_name, log)
 
-    # The model folder.
     t0 = time.perf_counter()
     if model_path is not None:
         source, built = "path", False
@@ -257,29 +289,32 @@ def _capture(
         for _ in range(options.steps)
     ]
     torch.manual_seed(options.seed)
+    prof, model, losses = _profiled_run(session, model_path, inputs, wall)
+    trace_path = run_dir / "trace.json.gz"
+    json_bytes = _export(prof, run_dir, trace_path, wall, log)
+    wall["total"] = time.perf_counter() - t_start
+    manifest = _manifest(session, model, {"source": source, "path": model_path, "built_now": built}, losses, wall)
+    manifest["trace"] = {"file": trace_path.name, "bytes": trace_path.stat().st_size, "json_bytes": json_bytes}
+    manifest_path = run_dir / "manifest.json"
+    _atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+    return manifest
 
-    def sync() -> None:
-        if on_cuda:
-            torch.cuda.synchronize(device)
 
-    def mark(name: str) -> contextlib.AbstractContextManager[Any]:
-        if options.stage_marks:
-            return torch.profiler.record_function(name)
-        return contextlib.nullcontext()
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if on_cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-
+def _profiled_run(
+    session: _Session, model_path: Path, inputs: list[Any], wall: dict[str, Any]
+) -> tuple[Any, Any, list[Any]]:
+    """Warm-up load (optional), then under the profiler: loading as ProfilerStep#0 and one ProfilerStep per
+    training step. Returns the profiler, the model and the losses; adds wall times to ``wall``."""
     from transformers import AutoModelForCausalLM
 
+    options, torch, transformers, log = session.options, session.torch, session.transformers, session.log
     load_kwarg = dtype_keyword(transformers)
     sync_load = "1" if options.sync_load else None
     if options.warm:
         log("warm-up load (not profiled)")
         t0 = time.perf_counter()
         with quiet_transformers(transformers, options.quiet), _env(SYNC_LOAD_ENV, sync_load):
-            warm_model = from_pretrained_with_dtype(AutoModelForCausalLM, model_path, dtype, load_kwarg)
+            warm_model = from_pretrained_with_dtype(AutoModelForCausalLM, model_path, session.dtype, load_kwarg)
         del warm_model
         wall["warm_up"] = time.perf_counter() - t0
 
@@ -287,69 +322,73 @@ def _capture(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*won't be using warmup.*")
         schedule = torch.profiler.schedule(wait=0, warmup=0, active=options.steps + 1, repeat=1)
-    steps_wall: list[dict[str, float]] = []
-    losses = []
     log(
-        f"profiling on {device} ({dtype_name}): load + {options.steps} step(s) of batch {options.batch} x "
-        f"seq {options.seq_len}"
+        f"profiling on {session.device} ({session.dtype_name}): load + {options.steps} step(s) of batch "
+        f"{options.batch} x seq {options.seq_len}"
     )
+    mark = session.mark
     with quiet_transformers(transformers, options.quiet):
         t_prof = time.perf_counter()
         with torch.profiler.profile(
-            activities=activities,
+            activities=session.activities(),
             schedule=schedule,
             with_stack=options.with_stack,
             record_shapes=options.record_shapes,
             profile_memory=options.profile_memory,
         ) as prof:
-            # ProfilerStep#0: loading.
             log(f"loading {model_path}")
             t0 = time.perf_counter()
             with mark(marks.stage_mark("load")):
                 with mark(marks.load_mark("from_pretrained")), _env(SYNC_LOAD_ENV, sync_load):
-                    model = from_pretrained_with_dtype(AutoModelForCausalLM, model_path, dtype, load_kwarg)
+                    model = from_pretrained_with_dtype(AutoModelForCausalLM, model_path, session.dtype, load_kwarg)
                     t1 = time.perf_counter()
                 with mark(marks.load_mark("to_device")):
-                    model = model.to(device)
-                    sync()
+                    model = model.to(session.device)
+                    session.sync()
                     t2 = time.perf_counter()
-            wall["from_pretrained"] = t1 - t0
-            wall["to_device"] = t2 - t1
-            wall["load"] = t2 - t0
+            wall.update(from_pretrained=t1 - t0, to_device=t2 - t1, load=t2 - t0)
             t0 = time.perf_counter()
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr)
             wall["optimizer_init"] = time.perf_counter() - t0
             prof.step()
-
-            # ProfilerStep#1..N: training steps.
-            for i, ids in enumerate(inputs):
-                log(f"step {i + 1}/{options.steps}")
-                sw: dict[str, float] = {}
-                t0 = time.perf_counter()
-                with mark(marks.stage_mark("forward")):
-                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-                    sync()
-                t1 = time.perf_counter()
-                with mark(marks.stage_mark("backward")):
-                    loss.backward()
-                    sync()
-                t2 = time.perf_counter()
-                with mark(marks.stage_mark("optimizer")):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    sync()
-                t3 = time.perf_counter()
-                sw.update(forward=t1 - t0, backward=t2 - t1, optimizer=t3 - t2, total=t3 - t0)
-                steps_wall.append(sw)
-                losses.append(loss.detach())
-                prof.step()  # after the last step the schedule stops recording: no ProfilerStep#N+1
+            losses, steps_wall = _training_steps(session, model, optimizer, inputs, prof)
         wall["profiled"] = time.perf_counter() - t_prof
     wall["steps"] = steps_wall
+    return prof, model, losses
 
-    # Export: chrome trace to a temporary .json, gzip to a temporary name, rename.
+
+def _training_steps(
+    session: _Session, model: Any, optimizer: Any, inputs: list[Any], prof: Any
+) -> tuple[list[Any], list[dict[str, float]]]:
+    """ProfilerStep#1..N: forward, backward and optimizer, each marked; the losses and each step's wall times."""
+    mark, sync = session.mark, session.sync
+    losses, steps_wall = [], []
+    for i, ids in enumerate(inputs):
+        session.log(f"step {i + 1}/{session.options.steps}")
+        t0 = time.perf_counter()
+        with mark(marks.stage_mark("forward")):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            sync()
+        t1 = time.perf_counter()
+        with mark(marks.stage_mark("backward")):
+            loss.backward()
+            sync()
+        t2 = time.perf_counter()
+        with mark(marks.stage_mark("optimizer")):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+        t3 = time.perf_counter()
+        steps_wall.append({"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "total": t3 - t0})
+        losses.append(loss.detach())
+        prof.step()  # after the last step the schedule stops recording: no ProfilerStep#N+1
+    return losses, steps_wall
+
+
+def _export(prof: Any, run_dir: Path, trace_path: Path, wall: dict[str, Any], log: Callable[[str], None]) -> int:
+    """Chrome trace to a temporary .json, gzipped to a temporary name, renamed; returns the JSON's size."""
     log("exporting trace")
-    trace_path = run_dir / "trace.json.gz"
     tmp_json = run_dir / f".trace.{os.getpid()}.json.tmp"
     try:
         t0 = time.perf_counter()
@@ -362,17 +401,20 @@ def _capture(
     finally:
         if tmp_json.exists():
             tmp_json.unlink()
+    return json_bytes
 
-    n_params = sum(p.numel() for p in model.parameters())
-    model_config = model.config.to_dict()
-    wall["total"] = time.perf_counter() - t_start
 
-    manifest: dict[str, Any] = {
+def _manifest(
+    session: _Session, model: Any, origin: dict[str, Any], losses: list[Any], wall: dict[str, Any]
+) -> dict[str, Any]:
+    """What was captured, how, and on what: the manifest written beside the trace (its ``trace`` entry aside)."""
+    options, torch, device = session.options, session.torch, session.device
+    return {
         "format": MANIFEST_FORMAT,
         "kind": "profparse.capture",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
-        "versions": _versions(torch, transformers),
+        "versions": _versions(torch, session.transformers),
         "platform": {
             "platform": platform.platform(),
             "machine": platform.machine(),
@@ -381,18 +423,18 @@ def _capture(
             "torch_threads": torch.get_num_threads(),
         },
         "device": {"type": torch.device(device).type, "id": device, "name": _device_name(torch, device)},
-        "dtype": dtype_name,
+        "dtype": session.dtype_name,
         "model": {
-            "source": source,
-            "path": str(model_path.resolve()),
-            "built_now": built,
+            "source": origin["source"],
+            "path": str(origin["path"].resolve()),
+            "built_now": origin["built_now"],
             "class": type(model).__name__,
-            "num_parameters": n_params,
-            "config": model_config,
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "config": model.config.to_dict(),
         },
         "options": options.to_dict(),
         "profiler": {
-            "activities": [a.name for a in activities],
+            "activities": [a.name for a in session.activities()],
             "with_stack": options.with_stack,
             "record_shapes": options.record_shapes,
             "profile_memory": options.profile_memory,
@@ -414,11 +456,7 @@ def _capture(
         ),
         "losses": [float(x) for x in losses],
         "wall_s": wall,
-        "trace": {"file": trace_path.name, "bytes": trace_path.stat().st_size, "json_bytes": json_bytes},
     }
-    manifest_path = run_dir / "manifest.json"
-    _atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
-    return manifest
 
 
 def summary_text(trace_path: str | os.PathLike[str]) -> str:
