@@ -14,24 +14,26 @@ import pandas as pd
 from conftest import REPO, SHARED_TRACES, parsed
 from tracebuilder import TraceBuilder, training_step
 
-from profparse import tables
+from profparse.base.arrays import factorize_rows
 from profparse.base.marks import STAGES
+from profparse.tables.host_time import HOST_LEVELS, host_levels, host_segments, host_time
+from profparse.trace.kinds import NULL
 
 US = 1000
 
 
 def _totals(p) -> dict[str, np.ndarray]:
-    ht = tables.host_time(p.raw.events, p.links, p.attribution)
+    ht = host_time(p.raw.events, p.links, p.attribution)
     tot = ht[ht["scope"] == "total"]
     assert list(tot["stage_code"]) == list(range(len(STAGES)))
-    return {"wall": tot["host_wall_ns"].to_numpy(), **{n: tot[f"{n}_ns"].to_numpy() for n in tables.HOST_LEVELS}}
+    return {"wall": tot["host_wall_ns"].to_numpy(), **{n: tot[f"{n}_ns"].to_numpy() for n in HOST_LEVELS}}
 
 
 def test_host_time_totals_equal_one_union_over_all_pieces(shared_trace):
     """host_time sums the per-window unions for the total rows; a union over every piece at once is the same."""
     p = parsed(shared_trace)
-    seg = tables.host_segments(p.raw.events, p.links, p.attribution)
-    direct = tables.host_levels(seg, seg.stage, len(STAGES))
+    seg = host_segments(p.raw.events, p.links, p.attribution)
+    direct = host_levels(seg, seg.stage, len(STAGES))
     totals = _totals(p)
     for name, values in direct.items():
         assert (totals[name] == values).all(), name
@@ -57,7 +59,7 @@ def test_host_time_totals_by_hand_with_a_piece_across_a_step_boundary(tmp_path):
     assert totals["wall"][fwd] == 40 * US
     assert totals["wall"][bwd] == 60 * US
     assert totals["wall"][opt] == 40 * US
-    ht = tables.host_time(p.raw.events, p.links, p.attribution)
+    ht = host_time(p.raw.events, p.links, p.attribution)
     steps = ht[ht["scope"] != "total"]
     in_step = steps[steps["stage_code"] == other].set_index("step")["host_wall_ns"]
     assert in_step[1] == 85 * US and in_step[2] == 20 * US
@@ -65,7 +67,7 @@ def test_host_time_totals_by_hand_with_a_piece_across_a_step_boundary(tmp_path):
         totals["wall"].tolist()
     )
     # levels add up to the wall per stage
-    assert (sum(totals[n] for n in tables.HOST_LEVELS) == totals["wall"]).all()
+    assert (sum(totals[n] for n in HOST_LEVELS) == totals["wall"]).all()
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -205,7 +207,7 @@ def test_piece_windows_from_cut_intervals_equal_step_window(shared_trace):
     from profparse.stages.attribute import step_window
 
     p = parsed(shared_trace)
-    seg = tables.host_segments(p.raw.events, p.links, p.attribution)
+    seg = host_segments(p.raw.events, p.links, p.attribution)
     expected = step_window(seg.start, p.attribution.steps)
     assert (expected >= 0).any()
     np.testing.assert_array_equal(seg.step_index, expected)
@@ -217,8 +219,8 @@ def test_factorize_sorted_equals_multiindex_factorize(shared_trace):
     events, step = p.raw.events, p.attribution.step
     rows = np.flatnonzero(events["kind"].isin(["kernel", "gpu_memcpy", "gpu_memset"]).to_numpy())
     gap = np.searchsorted(p.attribution.steps["start_ns"].to_numpy(), events["ts_ns"].to_numpy()[rows], "right")
-    columns = (step[rows], np.where(step[rows] == tables.NULL, gap, -1), events["device"].to_numpy()[rows])
-    group, first, last = tables._factorize_sorted(*columns)
+    columns = (step[rows], np.where(step[rows] == NULL, gap, -1), events["device"].to_numpy()[rows])
+    group, (first, _, last) = factorize_rows(*columns, sort=True)
     expected, uniques = pd.factorize(pd.MultiIndex.from_arrays(list(columns)), sort=True)
     assert len(uniques) >= 1
     np.testing.assert_array_equal(group, expected)

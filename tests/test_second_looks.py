@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.cache import folders, frames, keys, sealed, store
+from profparse.cache import keys, sealed, store
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("pandas", "numpy", "pyarrow")

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.stages.attribute import Attribution
+from profparse.tables.rows import row_ref, stage_categorical
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, kind_mask
 
@@ -175,9 +175,9 @@ def collectives(events: pd.DataFrame, links: Links, attribution: Attribution, he
             "dur_ns": dur,
             "device": device.astype(np.int64),
             "stream": events["stream"].to_numpy()[rows],
-            "stage": tables.stage_categorical(attribution.stage[rows]),
+            "stage": stage_categorical(attribution.stage[rows]),
             "step": attribution.step[rows],
-            "op_trace_index": tables._row_ref(op, events["trace_index"].to_numpy()),
+            "op_trace_index": row_ref(op, events["trace_index"].to_numpy()),
             "collective_name": pd.Categorical(args["collective"]),
             "dtype": pd.Categorical(args["comm_dtype"]),
             "in_nelems": args["comm_in_nelems"],
@@ -331,7 +331,7 @@ def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attrib
     out = pd.concat([rows, totals[rows.columns]], ignore_index=True)
     scope_order = out["scope"].map({"step": 0, "outside_steps": 1, "total": 2}).to_numpy()
     out = out.iloc[np.lexsort((out["device"], out["stage"], out["step"], scope_order))].reset_index(drop=True)
-    out["stage"] = tables.stage_categorical(out["stage"].to_numpy())
+    out["stage"] = stage_categorical(out["stage"].to_numpy())
     comm = out["comm_ns"].to_numpy(dtype=np.float64)
     out["overlap_pct"] = np.divide(100 * out["overlapped_ns"].to_numpy(dtype=np.float64), comm,
                                    out=np.full(len(out), np.nan), where=comm > 0)  # fmt: skip
@@ -343,7 +343,7 @@ def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attrib
 def _empty_exposure() -> pd.DataFrame:
     frame = pd.DataFrame({c: np.array([], np.int64) for c in EXPOSURE_COLUMNS})
     frame["scope"] = frame["scope"].astype(object)
-    frame["stage"] = tables.stage_categorical(np.array([], np.int8))
+    frame["stage"] = stage_categorical(np.array([], np.int8))
     frame["overlap_pct"] = frame["overlap_pct"].astype(np.float64)
     return frame
 

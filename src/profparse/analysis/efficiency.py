@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, has_formula, op_cost
 from profparse.analysis.modules import MODULE_EVENT, backward_node_measures, call_levels, roll_up
 from profparse.analysis.peaks import device_peaks
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.tables.rows import stage_categorical, take_categorical
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask
 
@@ -278,8 +278,8 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],
-            "name": tables._take_categorical(events["name"], rows),
-            "stage": tables.stage_categorical(attribution.stage[rows]),
+            "name": take_categorical(events["name"], rows),
+            "stage": stage_categorical(attribution.stage[rows]),
             "step": attribution.step[rows],
             "status": pd.Categorical.from_codes(counts.status[rows], categories=list(STATUS)),
             "family": per_row(counts.costs.family, family),
@@ -468,7 +468,7 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
     out["model"] = np.where(out["recompute"], 0, out["flops"])
     return out.assign(
         step=NULL,
-        stage=tables.stage_categorical(out["stage"].to_numpy()),
+        stage=stage_categorical(out["stage"].to_numpy()),
         uncounted_gpu=0,
         uncounted_host=0,
         scope="module",

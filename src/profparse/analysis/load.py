@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.analysis.load_rules import SUBSTEPS, UNATTRIBUTED, LoadRule, load_rules
+from profparse.base.intervals import union_length
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.tables.host_time import HOST_SPAN_KINDS, mixed_containers
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask
 
@@ -137,8 +138,8 @@ def load_breakdown(
     load = code >= 0
     ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
-    spans = load & kind_mask(events, tables.HOST_SPAN_KINDS) & links.host & (dur > 0)
-    spans &= ~tables.mixed_containers(links.parent, links.depth, attribution.stage)
+    spans = load & kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
+    spans &= ~mixed_containers(links.parent, links.depth, attribution.stage)
     ops = load & kind_mask(events, {"cpu_op"}) & links.host
     python = load & kind_mask(events, {"python_function"}) & links.host
     activity = load & kind_mask(events, GPU_ACTIVITY_KINDS)
@@ -149,7 +150,7 @@ def load_breakdown(
 
     time_ns = total(spans, links.self_ns)
     zero = np.zeros(int(spans.sum()), dtype=np.int64)
-    whole = int(tables.union_length(zero, ts[spans], ts[spans] + dur[spans], 1)[0])
+    whole = int(union_length(zero, ts[spans], ts[spans] + dur[spans], 1)[0])
     rest = SUBSTEPS.index(UNATTRIBUTED)
     time_ns[rest] = max(whole - (time_ns.sum() - time_ns[rest]), 0)
     frame = pd.DataFrame(
@@ -157,7 +158,7 @@ def load_breakdown(
             "substep": pd.Categorical(list(SUBSTEPS), categories=list(SUBSTEPS)),
             "time_ns": time_ns,
             "share": time_ns / whole if whole else np.zeros(n_sub),
-            "wall_ns": tables.union_length(code[spans], ts[spans], ts[spans] + dur[spans], n_sub),
+            "wall_ns": union_length(code[spans], ts[spans], ts[spans] + dur[spans], n_sub),
             "event_count": total(load & links.host & (dur > 0)),
             "op_count": total(ops),
             "python_count": total(python),

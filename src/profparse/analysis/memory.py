@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import NULL
 from profparse.trace.link import Links, kind_mask
 
@@ -103,7 +103,7 @@ def memory_timeline(events: pd.DataFrame, links: Links, attribution: Attribution
             "allocated_bytes": allocated,
             "reserved_bytes": reserved,
             "relative": allocated == NULL,
-            "stage": tables.stage_categorical(attribution.stage[rows]),
+            "stage": stage_categorical(attribution.stage[rows]),
             "step": attribution.step[rows],
             "op_name": _names_of(events["name"], links.enclosing_op[rows]),
         }
@@ -216,7 +216,7 @@ def memory_by_stage(timeline: pd.DataFrame) -> pd.DataFrame:
 def _empty_by_stage() -> pd.DataFrame:
     frame = pd.DataFrame({c: np.array([], np.int64) for c in BY_STAGE_COLUMNS})
     frame["scope"] = frame["scope"].astype(object)
-    frame["stage"] = tables.stage_categorical(np.array([], np.int8))
+    frame["stage"] = stage_categorical(np.array([], np.int8))
     frame["device"] = pd.Categorical([])
     frame["relative"] = frame["relative"].astype(bool)
     return frame

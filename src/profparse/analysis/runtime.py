@@ -14,8 +14,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse import tables
 from profparse.stages.attribute import Attribution
+from profparse.tables.host_time import SYNC_NAME
+from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
@@ -23,7 +24,7 @@ from profparse.trace.link import Links, kind_mask
 CALL_CLASSES: tuple[tuple[str, re.Pattern], ...] = (
     ("free", re.compile(r"(?i)^(cuda|hip)(Free|HostFree)|^cuMem(Free|Release)|^hipExtFree")),
     ("malloc", re.compile(r"(?i)^(cuda|hip)(Malloc|HostAlloc|HostMalloc|ExtMalloc)|^cuMem(Alloc|Create)")),
-    ("sync", tables.SYNC_NAME),
+    ("sync", SYNC_NAME),
     ("memcpy", re.compile(r"(?i)memcpy")),
     ("memset", re.compile(r"(?i)memset")),
     ("launch", re.compile(r"(?i)launch")),
@@ -76,7 +77,7 @@ def runtime_calls(events: pd.DataFrame, links: Links, attribution: Attribution, 
         {
             "scope": out["scope"].to_numpy(),
             "step": out["step"].to_numpy().astype(np.int64),
-            "stage": tables.stage_categorical(out["stage_code"].to_numpy()),
+            "stage": stage_categorical(out["stage_code"].to_numpy()),
             "name": pd.Categorical.from_codes(out["name_code"].to_numpy(), dtype=events["name"].dtype),
             "call_class": classes.take(np.searchsorted(used, out["name_code"].to_numpy())),
             "count": out["count"].to_numpy().astype(np.int64),

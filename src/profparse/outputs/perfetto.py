@@ -24,8 +24,9 @@ import pandas as pd
 
 from profparse.base.errors import OutputRefusedError, TraceFormatError
 from profparse.base.files import atomic_file
+from profparse.base.intervals import union_length
 from profparse.base.marks import STAGES
-from profparse.tables import HOST_SPAN_KINDS, mixed_containers, union_length
+from profparse.tables.host_time import HOST_SPAN_KINDS, mixed_containers
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
 from profparse.trace.scan import event_boundaries
