@@ -48,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     check_output(args, "dir", "parse", [args.trace])
     if is_ranks:
         return run_ranks(args)
-    from profparse.outputs.parquet import TABLES, write_parquet
+    from profparse.outputs.parquet import write_parquet
+    from profparse.tables.registry import written
 
     parsed = parse_input(args)
-    bar = steps_bar(len(TABLES), "writing tables", args.quiet)
+    bar = steps_bar(len(written()), "writing tables", args.quiet)
     advance = None if bar is None else lambda _: bar.update(1)
     try:
         out = write_parquet(parsed, args.out, force=args.force, on_table=advance)

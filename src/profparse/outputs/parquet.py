@@ -21,8 +21,6 @@ from profparse.tables.registry import written
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import NULL
 
-TABLES = tuple(spec.name for spec in written())  # the Parquet files, one per table
-
 
 def _with_nulls(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
     """Arrow array of ``values`` with nulls where ``missing``, sharing the values' memory (``pa.array(values,

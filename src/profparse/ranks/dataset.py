@@ -23,9 +23,9 @@ _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 def table_names() -> tuple[str, ...]:
     """The per-rank tables written for each rank: the same as a single-trace ``parse`` writes."""
-    from profparse.outputs.parquet import TABLES
+    from profparse.tables.registry import written
 
-    return tuple(TABLES)
+    return tuple(spec.name for spec in written())
 
 
 def partitioned_tables(out_dir: str | Path) -> list[str]:
