@@ -13,7 +13,7 @@ import pytest
 from adversarial import assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import MAIN, PID, STREAM, TraceBuilder
 
-from profparse.analysis.report import _nested_in_same_class
+from profparse.outputs.summary.analyses import _nested_in_same_class
 from profparse.base.formats import display, md_cell, md_code, terminal_safe
 from profparse.base.names import shorten_name
 

@@ -18,7 +18,7 @@ from conftest import parsed as cached_parse
 from tracebuilder import TraceBuilder, memory_event, training_step
 
 import profparse
-from profparse.analysis import report as analysis_report
+from profparse.outputs.summary import analyses as analysis_report
 from profparse.base.formats import Column, Table
 from profparse.cli.main import main
 from profparse.hta import HTA_DISTRIBUTIONS, hta_distribution

@@ -130,8 +130,7 @@ def test_runtime_categories_of_other_backends_link(tmp_path, backend, layer):
 
 
 def test_byte_units_are_binary_and_say_so():
-    from profparse.analysis import report
-    from profparse.outputs import summary
+    from profparse.base.formats import bytes_text, total_bytes_text
 
-    assert summary._bytes(3 << 20) == "3.0 MiB" and summary._bytes(5 << 30) == "5.0 GiB"
-    assert report._bytes(-(2 << 10)) == "-2.0 KiB" and report._bytes(1536 << 20) == "1.5 GiB"
+    assert total_bytes_text(3 << 20) == "3.0 MiB" and total_bytes_text(5 << 30) == "5.0 GiB"
+    assert bytes_text(-(2 << 10)) == "-2.0 KiB" and bytes_text(1536 << 20) == "1.5 GiB"

@@ -398,28 +398,3 @@ def by_stage(table: pd.DataFrame) -> pd.DataFrame:
     columns = ["stage", "kind", "pg", "count", "bytes", "unknown_bytes_count", "time_ns", "algbw_gbps", "busbw_gbps",
                "exposed_ns"]  # fmt: skip
     return g[columns]
-
-
-def summary(table: pd.DataFrame, exposure: pd.DataFrame) -> dict[str, list[dict]]:
-    """The summary's "Communication" data: :func:`by_stage` rows and the exposure per stage (devices summed)."""
-    rows = []
-    for r in by_stage(table).to_dict("records"):
-        rows.append({k: _plain(v) for k, v in r.items()})
-    total = exposure[exposure["scope"] == "total"]
-    sums = ["comm_count", "comm_ns", "overlapped_ns", "exposed_ns"]
-    per_stage = total.groupby("stage", observed=True, sort=True)[sums].sum().reset_index()
-    exposed = [
-        {**{k: _plain(v) for k, v in r.items()}, "overlap_pct": 100 * r["overlapped_ns"] / r["comm_ns"] if r["comm_ns"]
-         else None}
-        for r in per_stage.to_dict("records")
-    ]  # fmt: skip
-    return {"by_stage": rows, "exposure": exposed}
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: NULL and NaN -> None, numpy scalars -> Python, categories -> str."""
-    if isinstance(value, np.integer | int) and not isinstance(value, bool):
-        return None if value == NULL else int(value)
-    if isinstance(value, np.floating | float):
-        return None if np.isnan(value) else float(value)
-    return None if value is None or value is pd.NA else str(value) if not isinstance(value, bool) else value

@@ -98,21 +98,3 @@ def runtime_calls(events: pd.DataFrame, links: Links, attribution: Attribution, 
     scope_order = result["scope"].map({"step": 0, "outside_steps": 1, "total": 2}).to_numpy()
     order = np.lexsort((-result["total_ns"].to_numpy(), result["stage"].cat.codes, result["step"], scope_order))
     return result.iloc[order].reset_index(drop=True)[list(COLUMNS)]
-
-
-def top_calls(table: pd.DataFrame, top: int) -> dict[str, list[dict]]:
-    """Per stage, the ``top`` calls by time over the whole trace (``total`` rows), as JSON-ready records."""
-    totals = table[table["scope"] == "total"]
-    out: dict[str, list[dict]] = {}
-    for stage, rows in totals.groupby("stage", observed=True, sort=True):
-        out[str(stage)] = [
-            {
-                "name": str(r.name),
-                "call_class": str(r.call_class),
-                "count": int(r.count),
-                "total_ns": int(r.total_ns),
-                "share": None if np.isnan(r.share) else float(r.share),
-            }
-            for r in rows.head(top).itertuples(index=False)
-        ]
-    return out

@@ -162,6 +162,11 @@ def us_text(ns: Any) -> str:
     return "-" if ns is None else f"{ns / 1e3:,.1f}"
 
 
+def share_text(x: Any) -> str:
+    """A fraction as a percentage with one decimal (``0.253`` -> ``25.3%``); ``-`` for None."""
+    return "-" if x is None else f"{x:.1%}"
+
+
 def bytes_text(n: Any) -> str:
     """A byte count in the largest binary unit it reaches (``1.5 MiB``, ``-2.0 KiB``, ``512 B``); ``-`` for None."""
     if n is None:
@@ -172,6 +177,11 @@ def bytes_text(n: Any) -> str:
         if n >= scale:
             return f"{sign}{n / scale:,.1f} {unit}"
     return f"{sign}{n} B"
+
+
+def total_bytes_text(n: Any) -> str:
+    """A byte total (memcpy, collectives) as :func:`bytes_text` shows it, or ``0`` when there is none."""
+    return bytes_text(n) if n else "0"
 
 
 TEXT_WIDTH = 100  # a summary line fits a terminal of this width (a longer last, left-aligned column wraps)

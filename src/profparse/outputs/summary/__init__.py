@@ -13,24 +13,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.analysis import report as analysis_report
-from profparse.analysis.comm import summary as comm_summary
-from profparse.analysis.efficiency import summary_section as efficiency_section
 from profparse.analysis.quality import gpu_devices
-from profparse.analysis.runtime import top_calls as runtime_top_calls
 from profparse.base.formats import (
     Column,
     Table,
     display,
     md_code,
+    ms_text,
     path_text,
     render_as,
+    share_text,
     tables_csv,
     tables_markdown,
     tables_text,
+    total_bytes_text,
 )
 from profparse.base.marks import STAGES
 from profparse.base.names import unique_labels
+from profparse.outputs.summary import analyses
+from profparse.outputs.summary.communication import communication_data, communication_tables
+from profparse.outputs.summary.efficiency import efficiency_data, efficiency_tables
+from profparse.outputs.summary.runtime import runtime_calls_tables, top_calls
 from profparse.trace.kinds import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
@@ -141,11 +144,11 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
         "top_ops": _top(ops, "self_ns", top, kernel=False),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
-        "runtime_calls": runtime_top_calls(parsed.runtime_calls, top),
-        "communication": comm_summary(parsed.table("collectives"), parsed.table("comm_exposure")),
+        "runtime_calls": top_calls(parsed.runtime_calls, top),
+        "communication": communication_data(parsed.table("collectives"), parsed.table("comm_exposure")),
         "warnings": parsed.warnings.to_dict("records"),
-        "analyses": analysis_report.summary_sections(parsed),
-        "efficiency": efficiency_section(parsed),
+        "analyses": analyses.summary_sections(parsed),
+        "efficiency": efficiency_data(parsed),
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),
@@ -153,31 +156,12 @@ def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
     }
 
 
-def _ms(ns: Any) -> str:
-    if ns is None:
-        return "-"
-    return f"{ns / 1e6:,.2f}"
-
-
-def _bytes(n: Any) -> str:
-    if not n:
-        return "0"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n} B"
-
-
 def _cell(column: str, value: Any) -> str:
     if column.endswith("_ns"):
-        return _ms(value)
+        return ms_text(value)
     if column.endswith("_bytes"):
-        return _bytes(value)
+        return total_bytes_text(value)
     return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _share(x: Any) -> str:
-    return f"{x:.1%}"
 
 
 def _totals_tables(data: dict[str, Any]) -> list[Table]:
@@ -187,7 +171,7 @@ def _totals_tables(data: dict[str, Any]) -> list[Table]:
     columns = [(c, label) for c, label in columns if overlap or c != "gpu_overlap_ns"]
     columns.insert(1, ("share", "share"))
     cols = [Column("stage", "stage")] + [
-        Column(c, label, _share if c == "share" else _cell_of(c)) for c, label in columns
+        Column(c, label, share_text if c == "share" else _cell_of(c)) for c, label in columns
     ]
     note = "times in ms; share: of all stages' host wall"
     return [Table("Stage totals", cols, data["totals"], note=note)]
@@ -205,7 +189,7 @@ def _per_step_tables(data: dict[str, Any]) -> list[Table]:
     def cell(r: dict[str, Any] | None) -> str:
         if r is None or (not r["host_wall_ns"] and not r["gpu_busy_ns"]):
             return "-"
-        return f"{_ms(r['host_wall_ns'])} | {_ms(r['gpu_busy_ns'])}" if has_gpu else _ms(r["host_wall_ns"])
+        return f"{ms_text(r['host_wall_ns'])} | {ms_text(r['gpu_busy_ns'])}" if has_gpu else ms_text(r["host_wall_ns"])
 
     by_step: dict[Any, dict[str, Any]] = {}
     for r in data["per_step"]:
@@ -214,7 +198,7 @@ def _per_step_tables(data: dict[str, Any]) -> list[Table]:
         by_step.setdefault(t["step"], {"step": t["step"]}).update(total=t, window_ns=t["window_ns"])
     columns = [Column("step", "step", lambda s: "outside" if s is None else str(s))]
     columns += [Column(s, s, cell) for s in STAGES] + [Column("total", "step total", cell)]
-    columns.append(Column("window_ns", "window", _ms))
+    columns.append(Column("window_ns", "window", ms_text))
     value_keys = ("host_wall_ns", "gpu_busy_ns") if has_gpu else ("host_wall_ns",)
     records = [
         {"step": r["step"], "stage": r["stage"], "column": k, "value": r[k]}
@@ -248,8 +232,8 @@ def _top_tables(key: str, title: str, kernel: bool) -> Any:
             return []
         columns = [
             Column("stage", "stage"),
-            Column("total_ns", "ms", _ms),
-            Column("share", "share", _share),
+            Column("total_ns", "ms", ms_text),
+            Column("share", "share", share_text),
             Column("count", "calls", lambda n: f"{n:,}"),
             Column("label", "kernel" if kernel else "op", code=True),
         ]
@@ -279,135 +263,23 @@ def _rules_tables(data: dict[str, Any]) -> list[Table]:
         {"rule": n, "host_op_ns": data["op_time_by_rule"].get(n, 0), "gpu_ns": data["gpu_time_by_rule"].get(n, 0)}
         for n in names
     ]
-    columns = [Column("rule", "rule"), Column("host_op_ns", "host ops", _ms)]
-    columns += [Column("gpu_ns", "GPU", _ms)] if has_gpu else []
+    columns = [Column("rule", "rule"), Column("host_op_ns", "host ops", ms_text)]
+    columns += [Column("gpu_ns", "GPU", ms_text)] if has_gpu else []
     note = "host op self time, GPU time; ms" if has_gpu else "host op self time; ms"
     return [Table("Which rules decided", columns, rows, note=note)]
 
 
-def _runtime_calls_tables(data: dict[str, Any]) -> list[Table]:
-    """The "Runtime calls" section: per stage the CUDA/HIP runtime and driver calls the host spent most time in."""
-    top_calls = data.get("runtime_calls") or {}
-    rows = [
-        {"stage": stage, **item, "label": f"{item['name']} ({item['call_class']})"}
-        for stage in STAGES
-        for item in top_calls.get(stage) or []
-    ]
-    if not rows:
-        return []
-    columns = [
-        Column("stage", "stage"),
-        Column("total_ns", "ms", _ms),
-        Column("share", "share", lambda x: "-" if x is None else _share(x)),
-        Column("count", "calls", lambda n: f"{n:,}"),
-        Column("label", "call", code=True),
-    ]
-    records = [
-        {"stage": r["stage"], "name": r["name"], "column": c, "value": r[c]}
-        for r in rows
-        for c in ("call_class", "total_ns", "share", "count")
-    ]
-    note = "host time per stage; share: of the stage's host wall"
-    title = "Runtime calls per stage"
-    return [Table(title, columns, rows, note=note, index=1, last_left=True, group=True, records=records)]
-
-
-def _gbps(v: Any) -> str:
-    return "-" if v is None else f"{v:,.2f}"
-
-
-def _communication_tables(data: dict[str, Any]) -> list[Table]:
-    """The "Communication" section: collectives per stage and kind, and how much of their time is exposed."""
-    comm = data.get("communication") or {}
-    if not comm.get("by_stage"):
-        return []
-
-    def size(row: dict[str, Any]) -> str:
-        if row["bytes"] is None:
-            return "unknown"
-        return _bytes(row["bytes"]) + ("" if not row["unknown_bytes_count"] else "+?")
-
-    by_stage = [{**r, "size": r} for r in comm["by_stage"]]
-    columns = [
-        Column("stage", "stage"),
-        Column("kind", "collective"),
-        Column("pg", "group", lambda v: display(v)),
-        Column("count", "count", lambda n: f"{n:,}"),
-        Column("size", "bytes", size),
-        Column("time_ns", "time ms", _ms),
-        Column("algbw_gbps", "algbw GB/s", _gbps),
-        Column("busbw_gbps", "busbw GB/s", _gbps),
-        Column("exposed_ns", "exposed ms", _ms),
-    ]
-    records = [
-        {"stage": r["stage"], "name": f"{r['kind']} {r['pg']}", "column": c, "value": r[c]}
-        for r in comm["by_stage"]
-        for c in ("count", "bytes", "time_ns", "algbw_gbps", "busbw_gbps", "exposed_ns")
-    ]
-    tables = [
-        Table(
-            "Communication per stage",
-            columns,
-            by_stage,
-            note="collective kernels; exposed = not overlapped by other GPU work",
-            index=3,
-            group=True,
-            records=records,
-        )
-    ]
-    exposure = [
-        Column("stage", "stage"),
-        Column("comm_ns", "comm ms", _ms),
-        Column("overlapped_ns", "overlapped ms", _ms),
-        Column("exposed_ns", "exposed ms", _ms),
-        Column("overlap_pct", "overlap", lambda v: "-" if v is None else f"{v:.1f}%"),
-    ]
-    tables.append(Table("Communication exposed per stage", exposure, comm["exposure"], note="all steps"))
-    return tables
-
-
-def _efficiency_tables(data: dict[str, Any]) -> list[Table]:
-    """FLOPs, achieved TFLOP/s, MFU/HFU per stage; MFU per step; the ops not counted (docs/efficiency.md)."""
-    section = data.get("efficiency")
-    if not section:
-        return []
-
-    def pct(x: Any) -> str:
-        return "-" if x is None else f"{x:.1%}"
-
-    basis = section["basis"]
-    columns = [
-        Column("stage", "stage"),
-        Column("flops", "GFLOPs", lambda x: f"{x / 1e9:,.1f}"),
-        Column("achieved_tflops", "TFLOP/s", lambda x: "-" if x is None else f"{x:,.3g}"),
-        Column("mfu", "MFU", pct),
-        Column("hfu", "HFU", pct),
-        Column("counted_ns", f"counted {basis}", _ms),
-        Column("not_counted_ns", "not counted", _ms),
-    ]
-    out = [Table("Efficiency", columns, section["stages"], note=f"{section['peak']['note']}; ms")]
-    if any(s["mfu"] is not None for s in section["steps"]):
-        step_columns = [Column("step", "step"), Column("flops", "GFLOPs", lambda x: f"{x / 1e9:,.1f}")]
-        step_columns.append(Column("mfu", "MFU", pct))
-        out.append(Table("MFU per step", step_columns, section["steps"], note="model FLOPs / (step window x peak)"))
-    if section["not_counted"]:
-        columns = [Column("time_ns", "ms", _ms), Column("count", "calls", lambda n: f"{n:,}"), Column("name", "op")]
-        note = f"no FLOP formula or no shapes; {basis} ms"
-        out.append(Table("Not counted", columns, section["not_counted"], note=note, index=0, last_left=True))
-    return out
-
-
 #: The summary's sections in the order shown: each turns the summary data into tables (none: nothing to show).
-#: ``analysis_report.tables`` holds the analyses' sections (their own registry, ``analysis/report.py``).
+#: ``analyses.tables`` holds the analyses' sections (their own registry, ``outputs/summary/analyses.py``).
 SECTIONS = (
     _totals_tables,
     _per_step_tables,
     _top_tables("top_kernels", "Top kernels", kernel=True),
     _top_tables("top_ops", "Top ops", kernel=False),
-    lambda data: analysis_report.tables(data.get("analyses")),
-    _efficiency_tables,
-    _runtime_calls_tables,
-    _communication_tables,
+    lambda data: analyses.tables(data.get("analyses")),
+    efficiency_tables,
+    runtime_calls_tables,
+    communication_tables,
     _checks_tables,
     _rules_tables,
 )

@@ -1,7 +1,7 @@
 """The analyses' sections of the summary: plain data from a parsed trace, and the tables that show it.
 
 Each section is one :class:`Section` entry of :data:`SECTIONS`: ``data(parsed)`` gives its JSON-ready entries
-(``outputs/summary.py`` puts them all under ``"analyses"``), ``tables(analyses)`` the
+(``outputs/summary`` puts them all under ``"analyses"``), ``tables(analyses)`` the
 :class:`~profparse.base.formats.Table` s shown, which text, markdown and csv render alike. Adding a section
 (efficiency, communication, runtime calls) is one more entry. A section with nothing to show gives no tables (no
 Python frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
@@ -17,7 +17,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.base.formats import Column, Table, display, tables_markdown, tables_text
+from profparse.base.formats import (
+    Column,
+    Table,
+    bytes_text,
+    display,
+    ms_text,
+    plain,
+    tables_markdown,
+    tables_text,
+    us_text,
+)
 
 MODULE_ROWS = 12
 RULES_WIDTH = 38
@@ -39,20 +49,10 @@ LATENCY = (
 )
 
 
-def _plain(value: Any) -> Any:
-    if value is pd.NA or value is None:
-        return None
-    if isinstance(value, np.integer | np.bool_):
-        return value.item()
-    if isinstance(value, np.floating):
-        return None if np.isnan(value) else float(value)
-    return value
-
-
 def _records(frame: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     out = []
     for row in frame.drop(columns=[c for c in drop if c in frame.columns]).to_dict("records"):
-        out.append({k: (str(v) if k in ("stage", "substep", "device") else _plain(v)) for k, v in row.items()})
+        out.append({k: (str(v) if k in ("stage", "substep", "device") else plain(v)) for k, v in row.items()})
     return out
 
 
@@ -116,7 +116,7 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
         first=("first_ts_ns", "min"),
     )
     grouped = grouped.reset_index().sort_values(["depth", "first"], kind="stable").drop(columns="first")
-    return [{k: _plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]
+    return [{k: plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]
 
 
 def _nested_in_same_class(names: list[Any], parents: list[Any], classes: list[Any]) -> set[Any]:
@@ -164,27 +164,8 @@ def _nested_in_same_class(names: list[Any], parents: list[Any], classes: list[An
 # -- text ------------------------------------------------------------------------------------------------------------
 
 
-def _ms(ns: Any) -> str:
-    return "-" if ns is None else f"{ns / 1e6:,.2f}"
-
-
 def _nz(ns: Any) -> str:
-    return _ms(ns) if ns else "-"
-
-
-def _us(ns: Any) -> str:
-    return "-" if ns is None else f"{ns / 1e3:,.1f}"
-
-
-def _bytes(n: Any) -> str:
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{sign}{n / scale:,.1f} {unit}"
-    return f"{sign}{n} B"
+    return ms_text(ns) if ns else "-"
 
 
 def _short(text: str, width: int) -> str:
@@ -227,7 +208,9 @@ def _levels_tables(data: dict[str, Any]) -> list[Table]:
     launched = [r for r in levels if r.get("launch_latency_count")]
     if launched:
         columns = [Column("stage", "stage"), Column("launch_latency_count", "launches", lambda n: f"{n:,}")]
-        columns += [Column("launch_latency_mean_ns", "mean", _us)] + [Column(c, label, _us) for c, label in LATENCY]
+        columns += [Column("launch_latency_mean_ns", "mean", us_text)] + [
+            Column(c, label, us_text) for c, label in LATENCY
+        ]
         out.append(Table("Launch latency", columns, launched, note="us, GPU start - launch call start"))
     return out
 
@@ -240,15 +223,15 @@ def _load_tables(data: dict[str, Any]) -> list[Table]:
     gpu = any(r["gpu_time_ns"] for r in load)
     columns = [
         Column("substep", "substep"),
-        Column("time_ns", "ms", _ms),
+        Column("time_ns", "ms", ms_text),
         Column("share", "share", lambda x: f"{x:.1%}"),
-        Column("wall_ns", "wall ms", _ms),
+        Column("wall_ns", "wall ms", ms_text),
         Column("event_count", "events", lambda n: f"{n:,}"),
     ]
-    columns += [Column("gpu_time_ns", "GPU ms", _ms)] if gpu else []
+    columns += [Column("gpu_time_ns", "GPU ms", ms_text)] if gpu else []
     width = RULES_WIDTH - (10 if gpu else 0)
     columns.append(Column("rule", "rules", lambda r: _short(display(r or "-"), width), code=True))
-    note = f"load host time {_ms(total)} ms; unattributed = no rule explains it"
+    note = f"load host time {ms_text(total)} ms; unattributed = no rule explains it"
     return [Table("Loading sub-steps", columns, load, note=note, last_left=True)]
 
 
@@ -275,7 +258,9 @@ def _memory_tables(data: dict[str, Any]) -> list[Table]:
         ("freed_bytes", "freed"),
         ("peak_reserved_bytes", "reserved peak"),
     )
-    columns = [Column("device", "device"), Column("stage", "stage")] + [Column(k, label, _bytes) for k, label in keys]
+    columns = [Column("device", "device"), Column("stage", "stage")] + [
+        Column(k, label, bytes_text) for k, label in keys
+    ]
     relative = any(r["relative"] for r in memory)
     note = (
         "allocated at first -> last event, peak; bytes allocated, freed: moves of the\n"
@@ -289,7 +274,7 @@ def _memory_tables(data: dict[str, Any]) -> list[Table]:
 class Section:
     """One analysis section of the summary: ``data`` turns a parsed trace into JSON-ready entries of the
     summary's ``analyses``; ``tables`` turns ``analyses`` into the tables shown (none: nothing to show).
-    Text, markdown and csv all render those tables (``outputs/formats.py``)."""
+    Text, markdown and csv all render those tables (``base/formats.py``)."""
 
     data: Callable[[Any], dict[str, Any]]
     tables: Callable[[dict[str, Any]], list[Table]]
