@@ -21,10 +21,12 @@ from conftest import SAMPLE_TRACES, SHARED_TRACES
 from conftest import parsed as parsed_once
 from tracebuilder import TraceBuilder, training_step
 
+from profparse.base.formats import plain
 from profparse.cli.main import main
 from profparse.outputs import report
 from profparse.outputs.summary import summary_data
 from profparse.outputs.views import VIEWS
+from profparse.trace.kinds import NULL
 
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
 MI250 = SHARED_TRACES / "mi250_minitoy.json.gz"
@@ -129,7 +131,7 @@ def test_report_embeds_the_summary_and_every_view(tmp_path):
     page = write(trace, tmp_path / "r.html")
     data = payload(page)
     parsed = parsed_once(trace)
-    assert data["summary"] == json.loads(json.dumps(report.plain(summary_data(parsed))))
+    assert data["summary"] == json.loads(json.dumps(plain(summary_data(parsed), null=NULL)))
     assert list(data["views"]) == list(VIEWS)  # every registered view has its section, in order
     totals = {r["stage"]: r["host_wall_ns"] for r in data["summary"]["totals"]}
     assert totals == {"load": 0, "forward": 40_000, "backward": 60_000, "optimizer": 40_000, "other": 0}

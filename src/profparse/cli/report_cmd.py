@@ -35,11 +35,14 @@ def run(args: argparse.Namespace) -> int:
     if not is_ranks:
         return run_trace(args)
     from profparse.outputs.report import ranks_payload, write_report
+    from profparse.ranks import ranks_summary_data
 
     run_ = rank_run(args)
-    payload = ranks_payload(
-        run_.results, args.trace, args.metric, matches=run_.matches, match_warnings=run_.match_warnings
+    matches, match_warnings = run_.matches, run_.match_warnings
+    data = ranks_summary_data(
+        run_.results, metric=args.metric, folder=args.trace, matches=matches, match_warnings=match_warnings
     )
+    payload = ranks_payload(data, args.trace)
     size = write_report(payload, args.out, force=args.force, inputs=[args.trace])
     note(f"wrote {args.out} ({size / 1e6:,.2f} MB)", args.quiet)
     if run_.failed and not args.keep_going:

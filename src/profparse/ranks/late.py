@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.formats import plain
 from profparse.base.marks import STAGES
 
 NULL = -(2**63)  # profparse.trace.kinds.NULL: the int64 sentinel of a missing value
@@ -437,11 +438,11 @@ def late_data(
         return {"available": False, "collectives": 0, "ranks": 0, "warnings": [], "stages": [], "per_rank": []}
     stages = []
     for row in late_ranks(matches).to_dict("records"):
-        item = {k: _plain(v) for k, v in row.items()}
+        item = {k: plain(v) for k, v in row.items()}
         if item["late_rank"] is not None:
             item["differences"] = differences(totals, item["stage"], item["late_rank"], top)
         stages.append(item)
-    per_rank = [{k: _plain(v) for k, v in r.items()} for r in per_rank_stage(matches).to_dict("records")]
+    per_rank = [{k: plain(v) for k, v in r.items()} for r in per_rank_stage(matches).to_dict("records")]
     return {
         "available": True,
         "collectives": int(matches["match"].nunique()),
@@ -450,13 +451,3 @@ def late_data(
         "stages": stages,
         "per_rank": per_rank,
     }
-
-
-def _plain(value: Any) -> Any:
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, np.integer | np.bool_):
-        return value.item()
-    if isinstance(value, float | np.floating):
-        return None if np.isnan(value) else float(value)
-    return value

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.base.errors import UsageError
-from profparse.base.formats import display, md_cell, md_code, render_as
+from profparse.base.formats import display, md_cell, md_code, ms_text, plain, render_as
 from profparse.base.formats import text_table as _table
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
@@ -18,18 +18,6 @@ from profparse.ranks import late
 from profparse.ranks.discovery import RankFile, describe_sources
 from profparse.ranks.results import RankResult
 from profparse.ranks.stragglers import DEFAULT_METRIC, METRICS, per_rank_totals, stragglers
-
-
-def _plain(value: Any) -> Any:
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return None if np.isnan(value) else float(value)
-    if isinstance(value, float) and np.isnan(value):
-        return None
-    return value
 
 
 def ranks_summary_data(
@@ -73,9 +61,9 @@ def ranks_summary_data(
         ],  # fmt: skip
         "rank_sources": describe_sources(files),
         "per_rank": [
-            {k: (str(v) if k == "stage" else _plain(v)) for k, v in row.items()} for row in per_rank.to_dict("records")
+            {k: (str(v) if k == "stage" else plain(v)) for k, v in row.items()} for row in per_rank.to_dict("records")
         ],
-        "stragglers": [{k: _plain(v) for k, v in row.items()} for row in table.to_dict("records")],
+        "stragglers": [{k: plain(v) for k, v in row.items()} for row in table.to_dict("records")],
         "failed_ranks": [
             {"rank": r.rank, "file": r.path, "error": r.error, "exit_code": r.exit_code}
             for r in sorted(results, key=lambda r: r.rank)
@@ -94,13 +82,9 @@ def _stage_times(late_ranks: dict[str, Any], per_rank: pd.DataFrame, column: str
         mine = part[part["rank"] == item["late_rank"]][column]
         item["stage_ns"] = {
             "metric": column,
-            "rank_ns": _plain(mine.iloc[0]) if len(mine) else None,
+            "rank_ns": plain(mine.iloc[0]) if len(mine) else None,
             "median_ns": float(np.median(part[column].astype("int64"))) if len(part) else None,
         }
-
-
-def _ms(ns: Any) -> str:
-    return "-" if ns is None else f"{ns / 1e6:,.2f}"
 
 
 def _pct(share: Any) -> str:
@@ -118,11 +102,11 @@ def _straggler_rows(data: dict[str, Any]) -> list[list[str]]:
     return [
         [
             s["stage"],
-            _ms(s["median_ns"]),
-            _ms(s["min_ns"]),
-            _ms(s["max_ns"]),
+            ms_text(s["median_ns"]),
+            ms_text(s["min_ns"]),
+            ms_text(s["max_ns"]),
             "-" if s["slowest_rank"] is None else str(s["slowest_rank"]),
-            _ms(s["lead_ns"]),
+            ms_text(s["lead_ns"]),
             _pct(s["lead_share"]),
         ]
         for s in data["stragglers"]
@@ -154,7 +138,7 @@ def _late_rows(late_ranks: dict[str, Any]) -> list[list[str]]:
 
     return [
         [s["stage"], str(s["collectives"]), str(s["late"]), opt(s["late_rank"]), opt(s["times_last"]),
-         _ms(s["mean_delay_ns"]), _ms(s["max_delay_ns"]), _ms(s["waiting_ns"]), _ms(s["transfer_ns"]),
+         ms_text(s["mean_delay_ns"]), ms_text(s["max_delay_ns"]), ms_text(s["waiting_ns"]), ms_text(s["transfer_ns"]),
          "-" if s["waiting_share"] is None else f"{s['waiting_share']:.1%}"]
         for s in late_ranks["stages"]
     ]  # fmt: skip
@@ -175,7 +159,8 @@ def _stage_line(s: dict[str, Any]) -> str:
     line = f"{s['stage']}: rank {s['late_rank']} arrived last in {s['times_last']} of {s['collectives']} collectives"
     times = s.get("stage_ns")
     if times and times["rank_ns"] is not None:
-        line += f"; its {s['stage']} took {_ms(times['rank_ns'])} ms, the median rank {_ms(times['median_ns'])} ms"
+        rank, median = ms_text(times["rank_ns"]), ms_text(times["median_ns"])
+        line += f"; its {s['stage']} took {rank} ms, the median rank {median} ms"
     return line
 
 
@@ -193,8 +178,8 @@ def _late_text(late_ranks: dict[str, Any]) -> list[str]:
         if s.get("late_rank") is None:
             continue
         lines += ["", f"  {_stage_line(s)}; what it did differently (against the median rank):"]
-        rows = [[kind, _signed_ms(d["delta_ns"]), _ms(d["rank_ns"]), _ms(d["median_ns"]), shorten_name(d["name"])]
-                for kind, d in _difference_rows(s)]  # fmt: skip
+        rows = [[kind, _signed_ms(d["delta_ns"]), ms_text(d["rank_ns"]), ms_text(d["median_ns"]),
+                 shorten_name(d["name"])] for kind, d in _difference_rows(s)]  # fmt: skip
         if rows:
             lines.append(_table(["", "more", f"rank {s['late_rank']}", "median", "name"], rows, last_left=True))
         else:
@@ -215,9 +200,8 @@ def _late_markdown(late_ranks: dict[str, Any]) -> list[str]:
         lines += ["| | more (ms) | late rank (ms) | median (ms) | name |", "|---|---|---|---|---|"]
         for kind, d in _difference_rows(s):
             name = md_code(shorten_name(d["name"]))
-            lines.append(
-                f"| {kind} | {_signed_ms(d['delta_ns'])} | {_ms(d['rank_ns'])} | {_ms(d['median_ns'])} | {name} |"
-            )
+            rank, median = ms_text(d["rank_ns"]), ms_text(d["median_ns"])
+            lines.append(f"| {kind} | {_signed_ms(d['delta_ns'])} | {rank} | {median} | {name} |")
     return lines
 
 
@@ -237,7 +221,7 @@ def render_ranks_text(data: dict[str, Any]) -> str:
         f"{label[0].upper()}{label[1:]} per rank and stage (ms)",
     ]
     ranks, cells = _matrix(data)
-    rows = [[str(r)] + [_ms(cells.get((r, s))) for s in STAGES] for r in ranks]
+    rows = [[str(r)] + [ms_text(cells.get((r, s))) for s in STAGES] for r in ranks]
     lines.append(_table(["rank", *STAGES], rows))
     lines += ["", f"Stragglers per stage ({label}, ms; lead = slowest rank minus the median)"]
     lines.append(_table(STRAGGLER_HEADERS, _straggler_rows(data)))
@@ -258,7 +242,7 @@ def render_ranks_markdown(data: dict[str, Any]) -> str:
     lines.append("|" + "---|" * (len(STAGES) + 1))
     ranks, cells = _matrix(data)
     for r in ranks:
-        lines.append(f"| {r} | " + " | ".join(_ms(cells.get((r, s))) for s in STAGES) + " |")
+        lines.append(f"| {r} | " + " | ".join(ms_text(cells.get((r, s))) for s in STAGES) + " |")
     lines += ["", f"## Stragglers per stage ({label}, ms)", ""]
     lines.append("| " + " | ".join(STRAGGLER_HEADERS) + " |")
     lines.append("|" + "---|" * len(STRAGGLER_HEADERS))

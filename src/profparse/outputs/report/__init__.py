@@ -12,17 +12,12 @@ import base64
 import html
 import io
 import json
-import math
-from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from profparse.base.files import atomic_file
-from profparse.base.formats import LONE_SURROGATE, display
+from profparse.base.formats import LONE_SURROGATE, display, plain
 from profparse.base.marks import STAGES
 from profparse.base.version import __version__
 from profparse.outputs.views import VIEWS
@@ -42,40 +37,6 @@ OPTIONS: dict[str, dict[str, int]] = {
     "top_ops": {"n": TOP_ROWS},
     "top_runtime": {"n": TOP_ROWS},
 }
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON-ready data: DataFrames as ``{"index", "columns", "cols"}`` (columnar), arrays as lists,
-    NaN and the int NULL sentinel as null."""
-    if isinstance(value, pd.DataFrame):
-        return {
-            "index": [plain(i) for i in value.index],
-            "columns": [str(c) for c in value.columns],
-            "cols": {str(c): plain(value[c].to_numpy()) for c in value.columns},
-        }
-    if isinstance(value, pd.Series):
-        return plain(value.to_numpy())
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind in "iu":
-            return [None if v == NULL else v for v in value.tolist()]
-        if value.dtype.kind == "f":
-            return [None if not math.isfinite(v) else v for v in value.tolist()]
-        return [plain(v) for v in value.tolist()]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if isinstance(value, np.integer | int) and not isinstance(value, bool):
-        return None if int(value) == NULL else int(value)
-    if isinstance(value, np.floating | float):
-        return float(value) if math.isfinite(float(value)) else None
-    if isinstance(value, np.bool_ | bool):
-        return bool(value)
-    if value is None or isinstance(value, str):
-        return value
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return str(value)
 
 
 def _png(module: Any, prepared: Any) -> str | None:
@@ -106,7 +67,7 @@ def view_payload(parsed: Any) -> dict[str, Any]:
         if prepared is None:
             entry["skipped"] = why
         else:
-            entry["data"] = plain(prepared)
+            entry["data"] = plain(prepared, null=NULL)
             if kind not in NATIVE:
                 entry["png"] = _png(module, prepared)
         out[kind] = entry
@@ -120,26 +81,15 @@ def trace_payload(parsed: Any) -> dict[str, Any]:
     return {
         "kind": "trace",
         "title": display(Path(parsed.path).name),
-        "summary": plain(summary_data(parsed)),
+        "summary": plain(summary_data(parsed), null=NULL),
         "views": view_payload(parsed),
     }
 
 
-def ranks_payload(
-    results: Any,
-    folder: str,
-    metric: str,
-    *,
-    matches: pd.DataFrame | None = None,
-    match_warnings: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The page's data for a folder of ranks: ``ranks.ranks_summary_data`` (heatmap, stragglers, late ranks, per
-    rank). ``matches``, ``match_warnings``: the run's ``collective_matches`` (``RanksRun.matches``), as summarize
-    passes them; without them a rank dataset (whose results carry no collective rows) shows no late ranks."""
-    from profparse.ranks import ranks_summary_data
-
-    data = ranks_summary_data(results, metric=metric, folder=folder, matches=matches, match_warnings=match_warnings)
-    return {"kind": "ranks", "title": display(Path(folder).name or folder), "ranks": plain(data)}
+def ranks_payload(data: dict[str, Any], folder: str) -> dict[str, Any]:
+    """The page's data for a folder of ranks: ``data`` is ``ranks.ranks_summary_data``'s (heatmap, stragglers, late
+    ranks, per rank), which the caller computes (outputs sit below the ranks layer)."""
+    return {"kind": "ranks", "title": display(Path(folder).name or folder), "ranks": plain(data, null=NULL)}
 
 
 def _asset(name: str) -> str:
