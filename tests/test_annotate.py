@@ -14,14 +14,9 @@ from conftest import SAMPLE_TRACES, SHARED_TRACES, shared_traces
 from conftest import parsed as parsed_once
 
 import profparse
+from profparse.analysis.stage_tracks import stage_intervals
 from profparse.cli.main import main
-from profparse.outputs.perfetto import (
-    LOAD_CATEGORY,
-    STAGE_CATEGORY,
-    STAGE_PROCESS_NAME,
-    stage_intervals,
-    write_annotated,
-)
+from profparse.outputs.perfetto import LOAD_CATEGORY, STAGE_CATEGORY, STAGE_PROCESS_NAME, write_annotated
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"

@@ -274,7 +274,7 @@ def test_pairs_factorized_as_a_multiindex_does() -> None:
     import numpy as np
     import pandas as pd
 
-    from profparse.outputs.perfetto import _factorize_pairs
+    from profparse.analysis.stage_tracks import _factorize_pairs
 
     rng = np.random.default_rng(7)
     pid = rng.choice(np.array([3, -1, 2_910_249, 7], dtype=np.int64), 5000)

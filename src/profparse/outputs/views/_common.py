@@ -101,7 +101,7 @@ def style() -> dict[str, Any]:
 def timeline_intervals(parsed: Any, max_rects: int | None = None, pixels: int = 2000) -> tuple[Any, int]:
     """Stage intervals merged to about a pixel (1/``pixels`` of the span); coarser while there are more than
     ``max_rects`` (default :data:`MAX_RECTS`). Returns (StageTracks, gap in ns)."""
-    from profparse.outputs.perfetto import activity_span, stage_intervals
+    from profparse.analysis.stage_tracks import activity_span, stage_intervals
 
     limit = MAX_RECTS if max_rects is None else max_rects
     span = activity_span(parsed)  # the intervals' span, without merging them at gap 0 first (half the time)
