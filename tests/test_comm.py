@@ -15,6 +15,7 @@ from tracebuilder import AUTOGRAD, TraceBuilder
 
 import profparse
 from profparse.analysis import comm
+from profparse.base.intervals import group_union
 from profparse.outputs.summary import render_summary
 from profparse.outputs.views import communication as view
 
@@ -184,7 +185,7 @@ def test_covered_matches_brute_force(comms: list, computes: list) -> None:
     want = [int(grid[dev, s:e].sum()) for s, e, dev in zip(start, end, device, strict=True)]
     assert got.tolist() == want
     group = device.copy()
-    pg, ps, pe = comm._group_union(group, start, end)
+    pg, ps, pe = group_union(group, start, end)
     for g in np.unique(group):
         line = np.zeros(80, dtype=bool)
         for s, e in zip(start[group == g], end[group == g], strict=True):
@@ -336,7 +337,7 @@ def test_a100_overlap_matches_hta() -> None:
     table = p.collectives
     start = table["ts_ns"].to_numpy()
     end = start + table["dur_ns"].to_numpy()
-    _, ps, pe = comm._group_union(np.zeros(len(start), dtype=np.int64), start, end)
+    _, ps, pe = group_union(np.zeros(len(start), dtype=np.int64), start, end)
     device = np.zeros(len(ps), dtype=np.int64)
     rows = comm.collective_rows(p.raw.events)
     covered = comm._covered_by_compute(p.raw.events, rows, device, ps, pe, kinds=frozenset({"kernel"}))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.intervals import coverage, group_union, merge, on_one_line
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import row_ref, stage_categorical
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
@@ -204,33 +205,7 @@ def _rank_count(ranks: Any) -> int:
     return ranks.count(",") + 1
 
 
-# -- interval arithmetic: sort + sweep, linear after the sort -------------------------------------------------------
-
-
-def _merge(line_s: np.ndarray, line_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted intervals covering the union of [s, e) (input sorted by start)."""
-    if not len(line_s):
-        return line_s, line_e
-    reach = np.maximum.accumulate(line_e)
-    new = np.concatenate([[True], line_s[1:] > reach[:-1]])  # starts after everything before it ended
-    heads = np.flatnonzero(new)
-    return line_s[heads], np.maximum.reduceat(line_e, heads)
-
-
-def _coverage(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Length of the disjoint sorted intervals [starts, ends) lying before each point ``x``."""
-    if not len(starts):
-        return np.zeros(len(x), dtype=np.int64)
-    before = np.concatenate([[0], np.cumsum(ends - starts)])
-    i = np.searchsorted(starts, x, side="right") - 1
-    inside = np.clip(x - starts[np.maximum(i, 0)], 0, (ends - starts)[np.maximum(i, 0)])
-    return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
-
-
-def _on_one_line(device: np.ndarray, s: np.ndarray, e: np.ndarray, base: int, span: int) -> tuple:
-    """Devices laid end to end on one time line (each gets ``span``), so one sort and sweep covers them all."""
-    shift = device * span - base
-    return s + shift, e + shift
+# -- exposure: collectives' time that other GPU activity does not cover ----------------------------------------------
 
 
 def _covered_by_compute(
@@ -260,32 +235,17 @@ def _covered_by_compute(
             q, c = dq == d, dc == d
             out[q] = _covered_by_compute_one(s[c] - base, e[c] - base, start[q] - base, end[q] - base)
         return out
-    cs, ce = _on_one_line(dc, s, e, base, span)
+    cs, ce = on_one_line(dc, s, e, base=base, span=span)
     order = np.argsort(cs, kind="stable")
-    us, ue = _merge(cs[order], ce[order])
-    qs, qe = _on_one_line(dq, start, end, base, span)
-    return (_coverage(us, ue, qe) - _coverage(us, ue, qs)).astype(np.int64)
+    us, ue = merge(cs[order], ce[order])
+    qs, qe = on_one_line(dq, start, end, base=base, span=span)
+    return (coverage(us, ue, qe) - coverage(us, ue, qs)).astype(np.int64)
 
 
 def _covered_by_compute_one(s: np.ndarray, e: np.ndarray, qs: np.ndarray, qe: np.ndarray) -> np.ndarray:
     order = np.argsort(s, kind="stable")
-    us, ue = _merge(s[order], e[order])
-    return (_coverage(us, ue, qe) - _coverage(us, ue, qs)).astype(np.int64)
-
-
-def _group_union(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The union of [s, e) per group id as disjoint pieces: (group, start, end), sorted by group then start."""
-    order = np.lexsort((s, group))
-    g, s, e = group[order], s[order], e[order]
-    base = int(s.min())
-    span = int(e.max()) - base + 1
-    if (int(g.max()) + 1) * span < 2**62:  # groups end to end on one line: one sweep merges them all
-        shift = g.astype(np.int64) * span - base
-        ps, pe = _merge(s + shift, e + shift)
-        pg = ps // span
-        return pg, ps - pg * span + base, pe - pg * span + base
-    pieces = [(np.full(len(a), k), a, b) for k in np.unique(g) for a, b in [_merge(s[g == k], e[g == k])]]
-    return tuple(np.concatenate(p) for p in zip(*pieces, strict=True))
+    us, ue = merge(s[order], e[order])
+    return (coverage(us, ue, qe) - coverage(us, ue, qs)).astype(np.int64)
 
 
 def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attribution) -> pd.DataFrame:
@@ -306,7 +266,7 @@ def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attrib
     group, uniques = grouped.ngroup().to_numpy(), grouped.size().index
     s = table["ts_ns"].to_numpy()
     e = s + table["dur_ns"].to_numpy()
-    pg, ps, pe = _group_union(group.astype(np.int64), s, e)
+    pg, ps, pe = group_union(group.astype(np.int64), s, e)
     covered = _covered_by_compute(events, collective_rows(events), uniques.get_level_values("device")[pg].to_numpy(),
                                   ps, pe)  # fmt: skip
     n = len(uniques)
