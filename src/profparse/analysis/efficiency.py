@@ -1,343 +1,28 @@
-"""FLOPs per op, achieved TFLOP/s, MFU and HFU per step x stage and per module, and the GEMM shape table.
+"""MFU, HFU and achieved TFLOP/s per (step, stage), step, stage and ``nn.Module`` (the ``efficiency`` table), from
+the counted FLOPs (:mod:`profparse.analysis.flop_counts`) and the chosen peak (:mod:`profparse.analysis.peaks`).
 
-Each CPU op's cost comes from :func:`profparse.analysis.flops.op_cost` on its recorded shapes. Counting once:
-
-- matmul, convolution and attention ops ("tensor" formulas) count at the innermost such op: ``aten::linear`` ->
-  ``aten::addmm`` counts at ``addmm``, and any tensor-formula op around it counts nothing;
-- norms, softmax, elementwise ops and reductions ("vector" formulas) count at the outermost such op
-  (``layer_norm``, not the ``native_layer_norm`` inside; ``mul_``, not the scalar ``to`` inside), unless they run
-  inside a counted tensor op (a ``copy_`` inside ``addmm`` is part of the ``addmm``) or around one;
-- a backward node (``autograd::engine::evaluate_function: MmBackward0``) with no counted op inside gets its
-  forward op's FLOPs (same sequence number) times 2 (2.5 for attention); one with counted ops inside
-  (``aten::mm`` under ``MmBackward0``) is counted through them only.
-
-GPU time of an op = the kernels launched by it or by ops inside it (down to the next counted op). Kernels launched
-by no counted op are "not counted" time, listed per op with ``status`` saying why. Model FLOPs leave out ops
-recomputed in backward (activation checkpointing: ops under an ``nn.Module`` call that runs in backward);
-hardware FLOPs include them.
+Model FLOPs leave out ops recomputed in backward (activation checkpointing: ops under an ``nn.Module`` call that
+runs in backward); hardware FLOPs include them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, gemm_dims, has_formula, op_cost
-from profparse.analysis.modules import MODULE_EVENT, backward_node_measures, call_levels, roll_up
-from profparse.analysis.peaks import device_peaks
+from profparse.analysis.flop_counts import BACKWARD, STATUS, module_calls
+from profparse.analysis.modules import backward_node_measures, call_levels, roll_up
+from profparse.analysis.peaks import PeakChoice
 from profparse.base.marks import STAGES
-from profparse.stages.attribute import Attribution
-from profparse.tables.rows import stage_categorical, take_categorical
-from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask
-
-SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
-STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded or unfit", "around counted ops")
-BACKWARD = STAGES.index("backward")
-FLOP_COLUMNS = (
-    "trace_index", "name", "stage", "step", "status", "family", "dtype", "source", "recompute", "flops", "bytes",
-    "gpu_ns", "kernel_count", "host_ns", "achieved_tflops", "intensity", "forward_trace_index", "on_device",
-)  # fmt: skip
+from profparse.tables.rows import stage_categorical
+from profparse.trace.kinds import NULL
+from profparse.trace.link import innermost_ancestor_of_kind
 
 
-@dataclass
-class Counts:
-    """Per event row: FLOPs, bytes, status code (-1: covered by a counted op or not a CPU op), owner of kernels."""
-
-    flops: np.ndarray  # float64
-    nbytes: np.ndarray  # float64
-    status: np.ndarray  # int8 index into STATUS, -1 none
-    costs: CostIndex  # each row's formula's cost (where it has one)
-    owner: np.ndarray  # counted row whose FLOPs each event's GPU work belongs to (-1 none)
-    recompute: np.ndarray  # bool
-    forward: np.ndarray  # linked backward node -> its forward op row (-1)
-    linked_family: dict[int, str]  # linked node -> family of its forward op's largest FLOPs
-
-
-@dataclass
-class CostIndex:
-    """op_cost of each distinct (name, dims, types, concrete) combination, and each row's combination (-1 none)."""
-
-    combo: np.ndarray  # per event row
-    flops: np.ndarray  # per combination (and below)
-    nbytes: np.ndarray
-    tensor: np.ndarray  # bool: a tensor-core formula (matmul, conv, attention)
-    factor: np.ndarray  # backward FLOPs per forward FLOP
-    family: np.ndarray  # object
-    dtype: np.ndarray  # object
-    source: np.ndarray  # object
-
-
-def _costs(events: pd.DataFrame, rows: np.ndarray) -> CostIndex:
-    """op_cost per row, computed once per distinct combination (a few thousand even in a large trace)."""
-    combo = np.full(len(events), -1, dtype=np.int64)
-    found: list[OpCost] = []
-    if all(c in events.columns for c in SHAPE_COLUMNS) and rows.size:
-        cols = [events["name"], *(events[c] for c in SHAPE_COLUMNS)]
-        codes = [c.cat.codes.to_numpy()[rows].astype(np.int64) + 1 for c in cols]  # 0 = missing
-        sizes = [len(c.cat.categories) + 1 for c in cols]
-        if np.prod(np.array(sizes, dtype=float)) < 2**62:  # one int64 key per row: a 1-D unique, not a row sort
-            key = codes[0]
-            for code, size in zip(codes[1:], sizes[1:], strict=True):
-                key = key * size + code
-            distinct, first, inverse = _unique_first_inverse(key)
-        else:
-            distinct, first, inverse = np.unique(
-                np.stack(codes, axis=1), axis=0, return_index=True, return_inverse=True
-            )
-        cats = [c.cat.categories for c in cols]
-        for i in first:
-            texts = [None if code[i] == 0 else cat[code[i] - 1] for code, cat in zip(codes, cats, strict=True)]
-            found.append(op_cost(*texts) if texts[1] is not None else None)
-        ok = np.array([f is not None for f in found], dtype=bool)
-        inverse = inverse.ravel()
-        combo[rows] = np.where(ok[inverse], inverse, -1)
-    none = OpCost(0, 0, "", "")
-    table = [f or none for f in found]
-    return CostIndex(
-        combo,
-        np.array([f.flops for f in table], dtype=np.float64),
-        np.array([f.bytes for f in table], dtype=np.float64),
-        np.array([f.family in TENSOR_FAMILIES for f in table], dtype=bool),
-        np.array([backward_factor(f.family) for f in table], dtype=np.float64),
-        np.array([f.family for f in table], dtype=object),
-        np.array([f.dtype for f in table], dtype=object),
-        np.array([f.source for f in table], dtype=object),
-    )
-
-
-def _unique_first_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``np.unique(key, return_index=True, return_inverse=True)`` by a hash factorize and a sort of the few distinct
-    values instead of a sort of every key (~3x faster)."""
-    codes, uniques = pd.factorize(key)  # codes in order of first appearance
-    seen = np.maximum.accumulate(codes)
-    first = np.flatnonzero(np.concatenate([[True], seen[1:] > seen[:-1]])) if len(codes) else codes
-    by_value = np.argsort(uniques, kind="stable")
-    rank = np.empty(len(uniques), dtype=np.int64)
-    rank[by_value] = np.arange(len(uniques))
-    return np.asarray(uniques)[by_value], first[by_value], rank[codes]
-
-
-def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Every proper ancestor of the rows in ``mask`` (each row is marked once: O(n) plus one pass per level)."""
-    out = np.zeros(len(parent), dtype=bool)
-    frontier = parent[mask]
-    while frontier.size:
-        frontier = np.unique(frontier[frontier >= 0])
-        frontier = frontier[~out[frontier]]
-        out[frontier] = True
-        frontier = parent[frontier]
-    return out
-
-
-def _below(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Rows with a proper ancestor in ``mask``: ``innermost_ancestor_of_kind(...) >= 0`` as a boolean sweep, level by
-    level from the roots (half the time of the index sweep)."""
-    out = np.zeros(len(parent), dtype=bool)
-    if not len(parent):
-        return out
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
-        p = parent[rows]
-        out[rows] = mask[p] | out[p]
-    return out
-
-
-def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) -> Counts:
-    """Decide, for every CPU op, whether and how its FLOPs count (see the module docstring)."""
-    n = len(events)
-    parent, depth = links.parent, links.depth
-    op = kind_mask(events, {"cpu_op"}) & links.host
-    costs = _costs(events, np.flatnonzero(op))
-    has_cost = costs.combo >= 0
-    combo = np.maximum(costs.combo, 0)
-    tensor = has_cost & costs.tensor[combo] if len(costs.tensor) else np.zeros(n, bool)
-    view = has_cost & (costs.family == "view")[combo] if len(costs.family) else np.zeros(n, bool)  # per combo, not
-    # per row: comparing a gathered string per row costs far more than one per combination
-    vector = has_cost & ~tensor & ~view
-    tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
-    vector &= ~_above(parent, tensor) & ~_below(parent, depth, tensor)
-    vector &= ~_below(parent, depth, vector)  # outermost: layer_norm, not its parts
-    work = tensor | vector
-    # views (no work) count only alone: a reshape that copies is counted at its clone
-    view &= ~_above(parent, work) & ~_below(parent, depth, work | view)
-    counted = work | view
-    flops, nbytes = np.zeros(n), np.zeros(n)
-    counted_rows = np.flatnonzero(counted)
-    flops[counted_rows] = costs.flops[combo[counted_rows]]
-    nbytes[counted_rows] = costs.nbytes[combo[counted_rows]]
-
-    # backward nodes with nothing counted inside: their forward op's FLOPs times the backward factor
-    forward = np.full(n, -1, dtype=np.int64)
-    linked_family: dict[int, str] = {}
-    seq, fwd_tid = events["sequence_number"].to_numpy(), events["fwd_thread_id"].to_numpy()
-    has_seq = op & (seq != NULL)
-    is_bwd = has_seq & (fwd_tid != NULL) & (fwd_tid > 0)
-    node = is_bwd & ~((parent >= 0) & is_bwd[np.maximum(parent, 0)])  # outermost event of each node
-    node &= ~_above(parent, counted) & ~counted
-    node_rows = np.flatnonzero(node)
-    if node_rows.size and counted_rows.size:
-        fwd_op = has_seq & ~is_bwd
-        creator = np.where(fwd_op, np.arange(n), innermost_ancestor_of_kind(parent, depth, fwd_op))[counted_rows]
-        ok = creator >= 0
-        pid = pd.factorize(events["pid"].to_numpy())[0]
-        r, c = counted_rows[ok], creator[ok]
-        contrib = pd.DataFrame(
-            {
-                "pid": pid[c],
-                "seq": seq[c],
-                "creator": c,
-                "flops": costs.factor[combo[r]] * flops[r],
-                "bytes": 2 * nbytes[r],  # read the forward's inputs and the output gradient, write the gradients
-                "own": flops[r],
-                "family": costs.family[combo[r]],
-            }
-        )
-        grouped = contrib.groupby(["pid", "seq"], sort=False)
-        per_seq = grouped[["flops", "bytes"]].sum()
-        biggest = contrib.loc[grouped["own"].idxmax(), ["pid", "seq", "creator", "family"]].set_index(["pid", "seq"])
-        per_seq = per_seq.join(biggest)
-        keys = pd.MultiIndex.from_arrays([pid[node_rows], seq[node_rows]], names=["pid", "seq"])
-        hit = per_seq.reindex(keys)
-        good = (hit["flops"] > 0).to_numpy()
-        rows_hit = node_rows[good]
-        flops[rows_hit] = hit["flops"].to_numpy()[good]
-        nbytes[rows_hit] = hit["bytes"].to_numpy()[good]
-        forward[rows_hit] = hit["creator"].to_numpy()[good].astype(np.int64)
-        linked_family = dict(zip(rows_hit.tolist(), hit["family"].to_numpy()[good].tolist(), strict=True))
-    linked = forward >= 0
-    counted |= linked
-    status = np.full(n, -1, dtype=np.int8)
-    status[op] = 2  # no formula
-    if "input_dims" in events.columns:
-        names = events["name"].cat.categories
-        known = np.fromiter((has_formula(str(c)) for c in names), bool, len(names))[events["name"].cat.codes.to_numpy()]
-        status[op & (known | (events["input_dims"].cat.codes.to_numpy() < 0))] = 3  # shapes absent or unfit
-    else:
-        status[op] = 3
-    counting = innermost_ancestor_of_kind(parent, depth, counted)  # once for covered and owner (one sweep)
-    covered = counting >= 0
-    status[covered & op] = -1
-    status[op & _above(parent, counted) & (status >= 0)] = 4
-    status[counted] = 0
-    status[linked] = 1
-    owner = np.where(counted, np.arange(n), counting)
-    owner = np.where(owner >= 0, owner, np.where(op, np.arange(n), -1))  # uncounted ops own their own kernels
-    modules = _module_calls(events, links)
-    call = innermost_ancestor_of_kind(parent, depth, modules)
-    recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
-    return Counts(flops, nbytes, status, costs, owner, recompute, forward, linked_family)
-
-
-def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Kernel time and count per owner row (the counted op, or the uncounted op, that launched them)."""
-    n = len(events)
-    kernels = np.flatnonzero(kind_mask(events, {"kernel"}) & (links.launch_op >= 0))
-    who = owner[links.launch_op[kernels]]
-    ok = who >= 0
-    dur = events["dur_ns"].to_numpy()[kernels[ok]]
-    return (
-        np.bincount(who[ok], weights=dur, minlength=n).astype(np.int64),
-        np.bincount(who[ok], minlength=n).astype(np.int64),
-    )
-
-
-def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, counts: Counts) -> pd.DataFrame:
-    """One row per counted op, and per uncounted op with time of its own ("not counted"), in trace order."""
-    gpu_ns, kernel_count = _kernel_time(events, links, counts.owner)
-    counted = counts.status >= 0
-    counted &= counts.status <= 1
-    host_ns = np.where(counted, events["dur_ns"].to_numpy(), links.self_ns)
-    on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())
-    timed = gpu_ns > 0 if on_gpu else host_ns > 0
-    worth = (counts.flops > 0) | (counts.nbytes > 0) | timed  # views with no time are no row
-    rows = np.flatnonzero((counts.status >= 0) & (counted | timed) & worth)
-    fwd = counts.forward[rows]
-    combo = counts.costs.combo[rows]
-    has = (combo >= 0) & (counts.status[rows] == 0)
-    pick = np.maximum(combo, 0)
-
-    def per_row(values: np.ndarray, default: np.ndarray) -> np.ndarray:
-        return np.where(has, values[pick] if len(values) else default, default)
-
-    linked_family = np.array([counts.linked_family.get(int(r), "") for r in rows[fwd >= 0]], dtype=object)
-    family = np.full(len(rows), "", dtype=object)
-    family[fwd >= 0] = linked_family
-    source = np.where(fwd >= 0, "forward op", "").astype(object)
-    flops, nbytes = counts.flops[rows], counts.nbytes[rows]
-    time = (gpu_ns if on_gpu else host_ns)[rows].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        achieved = np.where(time > 0, flops / time / 1e3, np.nan)
-        intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
-    trace_index = events["trace_index"].to_numpy()
-    forward_ti = np.where(fwd >= 0, trace_index[np.maximum(fwd, 0)], NULL)
-    return pd.DataFrame(
-        {
-            "trace_index": trace_index[rows],
-            "name": take_categorical(events["name"], rows),
-            "stage": stage_categorical(attribution.stage[rows]),
-            "step": attribution.step[rows],
-            "status": pd.Categorical.from_codes(counts.status[rows], categories=list(STATUS)),
-            "family": per_row(counts.costs.family, family),
-            "dtype": per_row(counts.costs.dtype, np.full(len(rows), "", dtype=object)),
-            "source": per_row(counts.costs.source, source),
-            "recompute": counts.recompute[rows],
-            "flops": flops,
-            "bytes": nbytes,
-            "gpu_ns": gpu_ns[rows],
-            "kernel_count": kernel_count[rows],
-            "host_ns": host_ns[rows].astype(np.int64),
-            "achieved_tflops": achieved,
-            "intensity": intensity,
-            "forward_trace_index": forward_ti.astype(np.int64),
-            "on_device": gpu_ns[rows] > 0 if on_gpu else np.ones(len(rows), bool),
-        }
-    )
-
-
-@dataclass(frozen=True)
-class PeakChoice:
-    """The peak MFU is measured against: TFLOP/s (NaN when none), the dtype, device and a note saying why."""
-
-    tflops: float
-    dtype: str
-    device: str
-    note: str
-    memory_gbps: float = float("nan")
-    source: str = ""  # the datasheet the peak comes from
-
-
-def choose_peak(
-    header: dict[str, Any], events: pd.DataFrame, flops: pd.DataFrame, override: float | None
-) -> PeakChoice:
-    """The dense peak of the busiest device for the dtype with the most counted FLOPs (``override`` wins)."""
-    counted = flops[flops["status"] == "counted"]
-    by_dtype = counted.groupby("dtype")["flops"].sum()
-    by_dtype = by_dtype[by_dtype.index != ""]
-    dtype = str(by_dtype.idxmax()) if len(by_dtype) else "fp32"
-    kernels = kind_mask(events, {"kernel"})
-    if override is not None:
-        return PeakChoice(float(override), dtype, "", f"--peak-tflops {override:g}")
-    if not kernels.any():
-        return PeakChoice(float("nan"), dtype, "", "no MFU: CPU-only trace (no GPU kernels), FLOPs still counted")
-    device = events["device"].to_numpy()[kernels]
-    dur = events["dur_ns"].to_numpy()[kernels]
-    busiest = pd.Series(dur).groupby(device).sum().idxmax()
-    peaks = device_peaks(header)
-    name, peak = peaks.get(int(busiest), peaks.get(min(peaks), ("", None)) if peaks else ("", None))
-    if peak is None:
-        why = f"device {name!r} is not in the peak table" if name else "the trace names no device"
-        return PeakChoice(float("nan"), dtype, name, f"no MFU: {why}; pass --peak-tflops")
-    value = peak.tflops_for(dtype)
-    note = f"{name} = {peak.device}, {dtype} dense peak {value:g} TFLOP/s"
-    return PeakChoice(float(value) if value else float("nan"), dtype, name, note, peak.memory_gbps, peak.source)
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den where den > 0, else NaN (no warning)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(den > 0, num / den, np.nan)
 
@@ -400,10 +85,10 @@ def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.D
             "counted_host_ns": counted_host.astype(np.int64),
             "not_counted_host_ns": out["uncounted_host"].to_numpy(np.int64),
             "time_ns": time.astype(np.int64),
-            "achieved_tflops": _ratio(hw, counted_gpu if on_gpu else counted_host) / 1e3,
-            "intensity": _ratio(hw, out["bytes"].to_numpy(float)),
-            "mfu": _ratio(model, time * peak_per_ns),
-            "hfu": _ratio(hw, time * peak_per_ns),
+            "achieved_tflops": ratio(hw, counted_gpu if on_gpu else counted_host) / 1e3,
+            "intensity": ratio(hw, out["bytes"].to_numpy(float)),
+            "mfu": ratio(model, time * peak_per_ns),
+            "hfu": ratio(hw, time * peak_per_ns),
             "dtype": peak.dtype,
             "peak_tflops": peak.tflops,
         }
@@ -418,7 +103,7 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
     around the node's forward op (same sequence number), as :mod:`profparse.analysis.modules` does for time."""
     events, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
     n = len(events)
-    module = _module_calls(events, links)
+    module = module_calls(events, links)
     calls = np.flatnonzero(module)
     columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu",
                "counted_host", "uncounted_host"]  # fmt: skip
@@ -474,34 +159,3 @@ def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
         scope="module",
         time_ns=out["counted_gpu"],
     )
-
-
-def _module_calls(events: pd.DataFrame, links: Links) -> np.ndarray:
-    """Rows that are ``nn.Module: ...`` calls."""
-    categories = events["name"].cat.categories
-    hit = np.fromiter((MODULE_EVENT.match(str(c)) is not None for c in categories), bool, len(categories))
-    return hit[events["name"].cat.codes.to_numpy()] & links.host if len(events) else np.zeros(0, bool)
-
-
-def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
-    """Counted matmul-family ops grouped by (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s, % of peak."""
-    columns = ["batch", "m", "n", "k", "dtype", "count", "flops", "gpu_ns", "achieved_tflops", "pct_of_peak"]
-    mm = flops[(flops["status"] == "counted") & (flops["family"] == "matmul")]
-    if mm.empty or "input_dims" not in events.columns:
-        return pd.DataFrame({c: [] for c in columns})
-    rows = np.searchsorted(events["trace_index"].to_numpy(), mm["trace_index"].to_numpy())
-    cols = [events[c] for c in ("name", "input_dims", "input_types")]
-    codes = zip(*(c.cat.codes.to_numpy()[rows].tolist() for c in cols), strict=True)
-    cache: dict[tuple, tuple | None] = {}
-    shapes = []
-    for key in codes:  # a handful of distinct shapes: parse each once
-        if key not in cache:
-            texts = [None if k < 0 else c.cat.categories[k] for k, c in zip(key, cols, strict=True)]
-            cache[key] = gemm_dims(*texts)
-        shapes.append(cache[key] or (NULL,) * 4)
-    shape = np.array(shapes, dtype=np.int64).reshape(-1, 4)
-    g = mm.assign(batch=shape[:, 0], m=shape[:, 1], n=shape[:, 2], k=shape[:, 3], count=1)
-    out = g.groupby(["batch", "m", "n", "k", "dtype"], sort=False)[["count", "flops", "gpu_ns"]].sum().reset_index()
-    out["achieved_tflops"] = _ratio(out["flops"].to_numpy(float), out["gpu_ns"].to_numpy(float)) / 1e3
-    out["pct_of_peak"] = 100 * out["achieved_tflops"] / peak.tflops
-    return out.sort_values(["gpu_ns", "flops"], ascending=False, kind="stable")[columns].reset_index(drop=True)

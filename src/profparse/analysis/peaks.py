@@ -6,6 +6,7 @@ FLOPs "with sparsity": those are halved here). ``fp32`` is the plain FP32 rate w
 for matmuls); on AMD it is the FP32 matrix-core rate, which rocBLAS uses for FP32 GEMMs. AMD MI250/MI250X
 appear to PyTorch as two devices, one per GCD (die): their rows hold half the package figure. ROCm may name a
 device just ``AMD Radeon Graphics``; those rows also match by (``computeMajor``, ``computeMinor``, ``numSms``).
+:func:`choose_peak` picks the one MFU is measured against (the busiest device, the dtype with most FLOPs).
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import pandas as pd
+
+from profparse.trace.link import kind_mask
 
 
 @dataclass(frozen=True)
@@ -125,3 +130,41 @@ def device_peaks(header: dict[str, Any]) -> dict[int, tuple[str, Peak | None]]:
         if isinstance(props, dict) and isinstance(props.get("id"), int):
             out[int(props["id"])] = (str(props.get("name", "")), find_peak(props))
     return out
+
+
+@dataclass(frozen=True)
+class PeakChoice:
+    """The peak MFU is measured against: TFLOP/s (NaN when none), the dtype, device and a note saying why."""
+
+    tflops: float
+    dtype: str
+    device: str
+    note: str
+    memory_gbps: float = float("nan")
+    source: str = ""  # the datasheet the peak comes from
+
+
+def choose_peak(
+    header: dict[str, Any], events: pd.DataFrame, flops: pd.DataFrame, override: float | None
+) -> PeakChoice:
+    """The dense peak of the busiest device for the dtype with the most counted FLOPs (``override`` wins)."""
+    counted = flops[flops["status"] == "counted"]
+    by_dtype = counted.groupby("dtype")["flops"].sum()
+    by_dtype = by_dtype[by_dtype.index != ""]
+    dtype = str(by_dtype.idxmax()) if len(by_dtype) else "fp32"
+    kernels = kind_mask(events, {"kernel"})
+    if override is not None:
+        return PeakChoice(float(override), dtype, "", f"--peak-tflops {override:g}")
+    if not kernels.any():
+        return PeakChoice(float("nan"), dtype, "", "no MFU: CPU-only trace (no GPU kernels), FLOPs still counted")
+    device = events["device"].to_numpy()[kernels]
+    dur = events["dur_ns"].to_numpy()[kernels]
+    busiest = pd.Series(dur).groupby(device).sum().idxmax()
+    peaks = device_peaks(header)
+    name, peak = peaks.get(int(busiest), peaks.get(min(peaks), ("", None)) if peaks else ("", None))
+    if peak is None:
+        why = f"device {name!r} is not in the peak table" if name else "the trace names no device"
+        return PeakChoice(float("nan"), dtype, name, f"no MFU: {why}; pass --peak-tflops")
+    value = peak.tflops_for(dtype)
+    note = f"{name} = {peak.device}, {dtype} dense peak {value:g} TFLOP/s"
+    return PeakChoice(float(value) if value else float("nan"), dtype, name, note, peak.memory_gbps, peak.source)

@@ -72,11 +72,11 @@ VALUES: dict[str, ValueSpec] = {
     for spec in (
         ValueSpec("substeps", "profparse.analysis.load:load_substeps", _ROWS, "the loading sub-step of every event"),
         ValueSpec(
-            "flop_counts", "profparse.analysis.efficiency:count_flops", _ROWS, "FLOPs and bytes of every counted op"
+            "flop_counts", "profparse.analysis.flop_counts:count_flops", _ROWS, "FLOPs and bytes of every counted op"
         ),
         ValueSpec(
             "peak",
-            "profparse.analysis.efficiency:choose_peak",
+            "profparse.analysis.peaks:choose_peak",
             ("header", "raw", "flops", "peak_tflops"),
             "the peak MFU is measured against: tflops (NaN if unknown), dtype, device, note",
         ),
@@ -198,7 +198,7 @@ TABLES: dict[str, TableSpec] = {
         ),
         TableSpec(
             "flops",
-            "profparse.analysis.efficiency:flop_table",
+            "profparse.analysis.flop_counts:flop_table",
             (*_ROWS, "flop_counts"),
             "docs/efficiency.md",
             "FLOPs, bytes, GPU time and achieved TFLOP/s per counted op; uncounted ops with their time",
@@ -212,7 +212,7 @@ TABLES: dict[str, TableSpec] = {
         ),
         TableSpec(
             "gemms",
-            "profparse.analysis.efficiency:gemm_table",
+            "profparse.analysis.gemms:gemm_table",
             ("raw", "flops", "peak"),
             "docs/efficiency.md",
             "matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak",

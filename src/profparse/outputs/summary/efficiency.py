@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from profparse.analysis.efficiency import STATUS
+from profparse.analysis.flop_counts import STATUS
 from profparse.base.formats import Column, Table, ms_text, share_text
 
 
