@@ -15,8 +15,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import pack_codes, unpack_codes
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
+
+
+def index_dtype(rows: int) -> type:
+    """The integer type of row numbers into a table of ``rows`` rows (``-1``: none): int32 where they fit, which
+    halves the memory of the links that every later stage keeps."""
+    return np.int32 if rows < 2**31 else np.int64
 
 
 def kind_mask(events: pd.DataFrame, kinds: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:
@@ -39,7 +46,7 @@ def kind_mask(events: pd.DataFrame, kinds: frozenset[str] | set[str] | tuple[str
 
 @dataclass
 class Links:
-    """Row-index links computed for an event table (``-1`` = none)."""
+    """Row-index links computed for an event table (``-1`` = none; row numbers as :func:`index_dtype`)."""
 
     host: np.ndarray  # bool: event lives on a host thread
     thread: np.ndarray  # int: dense id of (pid, tid) for host events, -1 otherwise
@@ -65,9 +72,8 @@ def track_keys(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
     ``key = pid_code * len(tids) + tid_code``, so ``pids[key // len(tids)]`` and ``tids[key % len(tids)]``
     give the pair back.
     """
-    pid_code, pids = pd.factorize(events["pid"].to_numpy())
-    tid_code, tids = pd.factorize(events["tid"].to_numpy())
-    return pid_code.astype(np.int64) * max(len(tids), 1) + tid_code, np.asarray(pids), np.asarray(tids)
+    key, (pids, tids) = pack_codes(events["pid"].to_numpy(), events["tid"].to_numpy())  # n * n < 2**62: fits
+    return key, pids, tids
 
 
 def host_mask(events: pd.DataFrame, keys: np.ndarray | None = None) -> np.ndarray:
@@ -101,7 +107,7 @@ def _order_ties(order: np.ndarray, same: np.ndarray, neg_dur: np.ndarray) -> Non
 
 def _thread_order(thread: np.ndarray, ts: np.ndarray, neg_dur: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``rows`` sorted by (thread, ts, longest first, row)."""
-    th, t = thread[rows], ts[rows]
+    th, t = thread[rows].astype(np.int64), ts[rows]
     if len(rows) == 0:
         return rows
     t0 = int(t.min())
@@ -130,7 +136,7 @@ def nest(thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray) 
     ancestors, counted by doubling along parent links.
     """
     n = len(ts)
-    parent = np.full(n, -1, dtype=np.int64)
+    parent = np.full(n, -1, dtype=index_dtype(n))
     depth = np.zeros(n, dtype=np.int32)
     m = len(rows)
     if m == 0:
@@ -199,7 +205,7 @@ def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: n
     ~5-10x faster than the pointer jumping used before, which passes over every row log(depth) times.
     """
     n = len(parent)
-    found = np.full(n, -1, dtype=np.int64)
+    found = np.full(n, -1, dtype=parent.dtype)
     if n == 0:
         return found
     order, bounds = depth_order(depth)
@@ -234,13 +240,14 @@ def link(events: pd.DataFrame) -> Links:
     end = ts + dur
     keys, pids, tids = track_keys(events)
     host = host_mask(events, keys)
-    thread = np.full(n, -1, dtype=np.int64)
+    index = index_dtype(n)
+    thread = np.full(n, -1, dtype=index)
     codes, uniques = pd.factorize(keys[host])
     del keys
     thread[host] = codes
     uniques = np.asarray(uniques, dtype=np.int64)
-    width = max(len(tids), 1)
-    threads = pd.DataFrame({"pid": pids[uniques // width], "tid": tids[uniques % width]})
+    thread_pid, thread_tid = unpack_codes(uniques, [pids, tids])
+    threads = pd.DataFrame({"pid": thread_pid, "tid": thread_tid})
     host_rows = np.flatnonzero(host)
     parent, depth = nest(thread, ts, end, host_rows)
 
@@ -251,7 +258,7 @@ def link(events: pd.DataFrame) -> Links:
     is_op = kind_mask(events, {"cpu_op"})
     enclosing_op = innermost_ancestor_of_kind(parent, depth, is_op)
 
-    launch = np.full(n, -1, dtype=np.int64)
+    launch = np.full(n, -1, dtype=index)
     corr = events["correlation"].to_numpy()
     runtime = kind_mask(events, RUNTIME_KINDS) & host & (corr != NULL)
     activity = kind_mask(events, GPU_ACTIVITY_KINDS) & (corr != NULL)
@@ -259,7 +266,7 @@ def link(events: pd.DataFrame) -> Links:
         rt_rows = np.flatnonzero(runtime)
         act_rows = np.flatnonzero(activity)
         launch[act_rows] = first_row_of(corr[rt_rows], rt_rows, corr[act_rows])
-    launch_op = np.full(n, -1, dtype=np.int64)
+    launch_op = np.full(n, -1, dtype=index)
     has_launch = launch >= 0
     launch_op[has_launch] = enclosing_op[launch[has_launch]]
     release_memory()
