@@ -78,7 +78,7 @@ def table_makers(parsed: ParsedTrace) -> dict[str, Callable[[], Table]]:
             rows = spec.function()
             makers[spec.name] = lambda rows=rows: RowSlices(len(parsed.raw.events), lambda a, b: rows(parsed, a, b))
         else:
-            makers[spec.name] = lambda name=spec.name: parsed.table(name)
+            makers[spec.name] = lambda name=spec.name: parsed.table(name, keep=False)
     return makers
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.stages.attribute import Attribution
-from profparse.tables.registry import TABLES, VALUES, TableSpec, public
+from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public
 from profparse.tables.rows import event_table, nullable
 from profparse.trace.events import RawTrace
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
@@ -57,10 +57,12 @@ class ParsedTrace:
             return rank
         return None
 
-    def table(self, name: str) -> pd.DataFrame:
+    def table(self, name: str, keep: bool = True) -> pd.DataFrame:
         """Table ``name`` with internal NULL sentinels, as the writers and analyses use it; read from the cache
-        entry when stored there, else computed (and stored)."""
-        if name not in self._internal:
+        entry when stored there, else computed (and stored). ``keep=False``, for a writer that needs a table
+        once: not held afterwards unless another table or value needs it."""
+        frame = self._internal.get(name)
+        if frame is None:
             spec = TABLES[name]
             stored = self.cache is not None and spec.stored
             frame = self.cache.table(name) if stored else None
@@ -68,8 +70,9 @@ class ParsedTrace:
                 frame = spec.function()(*self._arguments(spec.needs))
                 if stored:
                     self.cache.put_table(name, frame)
-            self._internal[name] = frame
-        return self._internal[name]
+            if keep or name in needed():
+                self._internal[name] = frame
+        return frame
 
     def value(self, name: str) -> Any:
         """An intermediate result that several tables read (:data:`~profparse.tables.registry.VALUES`)."""

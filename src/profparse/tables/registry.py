@@ -226,6 +226,11 @@ def written() -> list[TableSpec]:
     return [spec for spec in TABLES.values() if spec.written]
 
 
+def needed() -> set[str]:
+    """The tables and values that some table or value reads."""
+    return {need for spec in (*TABLES.values(), *VALUES.values()) for need in spec.needs}
+
+
 def public() -> list[TableSpec]:
     """The tables a ParsedTrace offers as attributes."""
     return [spec for spec in TABLES.values() if spec.public]
