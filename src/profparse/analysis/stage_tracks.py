@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import factorize_rows
 from profparse.base.intervals import clip_disjoint, union_length
 from profparse.base.marks import STAGES
 from profparse.tables.host_time import HOST_SPAN_KINDS, mixed_containers
@@ -160,12 +161,8 @@ def activity_span(parsed: Any) -> int | None:
 def _factorize_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Codes of the (a, b) pairs in order of first appearance, and the pairs: what ``MultiIndex.factorize``
     gives, without the MultiIndex's tuples of every row (on a large trace, seconds of the timeline's time)."""
-    ca, ua = pd.factorize(a)
-    cb, ub = pd.factorize(b)
-    width = max(len(ub), 1)
-    codes, first = pd.factorize(ca.astype(np.int64) * width + cb)
-    pairs = [(int(ua[k // width]), int(ub[k % width])) for k in first]
-    return codes.astype(np.int64), pairs
+    codes, (first_a, first_b) = factorize_rows(a, b)
+    return codes.astype(np.int64), list(zip(first_a.tolist(), first_b.tolist(), strict=True))
 
 
 _TRACK_DTYPES = {

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import pack_codes
 from profparse.base.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
@@ -258,10 +259,10 @@ def _forward_linked(events: pd.DataFrame, links: Links, autograd: np.ndarray) ->
     nodes = ops & is_node
     if not nodes.any():
         return out
-    pid = pd.factorize(events["pid"].to_numpy())[0].astype(np.int64)
-    key = pid * (1 << 40) + seq  # sequence numbers count per process (its forward threads)
-    candidates = ops & ~is_node & ~autograd[links.thread]
-    out[candidates] = np.isin(key[candidates], np.unique(key[nodes]))
+    rows = np.flatnonzero(ops)
+    key, _ = pack_codes(events["pid"].to_numpy()[rows], seq[rows])  # sequence numbers count per process
+    candidates = (~is_node & ~autograd[links.thread])[rows]
+    out[rows[candidates]] = np.isin(key[candidates], np.unique(key[nodes[rows]]))
     return out
 
 
