@@ -66,15 +66,6 @@ def write_core(folder: Path, parsed: Any) -> dict[str, Any]:
     }
 
 
-def plain(value: Any) -> Any:
-    """JSON for the numpy scalars a header or attribution may hold."""
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
 def read_core(folder: Path, path: str) -> tuple[Any, Any, Any]:
     """(raw, links, attribution) of the entry in ``folder`` (``path``: the trace's path, as the caller named it);
     :class:`CorruptEntry` when it does not read back."""

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from profparse.base.formats import plain
 from profparse.cache import keys
-from profparse.cache.core import plain, read_core, write_core
+from profparse.cache.core import read_core, write_core
 from profparse.cache.entry import Entry
 from profparse.cache.folders import (
     ENTRY_NAME,
