@@ -34,6 +34,7 @@ from profparse.outputs.summary import analyses
 from profparse.outputs.summary.communication import communication_data, communication_tables
 from profparse.outputs.summary.efficiency import efficiency_data, efficiency_tables
 from profparse.outputs.summary.runtime import runtime_calls_tables, top_calls
+from profparse.outputs.summary.top import stage_top_table
 from profparse.trace.kinds import NULL
 
 FORMATS = ("text", "json", "csv", "markdown")
@@ -230,19 +231,8 @@ def _top_tables(key: str, title: str, kernel: bool) -> Any:
         rows = [{"stage": stage, **item} for stage in STAGES for item in data[key].get(stage, [])]
         if not rows:
             return []
-        columns = [
-            Column("stage", "stage"),
-            Column("total_ns", "ms", ms_text),
-            Column("share", "share", share_text),
-            Column("count", "calls", lambda n: f"{n:,}"),
-            Column("label", "kernel" if kernel else "op", code=True),
-        ]
-        records = [
-            {"stage": r["stage"], "name": r["name"], "column": c, "value": r[c]}
-            for r in rows
-            for c in ("label", "total_ns", "share", "count")
-        ]
-        return [Table(title, columns, rows, note="per stage", index=1, last_left=True, group=True, records=records)]
+        label = "kernel" if kernel else "op"
+        return [stage_top_table(title, rows, label, ("label", "total_ns", "share", "count"), "per stage")]
 
     return tables
 

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profparse.base.formats import Column, Table, ms_text, share_text
+from profparse.base.formats import Table
 from profparse.base.marks import STAGES
+from profparse.outputs.summary.top import stage_top_table
 
 
 def top_calls(table: pd.DataFrame, top: int) -> dict[str, list[dict]]:
@@ -40,18 +41,6 @@ def runtime_calls_tables(data: dict[str, Any]) -> list[Table]:
     ]
     if not rows:
         return []
-    columns = [
-        Column("stage", "stage"),
-        Column("total_ns", "ms", ms_text),
-        Column("share", "share", share_text),
-        Column("count", "calls", lambda n: f"{n:,}"),
-        Column("label", "call", code=True),
-    ]
-    records = [
-        {"stage": r["stage"], "name": r["name"], "column": c, "value": r[c]}
-        for r in rows
-        for c in ("call_class", "total_ns", "share", "count")
-    ]
     note = "host time per stage; share: of the stage's host wall"
-    title = "Runtime calls per stage"
-    return [Table(title, columns, rows, note=note, index=1, last_left=True, group=True, records=records)]
+    keys = ("call_class", "total_ns", "share", "count")
+    return [stage_top_table("Runtime calls per stage", rows, "call", keys, note)]
