@@ -170,6 +170,47 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     nbytes[counted_rows] = costs.nbytes[combo[counted_rows]]
 
     # backward nodes with nothing counted inside: their forward op's FLOPs times the backward factor
+    forward, linked_family = _link_backward_nodes(events, links, op, counted, costs, combo, flops, nbytes)
+    linked = forward >= 0
+    counted |= linked
+    status = np.full(n, -1, dtype=np.int8)
+    status[op] = 2  # no formula
+    if "input_dims" in events.columns:
+        names = events["name"].cat.categories
+        known = np.fromiter((has_formula(str(c)) for c in names), bool, len(names))[events["name"].cat.codes.to_numpy()]
+        status[op & (known | (events["input_dims"].cat.codes.to_numpy() < 0))] = 3  # shapes absent or unfit
+    else:
+        status[op] = 3
+    counting = innermost_ancestor_of_kind(parent, depth, counted)  # once for covered and owner (one sweep)
+    covered = counting >= 0
+    status[covered & op] = -1
+    status[op & _above(parent, counted) & (status >= 0)] = 4
+    status[counted] = 0
+    status[linked] = 1
+    owner = np.where(counted, np.arange(n), counting)
+    owner = np.where(owner >= 0, owner, np.where(op, np.arange(n), -1))  # uncounted ops own their own kernels
+    modules = module_calls(events, links)
+    call = innermost_ancestor_of_kind(parent, depth, modules)
+    recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
+    return Counts(flops, nbytes, status, costs, owner, recompute, forward, linked_family)
+
+
+def _link_backward_nodes(
+    events: pd.DataFrame,
+    links: Links,
+    op: np.ndarray,
+    counted: np.ndarray,
+    costs: CostIndex,
+    combo: np.ndarray,
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+) -> tuple[np.ndarray, dict[int, str]]:
+    """Give each backward node with nothing counted inside the FLOPs of its forward op (same sequence number)
+    times the backward factor, in ``flops`` and ``nbytes``; returns each such node's forward op (-1 elsewhere) and
+    the family of the forward op's biggest counted part."""
+    n = len(events)
+    parent, depth = links.parent, links.depth
+    counted_rows = np.flatnonzero(counted)
     forward = np.full(n, -1, dtype=np.int64)
     linked_family: dict[int, str] = {}
     seq, fwd_tid = events["sequence_number"].to_numpy(), events["fwd_thread_id"].to_numpy()
@@ -207,28 +248,7 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
         nbytes[rows_hit] = hit["bytes"].to_numpy()[good]
         forward[rows_hit] = hit["creator"].to_numpy()[good].astype(np.int64)
         linked_family = dict(zip(rows_hit.tolist(), hit["family"].to_numpy()[good].tolist(), strict=True))
-    linked = forward >= 0
-    counted |= linked
-    status = np.full(n, -1, dtype=np.int8)
-    status[op] = 2  # no formula
-    if "input_dims" in events.columns:
-        names = events["name"].cat.categories
-        known = np.fromiter((has_formula(str(c)) for c in names), bool, len(names))[events["name"].cat.codes.to_numpy()]
-        status[op & (known | (events["input_dims"].cat.codes.to_numpy() < 0))] = 3  # shapes absent or unfit
-    else:
-        status[op] = 3
-    counting = innermost_ancestor_of_kind(parent, depth, counted)  # once for covered and owner (one sweep)
-    covered = counting >= 0
-    status[covered & op] = -1
-    status[op & _above(parent, counted) & (status >= 0)] = 4
-    status[counted] = 0
-    status[linked] = 1
-    owner = np.where(counted, np.arange(n), counting)
-    owner = np.where(owner >= 0, owner, np.where(op, np.arange(n), -1))  # uncounted ops own their own kernels
-    modules = module_calls(events, links)
-    call = innermost_ancestor_of_kind(parent, depth, modules)
-    recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
-    return Counts(flops, nbytes, status, costs, owner, recompute, forward, linked_family)
+    return forward, linked_family
 
 
 def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
