@@ -7,13 +7,16 @@ Every change is ``B - A`` (positive = B spent more), with the relative change ``
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from profparse.analysis.quality import gpu_devices
 from profparse.base.formats import display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 FORMATS = ("text", "json", "markdown")
 TOP_N = 10
@@ -38,13 +41,13 @@ LEVELS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _optional(parsed: Any, name: str) -> pd.DataFrame | None:
+def _optional(parsed: ParsedTrace, name: str) -> pd.DataFrame | None:
     from profparse.outputs.plots import optional_table
 
     return optional_table(parsed, name)
 
 
-def _stage_values(parsed: Any, per_step: bool) -> tuple[dict[str, dict[str, float]], list[tuple[str, str]]]:
+def _stage_values(parsed: ParsedTrace, per_step: bool) -> tuple[dict[str, dict[str, float]], list[tuple[str, str]]]:
     """{stage: {column: value}} and the (column, label) levels available for this trace."""
     tables: dict[str, pd.DataFrame] = {"stage_summary": parsed.stage_summary}
     levels = _optional(parsed, "stage_levels")
@@ -121,7 +124,7 @@ def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step
     return rows
 
 
-def _describe(parsed: Any) -> dict[str, Any]:
+def _describe(parsed: ParsedTrace) -> dict[str, Any]:
     steps = parsed.steps
     return {
         "trace": str(parsed.path),

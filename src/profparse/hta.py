@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,9 @@ import pandas as pd
 from profparse.base.errors import ProfparseError, TraceFormatError, install_hint
 from profparse.base.formats import display, md_cell, md_code, md_table, render_as, text_table
 from profparse.base.marks import STAGES
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 FORMATS = ("text", "json", "markdown")
 UNMATCHED = "unmatched"  # HTA rows with no profparse kernel (none on the shared traces)
@@ -139,7 +142,7 @@ def _rank(ta: Any) -> int:
     return int(ta.t.get_ranks()[0])
 
 
-def hta_gpu_rows(ta: Any, parsed: Any) -> pd.DataFrame:
+def hta_gpu_rows(ta: Any, parsed: ParsedTrace) -> pd.DataFrame:
     """HTA's GPU rows (``stream != -1``, as its kernel breakdown takes them) with names, kernel type and stage.
 
     Columns: ``index`` (HTA's event index), ``name``, ``cat``, ``stream``, ``correlation``, ``ts``, ``dur`` (us),
@@ -198,7 +201,7 @@ def _stage_order(values: pd.Series) -> pd.Categorical:
     return pd.Categorical(values, categories=[*STAGES, UNMATCHED])
 
 
-def kernel_type_by_stage(ta: Any, parsed: Any, rows: pd.DataFrame | None = None) -> pd.DataFrame:
+def kernel_type_by_stage(ta: Any, parsed: ParsedTrace, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (stage, kernel_type): ``kernels`` (count), ``time_us`` (sum of HTA durations), ``share_of_stage``, and
     ``hta_time_us``: HTA's overlap-aware time for the stage (``X overlapping Y`` types included)."""
     rows = hta_gpu_rows(ta, parsed) if rows is None else rows
@@ -244,7 +247,7 @@ def _hta_overlap_time(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def idle_time_by_stage(
-    ta: Any, parsed: Any, rows: pd.DataFrame | None = None, *, consecutive_kernel_delay: int = 30
+    ta: Any, parsed: ParsedTrace, rows: pd.DataFrame | None = None, *, consecutive_kernel_delay: int = 30
 ) -> pd.DataFrame:
     """HTA's idle-time breakdown per (stage, stream, idle_category): ``idle_time_us`` and ``gaps``.
 
@@ -297,7 +300,7 @@ class HtaByStage:
     hta_idle: pd.DataFrame  # HTA's own get_idle_time_breakdown, whole trace
 
 
-def _check_loadable(parsed: Any) -> None:
+def _check_loadable(parsed: ParsedTrace) -> None:
     report = parsed.raw.report
     if report.truncated:
         raise TraceFormatError(
@@ -308,7 +311,9 @@ def _check_loadable(parsed: Any) -> None:
         raise TraceFormatError(f"{parsed.path}: the trace has no events; HTA has nothing to analyse")
 
 
-def hta_by_stage(parsed: Any, *, exact: bool = False, consecutive_kernel_delay: int = 30, ta: Any = None) -> HtaByStage:
+def hta_by_stage(
+    parsed: ParsedTrace, *, exact: bool = False, consecutive_kernel_delay: int = 30, ta: Any = None
+) -> HtaByStage:
     """Load the trace with HTA (unless ``ta`` is given) and split its kernel and idle breakdowns by stage.
 
     HTA reads the file itself, whole: a trace cut short, or one without events, is refused first with a

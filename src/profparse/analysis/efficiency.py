@@ -7,7 +7,7 @@ runs in backward); hardware FLOPs include them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,9 @@ from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import NULL
 from profparse.trace.link import innermost_ancestor_of_kind
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den where den > 0, else NaN (no warning)."""
@@ -27,7 +30,7 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / den, np.nan)
 
 
-def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
+def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
     """Rows per (step, stage) (``scope`` stage), per step (``step``), per stage over the trace (``total``) and per
     module x stage (``module``): FLOPs, model FLOPs, bytes, counted and not counted GPU time, achieved TFLOP/s,
     intensity, MFU and HFU against ``peak``."""
@@ -96,7 +99,7 @@ def efficiency_table(parsed: Any, flops: pd.DataFrame, peak: PeakChoice) -> pd.D
     return result.reset_index(drop=True)
 
 
-def _module_rows(parsed: Any, flops: pd.DataFrame) -> pd.DataFrame:
+def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     """FLOPs and counted GPU time per (module, stage, recompute), inclusive of sub-modules (as ``modules``).
 
     Forward ops count for the innermost ``nn.Module`` call around them; ops inside a backward node for the call

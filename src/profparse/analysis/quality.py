@@ -8,7 +8,7 @@ something produce a row; an empty table means nothing looked wrong.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -21,6 +21,9 @@ from profparse.stages.rules import GPU_UNLINKED
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
 from profparse.trace.source import open_trace
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 COLUMNS = ("check", "severity", "count", "value", "message")
 OTHER_SHARE_WARN = 0.05
@@ -121,7 +124,7 @@ def _same_in_file(path: str, events: pd.DataFrame, rows: np.ndarray) -> int | No
     return int(full.duplicated().sum())
 
 
-def gpu_devices(parsed: Any) -> list[str]:
+def gpu_devices(parsed: ParsedTrace) -> list[str]:
     """The trace's devices for headers: the names in ``deviceProperties``, else ``GPU <id>`` for each device that
     ran GPU activity (traces without ``deviceProperties``), else none (a CPU trace)."""
     names = [str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)]
@@ -169,7 +172,7 @@ def _gpu_inference_rows(
     return rows
 
 
-def _in_step_calls(parsed: Any, call_class: str) -> tuple[int, int, float, str]:
+def _in_step_calls(parsed: ParsedTrace, call_class: str) -> tuple[int, int, float, str]:
     """(count, ns, share of the steps' wall, top names) of runtime calls of one class inside step windows."""
     calls = parsed.table("runtime_calls")
     calls = calls[(calls["scope"] == "step") & (calls["call_class"] == call_class).to_numpy()]
@@ -183,7 +186,7 @@ def _in_step_calls(parsed: Any, call_class: str) -> tuple[int, int, float, str]:
     return int(calls["count"].sum()), total, (total / wall if wall else 0.0), names
 
 
-def _allocator_churn_row(parsed: Any) -> list[dict[str, Any]]:
+def _allocator_churn_row(parsed: ParsedTrace) -> list[dict[str, Any]]:
     """Device malloc/free calls inside steps: the caching allocator is giving memory back and asking again."""
     count, ns, share, names = _in_step_calls(parsed, "malloc")
     free_count, free_ns, free_share, free_names = _in_step_calls(parsed, "free")
@@ -196,7 +199,7 @@ def _allocator_churn_row(parsed: Any) -> list[dict[str, Any]]:
     return [_row("allocator_churn", severity, count, ns, message)]
 
 
-def _sync_in_step_row(parsed: Any) -> list[dict[str, Any]]:
+def _sync_in_step_row(parsed: ParsedTrace) -> list[dict[str, Any]]:
     """Host-blocking synchronize calls inside steps (``.item()``, ``.cpu()``, explicit syncs)."""
     count, ns, share, names = _in_step_calls(parsed, "sync")
     if not count:
@@ -206,7 +209,7 @@ def _sync_in_step_row(parsed: Any) -> list[dict[str, Any]]:
     return [_row("sync_in_step", severity, count, ns, message)]
 
 
-def _reading_rows(parsed: Any) -> list[dict[str, Any]]:
+def _reading_rows(parsed: ParsedTrace) -> list[dict[str, Any]]:
     """What reading the file found: truncation, dropped events, trailing bytes, lone surrogates, negative
     durations, repeated ``ProfilerStep#N``."""
     report, rows = parsed.raw.report, []
@@ -235,7 +238,7 @@ def _reading_rows(parsed: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _clock_rows(parsed: Any, activity: np.ndarray) -> list[dict[str, Any]]:
+def _clock_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, Any]]:
     """GPU activity outside the profiled window, overlapping on a stream, or starting before its launch."""
     events, links, rows = parsed.raw.events, parsed.links, []
     ts = events["ts_ns"].to_numpy()
@@ -266,7 +269,7 @@ def _clock_rows(parsed: Any, activity: np.ndarray) -> list[dict[str, Any]]:
     return rows
 
 
-def _duplicate_events_row(parsed: Any) -> list[dict[str, Any]]:
+def _duplicate_events_row(parsed: ParsedTrace) -> list[dict[str, Any]]:
     """Events that appear twice in the file, every field and args equal."""
     events = parsed.raw.events
     key = [c for c in events.columns if c != "trace_index"]  # every field the tables keep
@@ -283,7 +286,7 @@ def _duplicate_events_row(parsed: Any) -> list[dict[str, Any]]:
     return [_row("duplicate_events", "warning", duplicates, 0, message)]
 
 
-def _stage_rows(parsed: Any, activity: np.ndarray, gpu_total: int) -> list[dict[str, Any]]:
+def _stage_rows(parsed: ParsedTrace, activity: np.ndarray, gpu_total: int) -> list[dict[str, Any]]:
     """Stages a training trace should have but lacks, and the share of host and GPU time left in ``other``."""
     events, links, attribution, rows = parsed.raw.events, parsed.links, parsed.attribution, []
     stage = attribution.stage
@@ -319,7 +322,7 @@ def _stage_rows(parsed: Any, activity: np.ndarray, gpu_total: int) -> list[dict[
     return rows
 
 
-def quality_checks(parsed: Any) -> pd.DataFrame:
+def quality_checks(parsed: ParsedTrace) -> pd.DataFrame:
     """Run every check on a parsed trace; one row per finding."""
     events = parsed.raw.events
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)

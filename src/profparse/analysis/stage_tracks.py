@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,9 @@ from profparse.base.marks import STAGES
 from profparse.tables.host_time import HOST_SPAN_KINDS, mixed_containers
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import kind_mask
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 _STREAM_NAME = re.compile(r"^\s*stream\s+(\S+)\s*$")
 
@@ -66,7 +69,7 @@ def _segments(
 
 
 def stage_intervals(
-    parsed: Any, *, gap_ns: int | None = None, split_steps: bool = True, disjoint: bool = False
+    parsed: ParsedTrace, *, gap_ns: int | None = None, split_steps: bool = True, disjoint: bool = False
 ) -> StageTracks:
     """Merge consecutive same-stage events on each host thread and GPU stream into intervals.
 
@@ -137,7 +140,7 @@ def stage_intervals(
     return StageTracks(tracks, intervals)
 
 
-def _activity_rows(parsed: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _activity_rows(parsed: ParsedTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The rows :func:`stage_intervals` merges (host spans of one stage, GPU activity), the GPU mask, every
     event's start and end."""
     events = parsed.raw.events
@@ -151,7 +154,7 @@ def _activity_rows(parsed: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return np.flatnonzero(host | gpu), gpu, ts, end
 
 
-def activity_span(parsed: Any) -> int | None:
+def activity_span(parsed: ParsedTrace) -> int | None:
     """From the first start to the last end of what :func:`stage_intervals` merges (its intervals' span,
     without merging them); None when there is nothing."""
     rows, _, ts, end = _activity_rows(parsed)
@@ -193,7 +196,7 @@ def _empty_intervals(rule_names: list[str]) -> pd.DataFrame:
 
 
 def _tracks(
-    parsed: Any, uniques: list[tuple[int, int]], rows: np.ndarray, track: np.ndarray, gpu: np.ndarray
+    parsed: ParsedTrace, uniques: list[tuple[int, int]], rows: np.ndarray, track: np.ndarray, gpu: np.ndarray
 ) -> pd.DataFrame:
     events = parsed.raw.events
     n = len(uniques)
@@ -242,7 +245,7 @@ def _tracks(
     return frame.astype(_TRACK_DTYPES)
 
 
-def _substage_codes(parsed: Any) -> tuple[np.ndarray, list[str]] | None:
+def _substage_codes(parsed: ParsedTrace) -> tuple[np.ndarray, list[str]] | None:
     """Per raw event: loading sub-step code (-1 = none) and the sub-step names, from the analyses when present.
 
     Reads the analyses' per-row result directly when it is there (no copy of the event table), else the public
@@ -269,7 +272,7 @@ def _substage_codes(parsed: Any) -> tuple[np.ndarray, list[str]] | None:
     return substage.cat.codes.to_numpy().astype(np.int64), [str(c) for c in substage.cat.categories]
 
 
-def load_substep_intervals(parsed: Any) -> pd.DataFrame | None:
+def load_substep_intervals(parsed: ParsedTrace) -> pd.DataFrame | None:
     """Loading sub-steps per host thread: (pid, tid, start_ns, end_ns, substep, events), never overlapping.
 
     Built from the ``substage`` column the analyses add to ``events`` (None when it is absent or empty): spans

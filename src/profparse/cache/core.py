@@ -15,6 +15,8 @@ from profparse.cache.sealed import CorruptEntry, json_digest
 if TYPE_CHECKING:
     import pandas as pd
 
+    from profparse.tables.parsed import ParsedTrace
+
 CORE_FILES = ("events.arrow", "links.arrow", "links.threads.arrow", "attribution.arrow", "attribution.steps.arrow")
 
 
@@ -35,7 +37,7 @@ def arrays_frame(obj: Any) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[
     return pd.DataFrame(arrays, copy=False), frames, rest  # views: no copy of the arrays
 
 
-def write_core(folder: Path, parsed: Any) -> dict[str, Any]:
+def write_core(folder: Path, parsed: ParsedTrace) -> dict[str, Any]:
     """Write a ParsedTrace's raw table, links and attribution into ``folder``; the JSON rest as a dict."""
     raw = parsed.raw
     link_arrays, link_frames, _ = arrays_frame(parsed.links)

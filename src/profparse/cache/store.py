@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profparse.base.formats import plain
 from profparse.cache import keys
@@ -34,6 +34,9 @@ from profparse.cache.folders import (
 )
 from profparse.cache.replay import checked_output, checked_text
 from profparse.cache.sealed import CorruptEntry, sealed_json, short
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 DIR_ENV = "PROFPARSE_CACHE_DIR"
 MAX_ENV = "PROFPARSE_CACHE_MAX_BYTES"
@@ -273,7 +276,7 @@ class Cache:
 
     # -- writing --
 
-    def put(self, name: str, parsed: Any) -> Entry | None:
+    def put(self, name: str, parsed: ParsedTrace) -> Entry | None:
         """Store a ParsedTrace's inputs as entry ``name``; the Entry (whoever wrote it), or None."""
         import pyarrow as pa
 

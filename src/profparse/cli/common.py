@@ -8,11 +8,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profparse.base.errors import NoSpaceError, OutputWriteError, from_oserror, is_no_space
 from profparse.base.formats import display
 from profparse.cli.progress import reading_bar
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 #: True when the process started with its standard output closed (``>&-``); see main.guard_std_streams.
 STDOUT_CLOSED = False
@@ -93,7 +96,7 @@ def parse_input(args: argparse.Namespace) -> Any:
     return parsed
 
 
-def input_notes(trace: str, parsed: Any) -> list[str]:
+def input_notes(trace: str, parsed: ParsedTrace) -> list[str]:
     """The warnings :func:`parse_input` prints about a parsed trace (truncation, quality checks), in order."""
     notes = []
     report = parsed.raw.report

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 import numpy as np
@@ -26,6 +26,9 @@ from profparse.base.files import atomic_file
 from profparse.trace.kinds import NULL
 from profparse.trace.scan import event_boundaries
 from profparse.trace.source import BOM, open_trace
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 STAGE_PROCESS_NAME = "profparse stages"
 STAGE_CATEGORY = "profparse_stage"
@@ -49,7 +52,7 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _free_pid(parsed: Any) -> int:
+def _free_pid(parsed: ParsedTrace) -> int:
     """An integer pid no event of the trace uses (the new process must not merge with an existing one)."""
     used = set(np.unique(parsed.raw.events["pid"].to_numpy()).tolist())
     pid = 0x7F0000
@@ -58,7 +61,7 @@ def _free_pid(parsed: Any) -> int:
     return pid
 
 
-def annotation_events(parsed: Any, tracks: StageTracks | None = None) -> Iterator[str]:
+def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) -> Iterator[str]:
     """The new events (JSON text, one per item): metadata first, then one ``X`` event per stage interval."""
     tracks = tracks if tracks is not None else stage_intervals(parsed, disjoint=True)
     pid = _free_pid(parsed)
@@ -151,7 +154,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def write_annotated(
-    parsed: Any,
+    parsed: ParsedTrace,
     out: str | Path,
     *,
     force: bool = False,

@@ -29,12 +29,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profparse.base.files import atomic_dir
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS, Figure, optional_table, style, time_unit, timeline_intervals
 from profparse.outputs.views.stages import level_panels
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 PLOT_KINDS: tuple[str, ...] = tuple(VIEWS)
 FORMATS: tuple[str, ...] = ("png", "svg")
@@ -48,7 +51,7 @@ __all__ = ["FORMATS", "PLOT_KINDS", "STAGE_COLORS", "PlotResult", "make_figure",
 __all__ += ["save_figure", "time_unit"]
 
 
-def _timeline_intervals(parsed: Any) -> tuple[Any, int]:
+def _timeline_intervals(parsed: ParsedTrace) -> tuple[Any, int]:
     """The timeline's aggregated intervals at this module's :data:`MAX_RECTS`."""
     return timeline_intervals(parsed, MAX_RECTS)
 
@@ -66,7 +69,7 @@ class PlotResult:
     note: str | None = None
 
 
-def make_figure(parsed: Any, kind: str) -> tuple[Figure | None, str | None]:
+def make_figure(parsed: ParsedTrace, kind: str) -> tuple[Figure | None, str | None]:
     """Build one figure (Agg backend); returns (figure, None) or (None, why it was skipped)."""
     if kind not in VIEWS:
         raise ValueError(f"unknown plot kind {kind!r}; expected one of {', '.join(PLOT_KINDS)}")
@@ -114,7 +117,7 @@ def save_figure(
 
 
 def write_plots(
-    parsed: Any,
+    parsed: ParsedTrace,
     out_dir: str | Path,
     *,
     kinds: Sequence[str] | None = None,

@@ -8,7 +8,7 @@ import re
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -16,6 +16,9 @@ from profparse.base.errors import InputNotFoundError, TraceFormatError
 from profparse.base.formats import path_text
 from profparse.ranks.discovery import valid_rank
 from profparse.ranks.results import RankResult
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 PLAIN_TABLES = ("ranks", "failed_ranks", "collective_matches")  # one file each, not partitioned
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -46,7 +49,7 @@ def partition_dir(root: str | Path, table: str, rank: int) -> Path:
     return Path(root) / table / f"rank={rank}"
 
 
-def write_rank_tables(parsed: Any, root: str | Path, rank: int, metadata: dict[str, str] | None = None) -> dict:
+def write_rank_tables(parsed: ParsedTrace, root: str | Path, rank: int, metadata: dict[str, str] | None = None) -> dict:
     """Write every table of one parsed trace as ``root/<table>/rank=<r>/part-0.parquet``; returns row counts."""
     import pyarrow.parquet as pq
 

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from profparse.base.formats import plain
 from profparse.base.marks import STAGES
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 NULL = -(2**63)  # profparse.trace.kinds.NULL: the int64 sentinel of a missing value
 TOP_N = 5
@@ -168,7 +171,7 @@ def _event_args(events: pd.DataFrame, trace_index: np.ndarray) -> dict[str, np.n
     return out
 
 
-def collective_rows(parsed: Any) -> pd.DataFrame:
+def collective_rows(parsed: ParsedTrace) -> pd.DataFrame:
     """One row per collective of this rank, in start order: its group, ``Seq``, name, sizes, kernel span, stage.
 
     The args come from the kernel's own event when Kineto wrote them there, else from the ``record_param_comms``

@@ -14,7 +14,7 @@ import io
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profparse.base.files import atomic_file
 from profparse.base.formats import LONE_SURROGATE, display, plain
@@ -23,6 +23,9 @@ from profparse.base.version import __version__
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.trace.kinds import NULL
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 #: Views the page draws itself; any other registered view is shown as tables plus its PNG.
 NATIVE = frozenset({"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "memory", "layers", "load"})
@@ -58,7 +61,7 @@ def _png(module: Any, prepared: Any) -> str | None:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def view_payload(parsed: Any) -> dict[str, Any]:
+def view_payload(parsed: ParsedTrace) -> dict[str, Any]:
     """Every registered view's prepared data (or why it is skipped), in registry order."""
     out = {}
     for kind, module in VIEWS.items():
@@ -74,7 +77,7 @@ def view_payload(parsed: Any) -> dict[str, Any]:
     return out
 
 
-def trace_payload(parsed: Any) -> dict[str, Any]:
+def trace_payload(parsed: ParsedTrace) -> dict[str, Any]:
     """The page's data for one trace: the summary (as ``summarize --format json``) and the views."""
     from profparse.outputs.summary import summary_data
 

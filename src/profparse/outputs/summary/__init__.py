@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,9 @@ from profparse.outputs.summary.efficiency import efficiency_data, efficiency_tab
 from profparse.outputs.summary.runtime import runtime_calls_tables, top_calls
 from profparse.outputs.summary.top import stage_top_table
 from profparse.trace.kinds import NULL
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 FORMATS = ("text", "json", "csv", "markdown")
 HOST_COLUMNS = frozenset({"host_wall_ns", "host_op_ns"})
@@ -95,7 +98,7 @@ def _step_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, 
     return out
 
 
-def summary_data(parsed: Any, top: int = TOP_N) -> dict[str, Any]:
+def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
     """Everything the summary shows, as plain JSON-ready data."""
     summary = parsed.stage_summary
     totals = summary[summary["scope"] == "total"]
@@ -310,6 +313,6 @@ def render(data: dict[str, Any], fmt: str = "text") -> str:
     return render_as(data, fmt, {"text": render_text, "markdown": render_markdown, "csv": render_csv})
 
 
-def render_summary(parsed: Any, fmt: str = "text", top: int = TOP_N) -> str:
+def render_summary(parsed: ParsedTrace, fmt: str = "text", top: int = TOP_N) -> str:
     """Summary of one parsed trace in the given format."""
     return render(summary_data(parsed, top=top), fmt)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ from profparse.base.formats import (
     tables_text,
     us_text,
 )
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 MODULE_ROWS = 12
 RULES_WIDTH = 38
@@ -56,27 +59,27 @@ def _records(frame: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[dict[str, 
     return out
 
 
-def _levels_data(parsed: Any) -> dict[str, Any]:
+def _levels_data(parsed: ParsedTrace) -> dict[str, Any]:
     levels = parsed.stage_levels
     return {"stage_levels": _records(levels[levels["scope"] == "total"], drop=("scope", "step"))}
 
 
-def _load_data(parsed: Any) -> dict[str, Any]:
+def _load_data(parsed: ParsedTrace) -> dict[str, Any]:
     return {"load_breakdown": _records(parsed.load_breakdown)}
 
 
-def _modules_data(parsed: Any) -> dict[str, Any]:
+def _modules_data(parsed: ParsedTrace) -> dict[str, Any]:
     modules = parsed.modules
     count = int(modules.loc[modules["calls"] > 0, "module"].nunique()) if len(modules) else 0
     return {"modules_by_class": _modules_by_class(modules), "module_count": count}
 
 
-def _memory_data(parsed: Any) -> dict[str, Any]:
+def _memory_data(parsed: ParsedTrace) -> dict[str, Any]:
     memory = parsed.memory_by_stage
     return {"memory_by_stage": _records(memory[memory["scope"] == "total"], drop=("scope", "step"))}
 
 
-def summary_sections(parsed: Any) -> dict[str, Any]:
+def summary_sections(parsed: ParsedTrace) -> dict[str, Any]:
     """The analysis sections as JSON-ready data (totals; the full tables are in Parquet): every entry of
     :data:`SECTIONS`' data, merged."""
     out: dict[str, Any] = {}

@@ -3,15 +3,18 @@ counted (from the ``efficiency`` and ``flops`` tables, :mod:`profparse.analysis.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from profparse.analysis.flop_counts import STATUS
 from profparse.base.formats import Column, Table, ms_text, share_text
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
-def efficiency_data(parsed: Any, top: int = 5) -> dict[str, Any]:
+
+def efficiency_data(parsed: ParsedTrace, top: int = 5) -> dict[str, Any]:
     """The section's data: per stage totals, MFU per step, the peak used, and
     the ops whose GPU (or, on CPU traces, host) time has no FLOP formula."""
     eff, flops, peak = parsed.table("efficiency"), parsed.table("flops"), parsed.value("peak")

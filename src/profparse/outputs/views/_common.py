@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from profparse.base.formats import display
 from profparse.base.marks import STAGES
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 #: One colour per stage, used by every plot and the HTML report (Okabe-Ito palette: readable for colour-blind viewers).
 STAGE_COLORS: dict[str, str] = {
@@ -26,7 +29,7 @@ Figure = Any  # matplotlib.figure.Figure; imported lazily
 Prepared = dict[str, Any]
 
 
-def optional_table(parsed: Any, name: str) -> pd.DataFrame | None:
+def optional_table(parsed: ParsedTrace, name: str) -> pd.DataFrame | None:
     """``parsed.<name>`` when that table exists and has rows, else None (tables added by later analyses)."""
     try:
         table = getattr(parsed, name)
@@ -59,7 +62,7 @@ def fmt_bytes(n: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def trace_title(parsed: Any) -> str:
+def trace_title(parsed: ParsedTrace) -> str:
     name = display(Path(parsed.path).name)
     rank = f", rank {parsed.rank}" if parsed.rank is not None else ""
     return f"{name}{rank}"
@@ -98,7 +101,7 @@ def style() -> dict[str, Any]:
     }
 
 
-def timeline_intervals(parsed: Any, max_rects: int | None = None, pixels: int = 2000) -> tuple[Any, int]:
+def timeline_intervals(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) -> tuple[Any, int]:
     """Stage intervals merged to about a pixel (1/``pixels`` of the span); coarser while there are more than
     ``max_rects`` (default :data:`MAX_RECTS`). Returns (StageTracks, gap in ns)."""
     from profparse.analysis.stage_tracks import activity_span, stage_intervals
@@ -115,7 +118,7 @@ def timeline_intervals(parsed: Any, max_rects: int | None = None, pixels: int = 
     return tracks, gap
 
 
-def host_stage_bands(parsed: Any) -> pd.DataFrame:
+def host_stage_bands(parsed: ParsedTrace) -> pd.DataFrame:
     """Time ranges of each stage on any host thread (their union per stage), at about a pixel's resolution.
 
     Without host threads (a GPU-only trace) the GPU streams are used. "other" comes first, so that painting in

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -10,6 +10,9 @@ import pandas as pd
 from profparse.base.marks import STAGES
 from profparse.base.names import unique_labels
 from profparse.outputs.views._common import STAGE_COLORS, Figure, Prepared, fmt_time, time_unit
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 TOP_N = 8
 
@@ -82,7 +85,7 @@ def top_draw(prepared: Prepared) -> Figure:
     return fig
 
 
-def with_title(prepared: Prepared, parsed: Any) -> Prepared:
+def with_title(prepared: Prepared, parsed: ParsedTrace) -> Prepared:
     from profparse.outputs.views._common import trace_title
 
     prepared["title"] = trace_title(parsed)

@@ -7,7 +7,7 @@ work on the same device), ``exposed_ns`` (the rest) and ``overlap_pct``; ``draw`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -15,11 +15,14 @@ from profparse.base.formats import display
 from profparse.base.marks import STAGES
 from profparse.outputs.views._common import STAGE_COLORS, time_unit
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 KIND = "communication"
 TITLE = "Communication per stage: exposed vs overlapped"
 
 
-def data(parsed: Any) -> tuple[Any | None, str | None]:
+def data(parsed: ParsedTrace) -> tuple[Any | None, str | None]:
     """``({"title", "stages"}, None)`` with a DataFrame per stage, or ``(None, reason)`` without collectives."""
     exposure = parsed.comm_exposure
     total = exposure[exposure["scope"] == "total"]

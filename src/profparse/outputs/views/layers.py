@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,9 @@ from profparse.outputs.views._common import (
     time_unit,
     trace_title,
 )
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 KIND = "layers"
 TITLE = "Forward / backward per layer"
@@ -35,7 +38,7 @@ def layer_depth(table: pd.DataFrame) -> int:
     return int(per.idxmax()[0]) if len(per) else -1
 
 
-def data(parsed: Any) -> tuple[Prepared | None, str | None]:
+def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
     """Modules (rows, in first-seen order) x series (forward, backward, backward (recompute)) time in ns."""
     table = optional_table(parsed, "modules")
     if table is None:

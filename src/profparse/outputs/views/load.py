@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,9 @@ from profparse.outputs.views._common import (
     trace_title,
 )
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 KIND = "load"
 TITLE = "Loading sub-steps"
 
@@ -26,7 +29,7 @@ def _first(table: pd.DataFrame, names: tuple[str, ...]) -> str | None:
     return next((c for c in names if c in table.columns), None)
 
 
-def data(parsed: Any) -> tuple[Prepared | None, str | None]:
+def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
     """Sub-steps in order of first start: name, label, total ns."""
     table = optional_table(parsed, "load_breakdown")
     if table is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,13 +19,16 @@ from profparse.outputs.views._common import (
 )
 from profparse.trace.kinds import NULL
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 KIND = "memory"
 TITLE = "Memory allocated over time"
 MAX_MEMORY_POINTS = 4000  # per device; longer series are reduced to the max per time bin
 MIN_MEMORY_BYTES = 64 << 10  # devices whose allocations stay below this are not plotted
 
 
-def memory_series(parsed: Any) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def memory_series(parsed: ParsedTrace) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(device label, ts_ns, bytes allocated) per device, from the analyses' memory table or ``[memory]`` events."""
     table = optional_table(parsed, "memory")
     if table is not None and {"ts_ns", "allocated_bytes", "device"} <= set(table.columns):
@@ -76,7 +79,7 @@ def reduce_series(ts: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.nda
     return edges[:-1][keep].astype(np.int64), peak[keep]
 
 
-def data(parsed: Any) -> tuple[Prepared | None, str | None]:
+def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
     """Per device (peak >= 64 KiB): label, ts since the first event and bytes (at most 4000 points, the max per
     bin); the host stage bands; the time span."""
     series = memory_series(parsed)

@@ -3,19 +3,22 @@ compute peak and memory-bandwidth roof (from :mod:`profparse.analysis.peaks`, or
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from profparse.outputs.views._common import STAGE_COLORS
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 KIND = "roofline"
 TITLE = "Roofline: arithmetic intensity vs achieved TFLOP/s per op and stage"
 MAX_POINTS = 400  # the ops with the most time; the rest are too small to read
 
 
-def data(parsed: Any) -> tuple[dict[str, Any] | None, str | None]:
+def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
     """One point per (op name, stage) with FLOPs, bytes and time (GPU time; host time on CPU-only traces)."""
     flops = parsed.flops
     counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]

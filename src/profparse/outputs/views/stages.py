@@ -6,7 +6,7 @@ GPU spans (busy + overlap + idle). Levels come from the analyses' ``stage_levels
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,9 @@ from profparse.outputs.views._common import (
     time_unit,
     trace_title,
 )
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 KIND = "stages"
 TITLE = "Time per stage, by level"
@@ -43,7 +46,7 @@ def _keep(panels: list[tuple[pd.DataFrame, str]]) -> list[tuple[pd.DataFrame, st
     return out
 
 
-def level_panels(parsed: Any) -> list[tuple[pd.DataFrame, str]] | None:
+def level_panels(parsed: ParsedTrace) -> list[tuple[pd.DataFrame, str]] | None:
     """(stage rows x level columns in ns, title) panels from the analyses' ``stage_levels``, when it exists.
 
     Host levels, from the device up: runtime calls (launches, copies), synchronisation, ops (the framework op
@@ -76,7 +79,7 @@ def level_panels(parsed: Any) -> list[tuple[pd.DataFrame, str]] | None:
     return _keep([(host, "Host threads"), (device, "GPU")])
 
 
-def summary_panels(parsed: Any) -> list[tuple[pd.DataFrame, str]]:
+def summary_panels(parsed: ParsedTrace) -> list[tuple[pd.DataFrame, str]]:
     """The levels ``stage_summary`` has (no ``stage_levels`` table): host ops / rest of host wall, GPU split."""
     summary = parsed.stage_summary
     totals = summary[summary["scope"] == "total"].set_index("stage")
@@ -87,7 +90,7 @@ def summary_panels(parsed: Any) -> list[tuple[pd.DataFrame, str]]:
     return _keep([(host, "Host threads"), (gpu, "GPU")])
 
 
-def data(parsed: Any) -> tuple[Prepared | None, str | None]:
+def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
     """Panels of stage x level time (ns) and the trace's title."""
     panels = level_panels(parsed)
     if panels is None:

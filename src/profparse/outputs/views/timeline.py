@@ -6,7 +6,7 @@ one interval, coarser while there are more than ``MAX_RECTS``; this keeps a 2 M-
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,13 +25,16 @@ from profparse.outputs.views._common import (
     trace_title,
 )
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 KIND = "timeline"
 TITLE = "Timeline by stage"
 MAX_TRACKS = 16
 
 
 def data(
-    parsed: Any, max_tracks: int = MAX_TRACKS, max_rects: int | None = None, pixels: int = 2000
+    parsed: ParsedTrace, max_tracks: int = MAX_TRACKS, max_rects: int | None = None, pixels: int = 2000
 ) -> tuple[Prepared | None, str | None]:
     """The busiest ``max_tracks`` tracks (label, kind) and their aggregated intervals (start/end ns since the
     first interval, stage, rule, events merged; at most about ``max_rects``; spans closer than 1/``pixels`` of the

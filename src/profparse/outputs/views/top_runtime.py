@@ -5,7 +5,7 @@ Built from the ``runtime_calls`` table (analysis/runtime.py), the same numbers a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -15,11 +15,14 @@ from profparse.base.names import unique_labels
 from profparse.outputs.views._common import Figure, Prepared
 from profparse.outputs.views._top import TOP_N, top_draw, with_title
 
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
 KIND = "top_runtime"
 TITLE = "Top runtime calls per stage"
 
 
-def data(parsed: Any, n: int = TOP_N) -> tuple[Prepared | None, str | None]:
+def data(parsed: ParsedTrace, n: int = TOP_N) -> tuple[Prepared | None, str | None]:
     """Per stage, the ``n`` calls with the most host time over the whole trace; ``share``: of the stage's host
     wall (the summary's "Runtime calls per stage" shows the same rows)."""
     table = parsed.runtime_calls
