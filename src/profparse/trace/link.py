@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.base.arrays import pack_codes, unpack_codes
+from profparse.base.intervals import group_start_order
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 
@@ -96,13 +97,7 @@ def _order_ties(order: np.ndarray, same: np.ndarray, neg_dur: np.ndarray) -> Non
     pos = np.flatnonzero(tied)
     sub = order[pos]
     group = np.cumsum(np.concatenate([[True], ~same]))[pos]  # one number per run of equal keys, increasing
-    nd = neg_dur[sub]
-    low = int(nd.min())
-    span = int(nd.max()) - low + 1
-    if int(group[-1]) * span < 2**62:  # (run, -dur) in one int64: runs are in order already, so this is quick
-        order[pos] = sub[np.argsort(group * span + (nd - low), kind="stable")]
-    else:
-        order[pos] = sub[np.lexsort((nd, group))]
+    order[pos] = sub[group_start_order(group, neg_dur[sub])]  # runs are in order already, so this is quick
 
 
 def _thread_order(thread: np.ndarray, ts: np.ndarray, neg_dur: np.ndarray, rows: np.ndarray) -> np.ndarray:
