@@ -128,7 +128,7 @@ def text_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def stored_text(args: argparse.Namespace, options: dict[str, Any], trace: str | None = None) -> dict[str, Any] | None:
     """The result a verb stored for ``trace`` (default ``args.trace``) with ``options`` (see
-    :meth:`profparse.cache.Entry.put_text`), or None. Silent but for a damaged text: on a miss, loading the
+    :meth:`profparse.cache.entry.Entry.put_text`), or None. Silent but for a damaged text: on a miss, loading the
     trace opens the cache again and says what it has to say."""
     return _stored(args, trace or args.trace, (), lambda store, name: store.get_text(name, options))
 
@@ -177,7 +177,7 @@ def entry_name(
 
 def stored_output(args: argparse.Namespace, options: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
     """The files a verb stored for ``args.trace`` with ``options`` and its result.json (see
-    :meth:`profparse.cache.Entry.put_output`), or None; like :func:`stored_text`."""
+    :meth:`profparse.cache.entry.Entry.put_output`), or None; like :func:`stored_text`."""
     out = getattr(args, "out", None)
     return _stored(args, args.trace, (out,) if out else (), lambda store, name: store.get_output(name, options))
 
