@@ -3,7 +3,8 @@
 The page embeds one JSON payload and renders it with a small vanilla-JS renderer (``assets/report.js``,
 ``assets/report.css``, inlined): the numbers are :func:`profparse.outputs.summary.summary_data`'s and every
 registered view's ``data(parsed)`` (:mod:`profparse.outputs.views`), the same tables ``summarize`` and ``plot``
-use. Views the renderer does not know yet are shown as their tables plus the PNG their ``draw`` makes.
+use. The headline at the top (:mod:`profparse.outputs.report.headline`) picks its numbers from the same data.
+Views the renderer does not know yet are shown as their tables (times in ms) plus the PNG their ``draw`` makes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 from profparse.base.files import atomic_file
 from profparse.base.formats import LONE_SURROGATE, display, plain
 from profparse.base.marks import STAGES
+from profparse.base.names import shorten_name
 from profparse.base.version import __version__
+from profparse.outputs.report.headline import ranks_headline, trace_headline
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.trace.kinds import NULL
@@ -28,7 +31,12 @@ if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
 #: Views the page draws itself; any other registered view is shown as tables plus its PNG.
-NATIVE = frozenset({"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "memory", "layers", "load"})
+NATIVE = frozenset(
+    {"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "communication", "roofline"}
+    | {"memory", "layers", "load"}
+)
+#: Native views whose picture is still the PNG their ``draw`` makes (the page draws their tables).
+PICTURED = frozenset({"roofline"})
 TIMELINE_RECTS = 20000  # aggregated spans in the page's timeline (zoomable, so finer than the PNG's 6000)
 TIMELINE_PIXELS = 40000  # merge spans closer than 1/40000 of the trace: a 20x zoom still shows single spans
 TIMELINE_TRACKS = 32
@@ -71,7 +79,7 @@ def view_payload(parsed: ParsedTrace) -> dict[str, Any]:
             entry["skipped"] = why
         else:
             entry["data"] = plain(prepared, null=NULL)
-            if kind not in NATIVE:
+            if kind not in NATIVE or kind in PICTURED:
                 entry["png"] = _png(module, prepared)
         out[kind] = entry
     return out
@@ -81,18 +89,27 @@ def trace_payload(parsed: ParsedTrace) -> dict[str, Any]:
     """The page's data for one trace: the summary (as ``summarize --format json``) and the views."""
     from profparse.outputs.summary import summary_data
 
+    summary = plain(summary_data(parsed), null=NULL)
     return {
         "kind": "trace",
         "title": display(Path(parsed.path).name),
-        "summary": plain(summary_data(parsed), null=NULL),
+        "headline": trace_headline(summary),
+        "summary": summary,
         "views": view_payload(parsed),
     }
 
 
 def ranks_payload(data: dict[str, Any], folder: str) -> dict[str, Any]:
     """The page's data for a folder of ranks: ``data`` is ``ranks.ranks_summary_data``'s (heatmap, stragglers, late
-    ranks, per rank), which the caller computes (outputs sit below the ranks layer)."""
-    return {"kind": "ranks", "title": display(Path(folder).name or folder), "ranks": plain(data, null=NULL)}
+    ranks, per rank), which the caller computes (outputs sit below the ranks layer). The late ranks' kernel and op
+    names get the labels ``summarize`` shows (``label``; the full name stays in ``name``)."""
+    data = plain(data, null=NULL)
+    for stage in (data.get("late_ranks") or {}).get("stages") or []:
+        for kind, rows in (stage.get("differences") or {}).items():
+            for row in rows:
+                row["label"] = shorten_name(row["name"], kernel=kind == "kernels")
+    title = display(Path(folder).name or folder)
+    return {"kind": "ranks", "title": title, "headline": ranks_headline(data), "ranks": data}
 
 
 def _asset(name: str) -> str:

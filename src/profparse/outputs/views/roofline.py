@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.names import unique_labels
 from profparse.outputs.views._common import STAGE_COLORS
 
 if TYPE_CHECKING:
@@ -19,7 +20,9 @@ MAX_POINTS = 400  # the ops with the most time; the rest are too small to read
 
 
 def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
-    """One point per (op name, stage) with FLOPs, bytes and time (GPU time; host time on CPU-only traces)."""
+    """One point per (op name, stage) with FLOPs, bytes and time (GPU time; host time on CPU-only traces), its
+    label as ``summarize`` shortens op names, and the roof at its intensity (``roof_tflops``: the lower of the compute
+    peak and intensity x memory bandwidth; ``of_roof``: achieved / roof; NaN where the peak is not known)."""
     flops = parsed.flops
     counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]
     basis = "GPU" if (counted["gpu_ns"] > 0).any() else "host"
@@ -39,6 +42,12 @@ def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
     ).reset_index(drop=True)
     peak = parsed.peak
     known = bool(np.isfinite(peak.tflops))
+    bandwidth = float(peak.memory_gbps) if known and np.isfinite(peak.memory_gbps) else np.inf
+    roof = np.minimum(float(peak.tflops) if known else np.nan, points["intensity"].to_numpy() * bandwidth / 1e3)
+    names = list(dict.fromkeys(points["name"]))  # one label per op name, the same in every stage
+    labels = dict(zip(names, unique_labels(names, kernel=False), strict=True))
+    points.insert(1, "label", points["name"].map(labels))
+    points = points.assign(roof_tflops=roof, of_roof=points["tflops"].to_numpy() / roof)
     return {
         "points": points,
         "basis": basis,

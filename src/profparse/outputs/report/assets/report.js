@@ -98,7 +98,8 @@
     var gpu = summary.gpu_activity_ns > 0;
     if (!gpu) fields = fields.filter(function (f) { return f[0].slice(0, 4) !== "gpu_" && f[0] !== "kernel_count" && f[0] !== "launch_count"; });
     var body = totals.map(function (t) {
-      var tr = el("tr", {"data-stage": t.stage}, [el("td", {class: "l"}, [chip(t.stage), t.stage])]);
+      var zero = !fields.some(function (f) { return t[f[0]]; });  // a stage with no time at all: dimmed
+      var tr = el("tr", {"data-stage": t.stage, class: zero ? "zero" : ""}, [el("td", {class: "l"}, [chip(t.stage), t.stage])]);
       fields.forEach(function (f) {
         var v = t[f[0]];
         var td = el("td", {"data-stage": t.stage, "data-field": f[0], "data-value": v == null ? "" : String(v)});
@@ -138,7 +139,7 @@
       if (gpu) { tr.appendChild(el("td", {text: fmt(gtotal)})); tr.appendChild(el("td", {text: fmt(gidle)})); }
       return tr;
     });
-    s.appendChild(el("h3", {text: "Per step: host wall per stage (share of the step)"}));
+    s.appendChild(el("h3", {id: "per-step", text: "Per step: host wall per stage (share of the step)"}));
     s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
   }
 
@@ -348,15 +349,24 @@
     });
   }
 
+  function genericCell(column, x) {  // times in ms/µs/s, shares as %, stages with their colour, numbers grouped
+    if (column === "stage" && typeof x === "string") return stageCell(x);
+    if (typeof x !== "number") return el("td", {class: "l", text: x == null ? "-" : String(x)});
+    if (/_ns$/.test(column)) return el("td", {text: fmt(x)});
+    if (/_bytes$|^bytes$/.test(column)) return el("td", {text: bytes(x)});
+    if (/_pct$/.test(column)) return el("td", {text: pct(x / 100)});
+    if (/(^|_)share$/.test(column)) return el("td", {text: pct(x)});
+    return el("td", {text: num(x, 3)});
+  }
   function genericView(s, v) {  // a registered view this page has no renderer for: its figure and its tables
     if (v.png) s.appendChild(el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png}));
     (function walk(obj, name) {
       if (obj && obj.cols && obj.columns && obj.index) {
-        s.appendChild(el("h3", {text: name}));
-        s.appendChild(table(["#"].concat(obj.columns), rows(obj).slice(0, 200).map(function (r) {
-          return el("tr", {}, [el("td", {class: "l", text: String(r._index)})].concat(obj.columns.map(function (c) {
-            var x = r[c]; return el("td", {text: typeof x === "number" ? x.toLocaleString("en-US", {maximumFractionDigits: 3}) : String(x)}); })));
-        })));
+        var numbered = obj.index.every(function (x, i) { return x === i; });  // a plain 0..n-1 index is not shown
+        s.appendChild(el("h3", {text: words(name)}));
+        s.appendChild(table((numbered ? [] : [""]).concat(obj.columns.map(words)), rows(obj).slice(0, 200).map(function (r) {
+          return el("tr", {}, (numbered ? [] : [el("td", {class: "l", text: String(r._index)})]).concat(obj.columns.map(function (c) { return genericCell(c, r[c]); })));
+        }), "", numbered ? 1 : 2));
       } else if (obj && typeof obj === "object") {
         for (var k in obj) walk(obj[k], k);
       }
@@ -370,12 +380,111 @@
     }), "", 3));
   }
 
+
+  // -- the first screen: the headline (profparse.outputs.report.headline), each item a link to its section ------------
+  function headline(app, items) {
+    var nav = el("nav", {id: "headline", class: "headline"});
+    items.forEach(function (it) {
+      var value = el("span", {class: "hl-value"}, [it.stage ? chip(it.stage) : null, it.text]);
+      nav.appendChild(el("a", {class: "hl-item hl-" + it.key, href: it.href, "data-headline": it.key, title: it.detail}, [
+        el("span", {class: "hl-label", text: it.label}), value, el("span", {class: "hl-detail", text: it.detail})]));
+    });
+    app.appendChild(nav);
+  }
+
+  function words(column) {  // a column name as words: "exposed_ns" -> "exposed", "gpu_busy" -> "GPU busy"
+    return column.replace(/_ns$/, "").replace(/_pct$/, " %").replace(/_/g, " ").replace(/\bgpu\b/g, "GPU").replace(/\bcpu\b/g, "CPU")
+      .replace(/\btflops\b/g, "TFLOP/s").replace(/\bflops\b/g, "FLOPs");
+  }
+  function num(x, digits) { return x == null ? "-" : x.toLocaleString("en-US", {maximumFractionDigits: digits == null ? 2 : digits}); }
+  function gflops(x) { return x == null ? "-" : (x / 1e9).toLocaleString("en-US", {minimumFractionDigits: 1, maximumFractionDigits: 1}); }
+  function tflops(x) {  // three significant digits, whole numbers from 100 on
+    return x == null ? "-" : x >= 100 ? Math.round(x).toLocaleString("en-US") : Number(x.toPrecision(3)).toLocaleString("en-US", {maximumFractionDigits: 6});
+  }
+  function stageCell(stage) { return el("td", {class: "l"}, [chip(stage), stage]); }
+
+  // -- Efficiency / MFU: the summary's section of that name (outputs/summary/efficiency.py), as tables -----------
+  function efficiency(s, e) {
+    if (!e || !e.stages) { skipped(s, "no FLOPs counted in this trace (capture with record_shapes=True)"); return; }
+    var basis = e.basis || "GPU", withBasis = e.stages.some(function (r) { return typeof r.basis === "string"; });
+    s.appendChild(el("p", {class: "sub", text: e.peak.note + "."}));
+    var head = ["stage", "GFLOPs", "TFLOP/s", "MFU", "HFU"].concat(withBasis ? ["basis"] : [], ["counted " + basis, "not counted"]);
+    s.appendChild(table(head, e.stages.map(function (r) {
+      var cells = [stageCell(r.stage), el("td", {text: gflops(r.flops)}), el("td", {text: tflops(r.achieved_tflops)}),
+        el("td", {"data-eff-stage": r.stage, "data-eff-mfu": r.mfu == null ? "" : String(r.mfu), text: pct(r.mfu)}), el("td", {text: pct(r.hfu)})];
+      if (withBasis) cells.push(el("td", {class: "l", text: r.basis || "-"}));
+      return el("tr", {}, cells.concat([el("td", {text: fmt(r.counted_ns)}), el("td", {text: fmt(r.not_counted_ns)})]));
+    }), "eff"));
+    s.appendChild(el("p", {class: "note", text: "MFU: model FLOPs / (the stage's " + basis + " time x peak); HFU counts recomputed FLOPs too; not counted: " +
+      basis + " time of ops with no FLOP formula or no shapes."}));
+    if (e.steps.some(function (r) { return r.mfu != null; })) {
+      s.appendChild(el("h3", {id: "mfu-per-step", text: "MFU per step"}));
+      s.appendChild(table(["step", "GFLOPs", "MFU"], e.steps.map(function (r) {
+        return el("tr", {}, [el("td", {class: "l", text: "step " + r.step}), el("td", {text: gflops(r.flops)}),
+          el("td", {"data-eff-step": String(r.step), text: pct(r.mfu)})]);
+      })));
+      s.appendChild(el("p", {class: "note", text: "model FLOPs / (step window x peak)"}));
+    }
+    if (e.not_counted && e.not_counted.length) {
+      s.appendChild(el("h3", {text: "Not counted (no FLOP formula or no shapes)"}));
+      var t = table([basis + " time", "calls", "op"], e.not_counted.map(function (r) {
+        return el("tr", {}, [el("td", {text: fmt(r.time_ns)}), el("td", {text: num(r.count)}), el("td", {class: "l name", title: r.name, text: r.name})]);
+      }));
+      t.querySelector("th:last-child").className = "l";
+      s.appendChild(t);
+    }
+  }
+
+  // -- communication: exposed vs overlapped per stage, and the summary's collectives per stage and kind --------------
+  function communicationView(s, v) {
+    var r = rows(v.data.stages), top = 0, comm = (P.summary.communication || {}).by_stage || [];
+    r.forEach(function (x) { top = Math.max(top, x.comm_ns); });
+    var g = el("div", {class: "hb"});
+    r.forEach(function (x) {
+      var c = COLORS[x.stage] || "#777", bar = el("div", {class: "bar", style: "width:" + (75 * x.comm_ns / (top || 1)).toFixed(2) + "%"});
+      bar.appendChild(el("span", {title: "overlapped: " + fmt(x.overlapped_ns), style: "width:" + (100 * x.overlapped_ns / x.comm_ns) + "%;background:" + c}));
+      bar.appendChild(el("span", {class: "hatch", title: "exposed: " + fmt(x.exposed_ns), style: "width:" + (100 * x.exposed_ns / x.comm_ns) + "%;color:" + c}));
+      g.appendChild(el("div", {class: "lab"}, [chip(x.stage), x.stage]));
+      g.appendChild(el("div", {class: "val"}, [bar, el("span", {class: "num", text: fmt(x.exposed_ns) + " exposed of " + fmt(x.comm_ns)})]));
+    });
+    s.appendChild(el("div", {class: "legend"}, [el("span", {}, [el("span", {class: "chip", style: "background:#777"}), "overlapped by other GPU work"]),
+      el("span", {}, [el("span", {class: "chip hatch", style: "color:#777"}), "exposed (nothing else runs on the GPU)"])]));
+    s.appendChild(g);
+    s.appendChild(el("h3", {text: "Exposed per stage"}));
+    s.appendChild(table(["stage", "collectives", "time", "overlapped", "exposed", "overlap"], r.map(function (x) {
+      return el("tr", {"data-comm-stage": x.stage}, [stageCell(x.stage), el("td", {text: num(x.comm_count)}), el("td", {text: fmt(x.comm_ns)}),
+        el("td", {text: fmt(x.overlapped_ns)}), el("td", {"data-comm-exposed": String(x.exposed_ns), text: fmt(x.exposed_ns)}), el("td", {text: pct(x.overlap_pct / 100)})]);
+    })));
+    if (!comm.length) return;
+    s.appendChild(el("h3", {text: "Collectives per stage, kind and process group"}));
+    s.appendChild(table(["stage", "collective", "group", "count", "bytes", "time", "algbw GB/s", "busbw GB/s", "exposed"], comm.map(function (x) {
+      var size = x.bytes == null ? "unknown" : (x.bytes ? bytes(x.bytes) : "0") + (x.unknown_bytes_count ? "+?" : "");
+      return el("tr", {}, [stageCell(x.stage), el("td", {class: "l", text: x.kind}), el("td", {class: "l", text: x.pg}), el("td", {text: num(x.count)}),
+        el("td", {text: size}), el("td", {text: fmt(x.time_ns)}), el("td", {text: num(x.algbw_gbps)}), el("td", {text: num(x.busbw_gbps)}), el("td", {text: fmt(x.exposed_ns)})]);
+    }), "", 3));
+    s.appendChild(el("p", {class: "note", text: "collective kernels; exposed = not overlapped by other GPU work; algbw = bytes / time, busbw scales it by the collective's traffic factor"}));
+  }
+
+  // -- roofline: the plot's figure, and its points as a table (ops with the most time first) ---------------------
+  function rooflineView(s, v) {
+    var d = v.data, pts = rows(d.points);
+    s.appendChild(el("p", {class: "sub", text: d.peak_note + (d.memory_gbps ? "; memory " + num(d.memory_gbps, 0) + " GB/s" : "") + "."}));
+    if (v.png) s.appendChild(el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png}));
+    var body = pts.slice(0, 30).map(function (x) {
+      var over = x.of_roof != null && x.of_roof > 1;
+      return el("tr", {class: over ? "over-roof" : ""}, [stageCell(x.stage), el("td", {class: "l name", title: x.name, text: x.label || x.name}),
+        el("td", {text: num(x.count)}), el("td", {text: fmt(x.time_ns)}), el("td", {text: gflops(x.flops)}), el("td", {text: bytes(x.bytes)}),
+        el("td", {text: num(x.intensity, x.intensity < 10 ? 2 : 0)}), el("td", {text: tflops(x.tflops)}), el("td", {text: tflops(x.roof_tflops)}),
+        el("td", {"data-roof-share": x.of_roof == null ? "" : String(x.of_roof), text: pct(x.of_roof)})]);
+    });
+    s.appendChild(el("h3", {text: "Ops by " + d.basis + " time"}));
+    s.appendChild(el("div", {class: "scroll"}, [table(["stage", "op", "calls", d.basis + " time", "GFLOPs", "moved", "FLOPs/byte", "TFLOP/s", "roof TFLOP/s", "of roof"], body, "roof", 2)]));
+    s.appendChild(el("p", {class: "note", text: "roof: the lower of the compute peak and FLOPs/byte x memory bandwidth at the op's intensity" +
+      (pts.length > 30 ? "; the " + pts.length + " (op, stage) pairs with the most time are in the figure, 30 in the table" : "") + "."}));
+  }
+
   // -- the late ranks of a folder of ranks (profparse.ranks.late.late_data, worded as summarize words it) --------
   function signed(ns) { return ns == null ? "-" : (ns > 0 ? "+" : "") + fmt(ns); }
-  function nameLabel(name) {  // a kernel or op name without "void " and its argument list (the full name on hover)
-    var t = name.replace(/^void /, ""), open = t.indexOf("(");
-    return open > 0 ? t.slice(0, open) : t;
-  }
   function lateCell(stage, field, value, text) {  // data-late-* (not data-value: the heatmap test reads those)
     return el("td", {"data-late-stage": stage, "data-late-field": field, "data-late-value": value == null ? "" : String(value), text: text});
   }
@@ -433,7 +542,7 @@
         (diffs[kind] || []).forEach(function (x) {
           body.push(el("tr", {"data-late-stage": st.stage, "data-late-kind": kind.slice(0, -1), "data-late-name": x.name}, [el("td", {class: "l", text: kind.slice(0, -1)}),
             el("td", {class: x.delta_ns > 0 ? "more" : "less", text: signed(x.delta_ns)}), el("td", {text: fmt(x.rank_ns)}), el("td", {text: fmt(x.median_ns)}),
-            el("td", {class: "l name", title: x.name, text: nameLabel(x.name)})]));
+            el("td", {class: "l name", title: x.name, text: x.label || x.name})]));
         });
       });
       var what = el("div", {}, [el("h4", {text: "What rank " + r + " did differently in " + st.stage + " (against the median rank)"})]);
@@ -446,7 +555,7 @@
   }
 
   var RENDER = {stages: stagesView, timeline: timelineView, top_kernels: topView, top_ops: topView, top_runtime: topView,
-    memory: memoryView, layers: layersView, load: loadView};
+    communication: communicationView, roofline: rooflineView, memory: memoryView, layers: layersView, load: loadView};
 
   function traceReport(app, toc) {
     var sm = P.summary;
@@ -454,21 +563,32 @@
     app.appendChild(el("p", {class: "sub", text: sm.events.toLocaleString("en-US") + " events · " + sm.steps.count + " steps" +
       (sm.steps.source ? " (" + sm.steps.source + ")" : "") + (sm.devices && sm.devices.length ? " · " + counted(sm.devices) : " · no GPU") +
       (sm.rank != null ? " · rank " + sm.rank : "") + " · profparse " + P.meta.version}));
+    if (P.headline) headline(app, P.headline);
     app.appendChild(toc);
     overview(section(app, "overview", "Overview per stage and step", toc), sm);
+    efficiency(section(app, "efficiency", "Efficiency / MFU", toc), sm.efficiency);
+    var absent = [];
     for (var kind in P.views) {
-      var v = P.views[kind], s = section(app, "view-" + kind, v.title, toc);
+      var v = P.views[kind];
+      if (v.skipped) { absent.push([kind, v]); continue; }
+      var s = section(app, "view-" + kind, v.title, toc);
       s.dataset.kind = kind;
-      if (v.skipped) skipped(s, v.skipped);
-      else (RENDER[kind] && v.native ? RENDER[kind] : genericView)(s, v, kind);
+      (RENDER[kind] && v.native ? RENDER[kind] : genericView)(s, v, kind);
     }
     checks(section(app, "checks", "Checks", toc), sm.warnings);
+    if (absent.length) {  // views whose data is not in the trace: one line each, at the end, each with why
+      var n = section(app, "not-shown", "Not in this trace", toc);
+      n.appendChild(el("ul", {class: "absent"}, absent.map(function (a) {
+        return el("li", {id: "view-" + a[0], class: "skipped-view", "data-kind": a[0]}, [el("b", {text: a[1].title}), ": " + a[1].skipped]);
+      })));
+    }
   }
 
   function ranksReport(app, toc) {
     var d = P.ranks, col = d.metric_column;
     app.appendChild(el("h1", {text: P.title + " (" + d.ranks.length + " ranks)"}));
-    app.appendChild(el("p", {class: "sub", text: "Metric: " + d.metric + " (" + col + "); ranks from " + d.rank_sources + " · profparse " + P.meta.version}));
+    app.appendChild(el("p", {class: "sub", text: "Metric: " + words(col) + "; ranks from " + d.rank_sources + " · profparse " + P.meta.version}));
+    if (P.headline) headline(app, P.headline);
     app.appendChild(toc);
     var s = section(app, "heatmap", "Rank x stage", toc);
     var stages = STAGES.filter(function (st) { return d.per_rank.some(function (r) { return r.stage === st; }); });
@@ -490,10 +610,10 @@
     s.appendChild(el("p", {class: "note", text: "Colour per stage column: white = the fastest rank, dark = the slowest (all alike when the ranks take the same time)."}));
     var g = section(app, "stragglers", "Stragglers", toc);
     g.appendChild(table(["stage", "median", "min", "max", "slowest rank", "lead over median"], d.stragglers.map(function (r) {
-      return el("tr", {}, [el("td", {class: "l", text: r.stage}), el("td", {text: fmt(r.median_ns)}), el("td", {text: fmt(r.min_ns)}), el("td", {text: fmt(r.max_ns)}),
+      return el("tr", {}, [stageCell(r.stage), el("td", {text: fmt(r.median_ns)}), el("td", {text: fmt(r.min_ns)}), el("td", {text: fmt(r.max_ns)}),
         el("td", {}, r.slowest_rank == null ? ["-"] : !r.lead_ns ? ["none (all equal)"] : [el("a", {href: "#rank-" + r.slowest_rank, text: "rank " + r.slowest_rank})]), el("td", {text: fmt(r.lead_ns)})]);
     })));
-    if (d.late_ranks) lateRanks(section(app, "late-ranks", "Late ranks", toc), d.late_ranks, d.metric_column.replace(/_ns$/, "").replace(/_/g, " "));
+    if (d.late_ranks) lateRanks(section(app, "late-ranks", "Late ranks", toc), d.late_ranks, words(d.metric_column));
     if (d.failed_ranks.length) {
       var f = section(app, "failed", "Failed ranks", toc);
       f.appendChild(table(["rank", "file", "error"], d.failed_ranks.map(function (r) { return el("tr", {}, [el("td", {class: "l", text: String(r.rank)}), el("td", {class: "l", text: r.file}), el("td", {class: "l", text: r.error})]); })));
@@ -504,8 +624,8 @@
       var mine = d.per_rank.filter(function (x) { return x.rank === r.rank; });
       if (mine.length) {
         var cols = Object.keys(mine[0]).filter(function (k) { return k.slice(-3) === "_ns"; });
-        box.appendChild(table(["stage"].concat(cols.map(function (c) { return c.replace(/_ns$/, "").replace(/_/g, " "); })), mine.map(function (x) {
-          return el("tr", {}, [el("td", {class: "l"}, [chip(x.stage), x.stage])].concat(cols.map(function (c) { return el("td", {text: fmt(x[c])}); })));
+        box.appendChild(table(["stage"].concat(cols.map(words)), mine.map(function (x) {
+          return el("tr", {}, [stageCell(x.stage)].concat(cols.map(function (c) { return el("td", {text: fmt(x[c])}); })));
         })));
       }
       box.appendChild(el("p", {class: "note"}, [el("a", {href: "#heatmap", text: "back to the heatmap"})]));

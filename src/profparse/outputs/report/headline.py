@@ -1,0 +1,147 @@
+"""The report's headline: the few numbers a reader needs first, each linking to the section that explains it.
+
+Every number comes from :func:`profparse.outputs.summary.summary_data` (``summarize --format json``) or from
+``ranks_summary_data``: the headline only picks and words them, so it can never disagree with the sections below.
+Each item is ``{key, label, text, detail, href}`` plus ``value`` (the raw number, for tests and tooltips).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from profparse.outputs.views._common import fmt_time
+
+#: Most severe first: the headline shows the first warning of the most severe kind.
+SEVERITY_ORDER = ("error", "warning", "info")
+
+
+def _item(key: str, label: str, text: str, detail: str, href: str, value: Any = None, **extra: Any) -> dict:
+    return {"key": key, "label": label, "text": text, "detail": detail, "href": href, "value": value, **extra}
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+def step_time(summary: dict[str, Any]) -> dict[str, Any]:
+    """The median step window (the span from a step's start to its end), with the fastest and slowest step."""
+    windows = [s["window_ns"] for s in summary["step_totals"]]
+    if not windows:
+        return _item("step_time", "Step time", "no steps", "no ProfilerStep# or step marks in this trace", "#overview")
+    median = statistics.median(windows)
+    many = len(windows) > 1
+    spread = f" ({fmt_time(min(windows))} to {fmt_time(max(windows))})" if many else ""
+    detail = f"median of {len(windows)} steps{spread}" if many else "1 step"
+    return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median)
+
+
+def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:
+    """The stage with the most host wall time, its share of all stages and, with a GPU, its GPU busy time."""
+    totals = [t for t in summary["totals"] if t["host_wall_ns"]]
+    if not totals:
+        return _item("biggest_stage", "Biggest stage", "-", "no host time in any stage", "#overview")
+    top = max(totals, key=lambda t: t["host_wall_ns"])
+    detail = f"{fmt_time(top['host_wall_ns'])} host wall, {top['share']:.1%} of all stages"
+    if summary["gpu_activity_ns"] > 0:
+        detail += f"; GPU busy {fmt_time(top['gpu_busy_ns'] or 0)}"
+    return _item("biggest_stage", "Biggest stage", top["stage"], detail, "#overview", top["host_wall_ns"],
+                 stage=top["stage"])  # fmt: skip
+
+
+def gpu_idle(summary: dict[str, Any]) -> dict[str, Any]:
+    """GPU idle as a share of the stages' GPU spans (busy + overlap + idle, the overview's additive split)."""
+    if summary["gpu_activity_ns"] <= 0:
+        return _item("gpu_idle", "GPU idle", "no GPU", "no GPU activity in this trace", "#view-stages")
+    idle = sum(t["gpu_idle_ns"] or 0 for t in summary["totals"])
+    busy = sum((t["gpu_busy_ns"] or 0) + (t["gpu_overlap_ns"] or 0) for t in summary["totals"])
+    span = idle + busy
+    detail = f"{fmt_time(idle)} idle, {fmt_time(busy)} busy in all stages' GPU spans"
+    return _item("gpu_idle", "GPU idle", _share(idle, span), detail, "#view-stages", idle / span if span else None)
+
+
+def exposed_communication(summary: dict[str, Any]) -> dict[str, Any]:
+    """Collective kernel time that no other GPU work overlaps, against all collective time and the steps' time."""
+    exposure = (summary.get("communication") or {}).get("exposure") or []
+    comm = sum(r["comm_ns"] or 0 for r in exposure)
+    if not comm:
+        return _item("exposed_comm", "Exposed communication", "none", "no NCCL/RCCL collective kernels",
+                     "#view-communication", 0)  # fmt: skip
+    exposed = sum(r["exposed_ns"] or 0 for r in exposure)
+    detail = f"{_share(exposed, comm)} of {fmt_time(comm)} collective time is not overlapped"
+    steps = sum(s["window_ns"] for s in summary["step_totals"])
+    if steps:
+        detail += f"; {_share(exposed, steps)} of the steps' time"
+    return _item("exposed_comm", "Exposed communication", fmt_time(exposed), detail, "#view-communication", exposed)
+
+
+def mfu(summary: dict[str, Any]) -> dict[str, Any]:
+    """MFU of each stage with counted FLOPs, and the peak (and basis, where the summary gives one) it divides by."""
+    section = summary.get("efficiency") or {}
+    if not section:
+        return _item("mfu", "MFU", "-", "no FLOPs counted (capture with record_shapes=True)", "#efficiency")
+    known = [s for s in section["stages"] if s["mfu"] is not None and s["flops"] > 0]
+    note = section["peak"]["note"]
+    if not known:
+        return _item("mfu", "MFU", "no MFU", note, "#efficiency")
+    text = ", ".join(f"{s['stage']} {s['mfu']:.1%}" for s in known)
+    bases = sorted({str(s["basis"]) for s in known if s.get("basis")})
+    detail = note + (f"; basis: {', '.join(bases)}" if bases else "")
+    return _item("mfu", "MFU per stage", text, detail, "#efficiency", {s["stage"]: s["mfu"] for s in known})
+
+
+def top_warning(warnings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first check of the most severe kind that fired, and how many fired in all."""
+    if not warnings:
+        return _item("top_warning", "Top warning", "none", "no check fired", "#checks")
+    rank = {s: i for i, s in enumerate(SEVERITY_ORDER)}
+    first = min(warnings, key=lambda w: rank.get(w["severity"], len(rank)))
+    more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+    return _item("top_warning", "Top warning", f"{first['severity']}: {first['check']}", first["message"] + more,
+                 "#checks", first["severity"])  # fmt: skip
+
+
+def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trace page's headline, in reading order."""
+    return [
+        step_time(summary),
+        biggest_stage(summary),
+        gpu_idle(summary),
+        exposed_communication(summary),
+        mfu(summary),
+        top_warning(summary["warnings"]),
+    ]
+
+
+def ranks_headline(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ranks page's headline: ranks parsed, the widest straggler, the late rank, failed ranks."""
+    ok = [r for r in data["ranks"] if r["status"] == "ok"]
+    failed = len(data["ranks"]) - len(ok)
+    out = [_item("ranks", "Ranks", f"{len(ok)} parsed", f"{failed} failed" if failed else "none failed",
+                 "#failed" if failed else "#heatmap", len(ok))]  # fmt: skip
+    leads = [r for r in data["stragglers"] if r.get("lead_ns")]
+    if leads:
+        top = max(leads, key=lambda r: r["lead_ns"])
+        detail = f"{top['stage']}: {fmt_time(top['lead_ns'])} over the median rank ({fmt_time(top['median_ns'])})"
+        out.append(_item("straggler", "Slowest rank", f"rank {top['slowest_rank']}", detail, "#stragglers",
+                         top["lead_ns"], stage=top["stage"]))  # fmt: skip
+    else:
+        out.append(_item("straggler", "Slowest rank", "none", "all ranks take the same time", "#stragglers"))
+    out.append(_late_rank(data.get("late_ranks")))
+    return out
+
+
+def _late_rank(late: dict[str, Any] | None) -> dict[str, Any]:
+    if not late or not late.get("available"):
+        return _item("late_rank", "Late rank", "-", "not in this dataset (written before collectives were matched)",
+                     "#late-ranks")  # fmt: skip
+    stages = [s for s in late.get("stages") or [] if s["late_rank"] is not None]
+    if not stages:
+        why = "no rank arrived late" if late.get("collectives") else "no collective matched across ranks"
+        return _item("late_rank", "Late rank", "none", why, "#late-ranks")
+    top = max(stages, key=lambda s: s["waiting_ns"] or 0)
+    delay, waited = fmt_time(top["mean_delay_ns"]), fmt_time(top["waiting_ns"])
+    detail = f"{top['stage']}: last in {top['times_last']} of {top['collectives']} collectives, {delay} late on average"
+    detail += f"; others waited {waited}"
+    return _item("late_rank", "Late rank", f"rank {top['late_rank']}", detail, "#late-ranks", top["late_rank"],
+                 stage=top["stage"])  # fmt: skip
