@@ -6,6 +6,8 @@ import gzip
 import json
 
 import pandas as pd
+import pytest
+from conftest import SAMPLE_TRACES
 from conftest import parsed as parsed_once
 from tracebuilder import AUTOGRAD, TraceBuilder, memory_event, training_step
 
@@ -129,3 +131,34 @@ def test_shared_traces_memory(shared_trace):
         assert total["alloc_count"].sum() + total["free_count"].sum() <= len(raw)
         gpu = any((e.get("args") or {}).get("Device Type") == 1 for e in raw)
         assert any(d.startswith("cuda") for d in m["device"].astype(str)) == gpu
+
+
+def test_reserve_only_events_are_not_counted_as_allocated(tmp_path):
+    b = TraceBuilder()
+    training_step(b, 1, 0)  # forward op 2-17 us
+    host = {"device_type": 0, "device_id": -1}
+    memory_event(b, 3, 8, 8, reserved=0, **host)
+    memory_event(b, 4, 16, 24, reserved=0, **host)
+    memory_event(b, 5, 1_000_000, 24, reserved=1_000_000, **host)  # a pool reserved: Total Allocated unchanged
+    memory_event(b, 6, -8, 16, reserved=0, **host)
+    memory_event(b, 7, 32, 48, reserved=0, **host)
+    trace = profparse.parse(b.write(tmp_path / "t.json"))
+    m = trace.memory_by_stage
+    row = m[(m["scope"] == "total") & (m["stage"] == "forward")].iloc[0]
+    assert (row["start_allocated_bytes"], row["end_allocated_bytes"], row["peak_allocated_bytes"]) == (0, 48, 48)
+    assert (row["alloc_bytes"], row["freed_bytes"], row["alloc_count"], row["free_count"]) == (56, 8, 3, 1)
+    assert row["peak_reserved_bytes"] == 1_000_000
+    assert list(trace.memory["bytes"]) == [8, 16, 1_000_000, -8, 32]  # the timeline keeps every event as read
+    text = render_summary(trace)
+    assert "reserve-only events count in reserved peak" in text
+
+
+def test_sample_capture_load_row_adds_up():
+    path = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} not in this clone")
+    m = parsed_once(path).memory_by_stage
+    load = m[(m["scope"] == "total") & (m["stage"] == "load")].iloc[0]
+    assert load["start_allocated_bytes"] + load["alloc_bytes"] - load["freed_bytes"] == load["end_allocated_bytes"]
+    assert load["alloc_bytes"] <= load["peak_allocated_bytes"] - load["start_allocated_bytes"] + load["freed_bytes"]
+    assert load["peak_reserved_bytes"] > load["peak_allocated_bytes"]  # the reserved pool is still shown

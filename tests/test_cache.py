@@ -50,7 +50,7 @@ def entries() -> list[Path]:
 
 
 def forget_texts() -> None:
-    """Remove the stored summaries (test_second_looks.py), so the next summarize reads the entry's tables."""
+    """Remove the stored summaries (test_cache_replay.py), so the next summarize reads the entry's tables."""
     for text in cache_dir().glob("e-*/text.*.json"):
         text.unlink()
 

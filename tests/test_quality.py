@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
+from conftest import parsed
 from tracebuilder import GPU_PID, STREAM, TraceBuilder, training_step
 
 import profparse
@@ -134,3 +136,22 @@ def test_byte_units_are_binary_and_say_so():
 
     assert total_bytes_text(3 << 20) == "3.0 MiB" and total_bytes_text(5 << 30) == "5.0 GiB"
     assert bytes_text(-(2 << 10)) == "-2.0 KiB" and bytes_text(1536 << 20) == "1.5 GiB"
+
+
+def test_repeated_hash_marks_exactly_the_repeated_rows(shared_trace):
+    """quality's sort-then-lookup of repeated row hashes marks the rows that another row equals, as a DataFrame
+    duplicated() over those columns does (rows listed twice stand in for duplicated events)."""
+    from profparse.analysis import quality
+
+    events = parsed(shared_trace).raw.events
+    rows = np.flatnonzero((events["kind"] != "metadata").to_numpy())
+    rows = np.sort(np.concatenate([rows, rows[::97]]))
+    columns = [c for c in events.columns if c != "trace_index"]
+    expected = events.iloc[rows][columns].duplicated(keep=False).to_numpy()
+    assert expected.any() and not expected.all()
+    np.testing.assert_array_equal(quality._repeated_hash(events, rows, columns), expected)
+    unique = np.flatnonzero((events["kind"] != "metadata").to_numpy())
+    np.testing.assert_array_equal(
+        quality._repeated_hash(events, unique, columns),
+        events.iloc[unique][columns].duplicated(keep=False).to_numpy(),
+    )

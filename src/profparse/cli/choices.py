@@ -2,7 +2,7 @@
 
 Building the command line must not import pandas, numpy or pyarrow, most of a cached ``summarize``'s time: it
 prints its stored text without them (docs/performance.md). Each constant here equals the library's own
-(``tests/test_second_looks.py`` checks that), which stays the source of truth.
+(``tests/test_cli_choices.py`` checks that), which stays the source of truth.
 """
 
 from __future__ import annotations

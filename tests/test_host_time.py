@@ -1,0 +1,73 @@
+"""Host time (tables/host_time): the per-window unions add up to one union over all pieces, by hand across a
+step boundary, and each piece's step window equals step_window's."""
+
+from __future__ import annotations
+
+import numpy as np
+from conftest import parsed
+from tracebuilder import TraceBuilder, training_step
+
+from profparse.base.marks import STAGES
+from profparse.tables.host_time import HOST_LEVELS, host_levels, host_segments, host_time
+
+US = 1000
+
+
+def _totals(p) -> dict[str, np.ndarray]:
+    ht = host_time(p.raw.events, p.links, p.attribution)
+    tot = ht[ht["scope"] == "total"]
+    assert list(tot["stage_code"]) == list(range(len(STAGES)))
+    return {"wall": tot["host_wall_ns"].to_numpy(), **{n: tot[f"{n}_ns"].to_numpy() for n in HOST_LEVELS}}
+
+
+def test_host_time_totals_equal_one_union_over_all_pieces(shared_trace):
+    """host_time sums the per-window unions for the total rows; a union over every piece at once is the same."""
+    p = parsed(shared_trace)
+    seg = host_segments(p.raw.events, p.links, p.attribution)
+    direct = host_levels(seg, seg.stage, len(STAGES))
+    totals = _totals(p)
+    for name, values in direct.items():
+        assert (totals[name] == values).all(), name
+    assert totals["wall"].sum() > 0
+
+
+def test_host_time_totals_by_hand_with_a_piece_across_a_step_boundary(tmp_path):
+    """Two steps of known host time, plus an op of no stage ("other") on a second thread across the step boundary:
+    each window gets its own part of it, the total all of it, once."""
+    b = TraceBuilder()
+    end = training_step(b, 1, 0)
+    training_step(b, 2, end)
+    # steps [0, 100) and [100, 200); a worker-thread op over [15, 120)
+    b.op("aten::copy_", 15, 105, tid=300)
+    b.op("aten::mm", 16, 1, tid=300)  # an op below it: the thread works (is not a Python-only monitor)
+    p = parsed(b.write(tmp_path / "t.json"))
+    stage = p.events.set_index("name")["stage"]
+    assert stage["aten::copy_"] == "other" and stage["nn.Module: Linear_0"].unique().tolist() == ["forward"]
+    totals = _totals(p)
+    fwd, bwd, opt, other = (STAGES.index(s) for s in ("forward", "backward", "optimizer", "other"))
+    # forward 2 x 20 (module frame [1, 21)), backward 2 x 30, optimizer 2 x 20, other 105 = 85 in step 1 + 20 in 2
+    assert totals["wall"][other] == 105 * US
+    assert totals["wall"][fwd] == 40 * US
+    assert totals["wall"][bwd] == 60 * US
+    assert totals["wall"][opt] == 40 * US
+    ht = host_time(p.raw.events, p.links, p.attribution)
+    steps = ht[ht["scope"] != "total"]
+    in_step = steps[steps["stage_code"] == other].set_index("step")["host_wall_ns"]
+    assert in_step[1] == 85 * US and in_step[2] == 20 * US
+    assert steps.groupby("stage_code")["host_wall_ns"].sum().reindex(range(len(STAGES)), fill_value=0).tolist() == (
+        totals["wall"].tolist()
+    )
+    # levels add up to the wall per stage
+    assert (sum(totals[n] for n in HOST_LEVELS) == totals["wall"]).all()
+
+
+def test_piece_windows_from_cut_intervals_equal_step_window(shared_trace):
+    """host_segments looks each piece's step window up by the cut interval it lies in; step_window over every
+    piece gives the same windows."""
+    from profparse.stages.attribute import step_window
+
+    p = parsed(shared_trace)
+    seg = host_segments(p.raw.events, p.links, p.attribution)
+    expected = step_window(seg.start, p.attribution.steps)
+    assert (expected >= 0).any()
+    np.testing.assert_array_equal(seg.step_index, expected)

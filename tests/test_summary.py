@@ -1,0 +1,144 @@
+"""The summary (outputs/summary): shares of the step and step totals add up, every section is in every format, a
+new analysis section is one entry, top kernels have distinct readable labels."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO_GPU_TRACES, SAMPLE_TRACES
+from conftest import parsed as cached_parse
+from tracebuilder import TraceBuilder, training_step
+
+import profparse
+from profparse.base.formats import Column, Table
+from profparse.outputs.summary import LABEL_WIDTH, render, render_summary, summary_data
+from profparse.outputs.summary import analyses as analysis_report
+
+SUMMARY_TRACES = [
+    SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz",
+    REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz",
+    REPO_GPU_TRACES / "mi250_minitoy.json.gz",
+]
+
+
+def _summary_trace(path: Path):
+    if not path.is_file():
+        pytest.skip(f"{path} not in this clone")
+    return cached_parse(path)
+
+
+@pytest.mark.parametrize("path", SUMMARY_TRACES, ids=[p.name for p in SUMMARY_TRACES])
+def test_shares_and_step_totals_add_up(path):
+    trace = _summary_trace(path)
+    data = summary_data(trace)
+    assert sum(r["share"] for r in data["totals"]) == pytest.approx(1.0, abs=1e-12)
+    whole = sum(r["host_wall_ns"] for r in data["totals"])
+    for r in data["totals"]:
+        assert r["share"] == pytest.approx(r["host_wall_ns"] / whole)
+    per_step = trace.stage_summary.query("scope == 'step'")
+    steps = trace.steps.set_index("step")
+    assert [t["step"] for t in data["step_totals"]] == steps.index.tolist()
+    for t in data["step_totals"]:
+        rows = per_step[per_step["step"] == t["step"]]
+        assert t["host_wall_ns"] == rows["host_wall_ns"].sum()
+        assert t["gpu_busy_ns"] == rows["gpu_busy_ns"].sum()
+        assert t["window_ns"] == steps.loc[t["step"], "end_ns"] - steps.loc[t["step"], "start_ns"]
+    # the steps' totals and the time outside them are all the stages' host wall
+    outside = trace.stage_summary.query("scope == 'outside_steps'")["host_wall_ns"].sum()
+    assert sum(t["host_wall_ns"] for t in data["step_totals"]) + outside == whole
+    text = render_summary(trace)
+    assert max(len(line) for line in text.splitlines()[1:]) <= 100  # the first line holds the trace's path
+
+
+def _two_steps(tmp_path: Path) -> Path:
+    b = TraceBuilder()
+    training_step(b, 1, 0)
+    training_step(b, 2, 100)
+    return b.write(tmp_path / "two_steps.json")
+
+
+def test_step_total_and_share_ground_truth(tmp_path):
+    # per step (tracebuilder.training_step): forward = nn.Module frame 1-21 us on the main thread (its op and
+    # launch inside it), backward = the autograd node 30-60 us, optimizer = Optimizer.step 70-90 us; the rest of
+    # the 100 us ProfilerStep is its own time, which belongs to no stage
+    data = summary_data(profparse.parse(_two_steps(tmp_path)))
+    walls = {r["stage"]: r["host_wall_ns"] for r in data["totals"]}
+    assert walls == {"load": 0, "forward": 40_000, "backward": 60_000, "optimizer": 40_000, "other": 0}
+    shares = {r["stage"]: r["share"] for r in data["totals"]}
+    assert shares == pytest.approx({"load": 0, "forward": 2 / 7, "backward": 3 / 7, "optimizer": 2 / 7, "other": 0})
+    assert data["step_totals"] == [
+        {"step": 1, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000},
+        {"step": 2, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000},
+    ]
+    text = render(data)
+    per_step = text.split("Per step")[1].split("\n\n")[0]
+    row = next(line.split() for line in per_step.splitlines() if line.strip().startswith("1 "))
+    # step, load, forward host | busy, backward, optimizer, other, step total host | busy, window
+    assert row == ["1", "-", "0.02", "|", "0.01", "0.03", "|", "0.02", "0.02", "|", "0.01", "-", "0.07", "|", "0.04",
+                   "0.10"]  # fmt: skip
+    totals = text.split("Stage totals")[1].split("\n\n")[0]
+    assert [line.split()[2] for line in totals.splitlines()[3:]] == ["0.0%", "28.6%", "42.9%", "28.6%", "0.0%"]
+
+
+def _section_titles(text: str) -> list[str]:
+    """The section titles of a text summary: unindented lines after a blank line, without their note."""
+    lines = text.splitlines()
+    return [line.split(" (")[0] for prev, line in zip(lines, lines[1:], strict=False) if not prev and line[:1].strip()]
+
+
+@pytest.mark.parametrize("path", SUMMARY_TRACES, ids=[p.name for p in SUMMARY_TRACES])
+def test_markdown_and_csv_carry_every_section_of_the_text(path):
+    trace = _summary_trace(path)
+    data = summary_data(trace)
+    titles = _section_titles(render(data))
+    assert {"Stage totals", "Per step", "Top ops", "Which rules decided"} <= set(titles)
+    markdown = render(data, "markdown")
+    assert [line[3:] for line in markdown.splitlines() if line.startswith("## ")] == titles
+    frame = pd.read_csv(io.StringIO(render(data, "csv")))
+    assert list(frame.columns[:2]) == ["step", "stage"]
+    assert list(dict.fromkeys(frame["section"])) == titles
+    # csv keeps raw numbers: the stage totals are the json's
+    totals = frame[(frame["section"] == "Stage totals") & (frame["column"] == "host_wall_ns")]
+    assert dict(zip(totals["stage"], totals["value"].astype("int64"), strict=True)) == {
+        r["stage"]: r["host_wall_ns"] for r in data["totals"]
+    }
+    window = frame[(frame["section"] == "Per step") & (frame["column"] == "window_ns")]
+    assert window["value"].astype("int64").tolist() == [t["window_ns"] for t in data["step_totals"]]
+
+
+def test_a_new_analysis_section_is_one_entry(monkeypatch, tmp_path):
+    extra = analysis_report.Section(
+        data=lambda parsed: {"answer": [{"stage": "forward", "value_ns": 42_000_000}]},
+        tables=lambda analyses: [
+            Table("Answers", [Column("stage", "stage"), Column("value_ns", "ms", lambda v: f"{v / 1e6:.2f}")],
+                  analyses["answer"])
+        ],
+    )  # fmt: skip
+    monkeypatch.setattr(analysis_report, "SECTIONS", [*analysis_report.SECTIONS, extra])
+    data = summary_data(profparse.parse(_two_steps(tmp_path)))
+    assert data["analyses"]["answer"] == [{"stage": "forward", "value_ns": 42_000_000}]
+    assert "\nAnswers\n" in render(data) and "42.00" in render(data)
+    assert "## Answers" in render(data, "markdown")
+    assert "forward,Answers,,value_ns,42000000" in render(data, "csv")
+
+
+def test_top_kernels_have_distinct_readable_labels_and_json_keeps_the_name():
+    trace = _summary_trace(REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz")
+    data = summary_data(trace)
+    items = [item for key in ("top_kernels", "top_ops") for stage in data[key].values() for item in stage]
+    full = set(trace.kernels["name"].astype(str)) | set(trace.ops["name"].astype(str))
+    assert all(item["name"] in full for item in items)  # the exact name, as the trace has it
+    labels = {}
+    for item in items:
+        assert labels.setdefault(item["name"], item["label"]) == item["label"]  # one label per name
+        assert len(item["label"]) <= LABEL_WIDTH
+    assert len(set(labels.values())) == len(labels)
+    multi = [item["label"] for item in data["top_kernels"]["optimizer"]]
+    assert len(multi) == 2
+    assert all(x.startswith("multi_tensor_apply_kernel<TensorListMetadata, BinaryOp") for x in multi)
+    assert not any("[2]" in x or "at::" in x or "anonymous" in x for x in multi)  # told apart by their functors
+    text = render(data)
+    assert all(x in text for x in multi) and "void at::native" not in text
