@@ -96,9 +96,9 @@ def test_flops_per_op_counted_once_at_the_innermost_op(synthetic):
     assert addmm["achieved_tflops"] == pytest.approx(ADDMM / 10_000 / 1e3)
     assert addmm["bytes"] == (128 * 256 + 256 * 512 + 128 * 512) * 2 + 512 * 2
     assert addmm["intensity"] == pytest.approx(ADDMM / addmm["bytes"])
-    # the optimizer's kernel has no formula: listed with its time, not silently zero
+    # the optimizer's _foreach op recorded no shapes (long TensorLists are written as []): listed with its time
     adam = f[f["name"] == "aten::_foreach_add_"].iloc[0]
-    assert (adam["status"], adam["gpu_ns"], adam["flops"]) == ("no formula", 5_000, 0)
+    assert (adam["status"], adam["gpu_ns"], adam["flops"]) == ("shapes not recorded or unfit", 5_000, 0)
     # every kernel's time is in exactly one row
     assert f["gpu_ns"].sum() == (10 + 4 + 8 + 8 + 6 + 2 + 5) * 1000
 
@@ -124,7 +124,8 @@ def test_mfu_and_hfu_per_stage_and_step_against_the_device_peak(synthetic):
     assert bwd["mfu"] == pytest.approx(BACKWARD_MODEL / (24_000e-9 * H100_BF16 * 1e12))
     assert bwd["hfu"] == pytest.approx(BACKWARD_HW / (24_000e-9 * H100_BF16 * 1e12))
     opt = rows(eff, "stage", "optimizer").iloc[0]
-    assert (opt["flops"], opt["not_counted_gpu_ns"], opt["mfu"]) == (0, 5_000, 0)
+    assert (opt["flops"], opt["not_counted_gpu_ns"]) == (0, 5_000)
+    assert np.isnan(opt["mfu"]) and np.isnan(opt["hfu"])  # nothing counted: MFU unknown ("-"), not 0%
     step = rows(eff, "step").iloc[0]
     assert (step["step"], step["time_ns"], step["flops"]) == (1, 1_000_000, FORWARD + BACKWARD_HW)
     assert step["mfu"] == pytest.approx((FORWARD + BACKWARD_MODEL) / (1e-3 * H100_BF16 * 1e12))

@@ -163,6 +163,19 @@ KNOWN = [
     ("aten::add_", [[512, 7, 7], [512, 7, 7], []], [BF16, BF16, "Scalar"], None, 25088, 3 * 25088 * 2),
     ("aten::copy_", [[64, 64], [64, 64], []], [BF16, F32, "Scalar"], None, 0, 4096 * 4 + 4096 * 2 + 4096 * 2),
     ("aten::sum", [[5, 128], [], [], []], [F32, "ScalarList", "Scalar", ""], None, 640, 640 * 4),
+    # _foreach_*: the per-tensor op over every tensor of the first list (lists record no element type: 4 bytes);
+    # the mi250_minitoy SGD step: p.add_(grad, alpha=-lr) over a 128 x 128 weight and its 128 bias
+    (
+        "aten::_foreach_add_",
+        [[[128, 128], [128]], [[128, 128], [128]], []],
+        ["TensorList", "TensorList", "Scalar"],
+        None,
+        128 * 128 + 128,
+        3 * (128 * 128 + 128) * 4,  # both lists read, the first written
+    ),
+    ("aten::_foreach_mul", [[[3, 4], [5]], []], ["TensorList", "ScalarList"], None, 17, 2 * 17 * 4),
+    ("aten::_foreach_zero_", [[[10, 10]]], ["TensorList"], None, 0, 100 * 4),  # written, not read
+    ("aten::_foreach_norm", [[[6], [2, 2]], []], ["TensorList", "Scalar"], None, 10, 10 * 4),
 ]
 
 
@@ -189,7 +202,8 @@ def test_dtype_family_and_backward_flag():
         ("aten::bmm", [[2, 3, 4], [3, 4, 5]], [F32, F32]),  # batch sizes differ
         ("aten::mm", [[], []], [F32, F32]),  # shapes not recorded
         ("aten::_flash_attention_forward", [[10, 4, 8], [10, 4, 8], [10, 4, 8]], [BF16] * 3),  # nested (varlen)
-        ("aten::_foreach_add_", [[], [], []], ["TensorList", "TensorList", "Scalar"]),  # no formula
+        ("aten::_foreach_add_", [[], [], []], ["TensorList", "TensorList", "Scalar"]),  # long lists written as []
+        ("aten::_foreach_frobnicate_", [[[4]]], ["TensorList"]),  # no per-tensor formula
         ("my_lib::fused_op", [[4, 4]], [F32]),
         ("aten::linear", [[2, 64], [32, 63]], [F32, F32]),
     ],
@@ -203,7 +217,8 @@ def test_views_cost_nothing_and_every_formula_is_known():
     assert (view.flops, view.bytes, view.family) == (0, 0, "view")
     for name, *_ in KNOWN:
         assert has_formula(name), name
-    assert not has_formula("aten::_foreach_add_") and not has_formula("my_lib::fused_op")
+    assert has_formula("aten::_foreach_addcdiv_") and has_formula("aten::_foreach_sqrt")
+    assert not has_formula("aten::_foreach_frobnicate_") and not has_formula("my_lib::fused_op")
 
 
 def test_malformed_texts_have_no_cost():

@@ -2,7 +2,9 @@
 the counted FLOPs (:mod:`profparse.analysis.flop_counts`) and the chosen peak (:mod:`profparse.analysis.peaks`).
 
 Model FLOPs leave out ops recomputed in backward (activation checkpointing: ops under an ``nn.Module`` call that
-runs in backward); hardware FLOPs include them.
+runs in backward); hardware FLOPs include them. Each op is measured against the peak of its own math mode
+(TF32, bf16, fp32 SIMT...: :mod:`profparse.analysis.math_modes`), so a row's peak is its FLOPs-weighted peak:
+FLOPs / the time they take at their modes' peaks.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.flop_counts import BACKWARD, STATUS, module_calls
+from profparse.analysis.math_modes import MODES
 from profparse.analysis.modules import backward_node_measures, call_levels, roll_up
 from profparse.analysis.peaks import PeakChoice
 from profparse.base.marks import STAGES
@@ -30,22 +33,40 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / den, np.nan)
 
 
+MODE_FLOPS = tuple(f"flops_{m}" for m in MODES)  # per-mode hardware and model FLOPs: summed like the others
+MODE_MODEL = tuple(f"model_{m}" for m in MODES)
+
+
+def _with_modes(flops: pd.DataFrame) -> pd.DataFrame:
+    """The flops rows as the efficiency sums read them: device work only, model FLOPs, counted and not counted
+    time, and the hardware and model FLOPs of each math mode in a column of its own."""
+    device = flops["on_device"].to_numpy()  # on a GPU trace, ops that launched no kernel ran on the CPU: no MFU
+    counted = flops["status"].isin(STATUS[:2]).to_numpy()
+    hw = np.where(device, flops["flops"].to_numpy(float), 0.0)
+    model = np.where(flops["recompute"].to_numpy() | ~device, 0.0, flops["flops"].to_numpy(float))
+    mode = flops["math_mode"].to_numpy(object)
+    per_mode = {f"flops_{m}": np.where(mode == m, hw, 0.0) for m in MODES}
+    per_mode |= {f"model_{m}": np.where(mode == m, model, 0.0) for m in MODES}
+    return flops.assign(
+        flops=hw,
+        bytes=np.where(device, flops["bytes"], 0.0),
+        model=model,
+        counted_gpu=np.where(counted, flops["gpu_ns"], 0),
+        uncounted_gpu=np.where(counted, 0, flops["gpu_ns"]),
+        counted_host=np.where(counted, flops["host_ns"], 0),
+        uncounted_host=np.where(counted, 0, flops["host_ns"]),
+        **per_mode,
+    )
+
+
 def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
     """Rows per (step, stage) (``scope`` stage), per step (``step``), per stage over the trace (``total``) and per
     module x stage (``module``): FLOPs, model FLOPs, bytes, counted and not counted GPU time, achieved TFLOP/s,
-    intensity, MFU and HFU against ``peak``."""
-    device = flops["on_device"].to_numpy()  # on a GPU trace, ops that launched no kernel ran on the CPU: no MFU
-    f = flops.assign(
-        flops=np.where(device, flops["flops"], 0.0),
-        bytes=np.where(device, flops["bytes"], 0.0),
-        model=np.where(flops["recompute"].to_numpy() | ~device, 0.0, flops["flops"].to_numpy()),
-        counted_gpu=np.where(flops["status"].isin(STATUS[:2]), flops["gpu_ns"], 0),
-        uncounted_gpu=np.where(flops["status"].isin(STATUS[:2]), 0, flops["gpu_ns"]),
-        counted_host=np.where(flops["status"].isin(STATUS[:2]), flops["host_ns"], 0),
-        uncounted_host=np.where(flops["status"].isin(STATUS[:2]), 0, flops["host_ns"]),
-    )
-    sums = dict.fromkeys(("flops", "model", "bytes", "counted_gpu", "uncounted_gpu", "counted_host", "uncounted_host"),
-                         "sum")  # fmt: skip
+    intensity, and MFU and HFU against the peak of each op's math mode."""
+    f = _with_modes(flops)
+    measures = ("flops", "model", "bytes", "counted_gpu", "uncounted_gpu", "counted_host", "uncounted_host",
+                *MODE_FLOPS, *MODE_MODEL)  # fmt: skip
+    sums = dict.fromkeys(measures, "sum")
     by_stage = f.groupby(["step", "stage"], observed=False).agg(sums).reset_index()
     by_step = f.groupby("step").agg(sums).reset_index()
     by_total = f.groupby("stage", observed=False).agg(sums).reset_index()
@@ -67,12 +88,27 @@ def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice)
     out = pd.concat(frames, ignore_index=True)
     out = out[(out["flops"] > 0) | (out["uncounted_gpu"] > 0) | (out["scope"] == "step")]
     out = out[~((out["scope"] == "step") & (out["step"] == NULL))]
+    on_gpu = bool((flops["gpu_ns"] > 0).any())  # a CPU-only trace: achieved TFLOP/s over the counted ops' host time
+    return _result(out, peak, on_gpu)
+
+
+def _result(out: pd.DataFrame, peak: PeakChoice, on_gpu: bool) -> pd.DataFrame:
+    """The table's columns from the summed rows: each row's peak is the FLOPs-weighted peak of its math modes
+    (FLOPs / the time they take at each mode's peak), so MFU = model FLOPs' time at peak / the row's time."""
     hw, model = out["flops"].to_numpy(float), out["model"].to_numpy(float)
     time = out["time_ns"].to_numpy(float)
     counted_gpu = out["counted_gpu"].to_numpy(float)
     counted_host = out["counted_host"].to_numpy(float)
-    on_gpu = bool((flops["gpu_ns"] > 0).any())  # a CPU-only trace: achieved TFLOP/s over the counted ops' host time
-    peak_per_ns = peak.tflops * 1e3  # FLOPs per ns at peak
+    roof_per_ns = np.array([peak.roof(m) * 1e3 for m in MODES])  # FLOPs per ns at each mode's peak
+    mode_hw = out[list(MODE_FLOPS)].to_numpy(float)
+    mode_model = out[list(MODE_MODEL)].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):  # ns the row's FLOPs take at peak (NaN: a mode without one)
+        hw_at_peak = np.where(mode_hw > 0, mode_hw / roof_per_ns, 0.0).sum(axis=1)
+        model_at_peak = np.where(mode_model > 0, mode_model / roof_per_ns, 0.0).sum(axis=1)
+    main_index = mode_hw.argmax(axis=1)
+    main = np.array([*MODES, ""], dtype=object)[np.where(hw > 0, main_index, len(MODES))]
+    one_mode = mode_hw.max(axis=1) >= hw  # all its FLOPs in one mode: that mode's peak, exactly
+    row_peak = np.where(one_mode & (hw > 0), roof_per_ns[main_index] / 1e3, ratio(hw, hw_at_peak) / 1e3)
     result = pd.DataFrame(
         {
             "scope": out["scope"].to_numpy(),
@@ -90,10 +126,10 @@ def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice)
             "time_ns": time.astype(np.int64),
             "achieved_tflops": ratio(hw, counted_gpu if on_gpu else counted_host) / 1e3,
             "intensity": ratio(hw, out["bytes"].to_numpy(float)),
-            "mfu": ratio(model, time * peak_per_ns),
-            "hfu": ratio(hw, time * peak_per_ns),
-            "dtype": peak.dtype,
-            "peak_tflops": peak.tflops,
+            "mfu": np.where(hw > 0, ratio(model_at_peak, time), np.nan),  # no FLOPs counted: unknown, not 0%
+            "hfu": np.where(hw > 0, ratio(hw_at_peak, time), np.nan),
+            "math_mode": main,
+            "peak_tflops": row_peak,
         }
     )
     return result.reset_index(drop=True)
@@ -109,7 +145,7 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     module = module_calls(events, links)
     calls = np.flatnonzero(module)
     columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu",
-               "counted_host", "uncounted_host"]  # fmt: skip
+               "counted_host", "uncounted_host", *MODE_FLOPS, *MODE_MODEL]  # fmt: skip
     if calls.size == 0 or flops.empty:
         return pd.DataFrame({c: [] for c in columns})
     parent, depth = links.parent, links.depth
@@ -140,7 +176,8 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
         return np.bincount(target[ok], weights=values[ok], minlength=len(calls)).astype(np.int64)
 
     measures = {"flops": f["flops"].to_numpy(float), "bytes": f["bytes"].to_numpy(float),
-                "counted_gpu": f["gpu_ns"].to_numpy(float), "counted_host": f["host_ns"].to_numpy(float)}  # fmt: skip
+                "counted_gpu": f["gpu_ns"].to_numpy(float), "counted_host": f["host_ns"].to_numpy(float),
+                **{c: f[c].to_numpy(float) for c in MODE_FLOPS}}  # fmt: skip
     fwd = roll_up({k: per_call(fwd_call, v) for k, v in measures.items()}, up, level)
     bwd = roll_up({k: per_call(bwd_call, v) for k, v in measures.items()}, up, level)
     names = events["name"].cat.categories[events["name"].cat.codes.to_numpy()[calls]]
@@ -154,6 +191,8 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     rows_out = rows_out[(rows_out["flops"] > 0) | (rows_out["counted_gpu"] > 0) | (rows_out["counted_host"] > 0)]
     out = rows_out.groupby(["module", "stage", "recompute"], sort=False).sum().reset_index()
     out["model"] = np.where(out["recompute"], 0, out["flops"])
+    for hw, model in zip(MODE_FLOPS, MODE_MODEL, strict=True):
+        out[model] = np.where(out["recompute"], 0, out[hw])
     return out.assign(
         step=NULL,
         stage=stage_categorical(out["stage"].to_numpy()),

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.flops import TENSOR_FAMILIES, OpCost, backward_factor, has_formula, op_cost
+from profparse.analysis.math_modes import MATH_MODE_RULES, MODES, RULE_MODES, op_kernel_rules
 from profparse.analysis.modules import MODULE_EVENT
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
@@ -38,6 +39,7 @@ BACKWARD = STAGES.index("backward")
 FLOP_COLUMNS = (
     "trace_index", "name", "stage", "step", "status", "family", "dtype", "source", "recompute", "flops", "bytes",
     "gpu_ns", "kernel_count", "host_ns", "achieved_tflops", "intensity", "forward_trace_index", "on_device",
+    "math_mode", "math_mode_rule",
 )  # fmt: skip
 
 
@@ -293,6 +295,8 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
     trace_index = events["trace_index"].to_numpy()
     forward_ti = np.where(fwd >= 0, trace_index[np.maximum(fwd, 0)], NULL)
+    dtype = per_row(counts.costs.dtype, np.full(len(rows), "", dtype=object))
+    mode, mode_rule = _math_modes(events, links, counts, rows, dtype, flops)
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],
@@ -301,7 +305,7 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
             "step": attribution.step[rows],
             "status": pd.Categorical.from_codes(counts.status[rows], categories=list(STATUS)),
             "family": per_row(counts.costs.family, family),
-            "dtype": per_row(counts.costs.dtype, np.full(len(rows), "", dtype=object)),
+            "dtype": dtype,
             "source": per_row(counts.costs.source, source),
             "recompute": counts.recompute[rows],
             "flops": flops,
@@ -313,8 +317,37 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, cou
             "intensity": intensity,
             "forward_trace_index": forward_ti.astype(np.int64),
             "on_device": gpu_ns[rows] > 0 if on_gpu else np.ones(len(rows), bool),
+            "math_mode": mode,
+            "math_mode_rule": mode_rule,
         }
     )
+
+
+def _math_modes(
+    events: pd.DataFrame, links: Links, counts: Counts, rows: np.ndarray, dtype: np.ndarray, flops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Math mode and the rule that decided it, per row of the flops table: the kernels' rule (analysis/math_modes)
+    with the most time; else the op's input dtype (a linked backward node: its forward op's); else fp32 for an op
+    with FLOPs and no floating input (``_foreach_*`` ops record only ``TensorList``; integer step counters);
+    else none."""
+    rule = op_kernel_rules(events, links, counts.owner)[rows]
+    names = np.array([r.name for r in MATH_MODE_RULES] + [""], dtype=object)
+    modes = np.array([*MODES, ""], dtype=object)
+    mode = modes[np.where(rule >= 0, RULE_MODES[np.maximum(rule, 0)], len(MODES))]
+    mode_rule = names[np.where(rule >= 0, rule, len(MATH_MODE_RULES))]
+    fwd = counts.forward[rows]
+    forward_combo = counts.costs.combo[np.maximum(fwd, 0)]
+    forward_dtype = counts.costs.dtype[np.maximum(forward_combo, 0)] if len(counts.costs.dtype) else dtype
+    forward_dtype = np.where((fwd >= 0) & (forward_combo >= 0), forward_dtype, "")
+    for fallback, why in (
+        (dtype, "input dtype"),
+        (forward_dtype, "forward op's input dtype"),
+        (np.where(flops > 0, "fp32", ""), "no floating input: fp32"),
+    ):
+        take = (mode == "") & (fallback != "")
+        mode = np.where(take, fallback, mode)
+        mode_rule = np.where(take, why, mode_rule)
+    return mode.astype(object), mode_rule.astype(object)
 
 
 def module_calls(events: pd.DataFrame, links: Links) -> np.ndarray:

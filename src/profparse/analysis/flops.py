@@ -322,10 +322,39 @@ def _attention_cost(layout: str, shapes: list[list[int]], t: str, backward: bool
     return flops, (2 * moved if backward else moved) * _size(t)
 
 
+def foreach_base(name: str) -> str | None:
+    """The per-tensor op of a ``_foreach_*`` op (``_foreach_addcdiv_`` -> ``addcdiv_``) when the built-in table
+    has an elementwise, copy or reduction formula for it, else None."""
+    base = base_name(name)
+    if not base.startswith("_foreach_"):
+        return None
+    op = base.removeprefix("_foreach_")
+    plain = op.removesuffix("_")
+    return op if plain in ELEMENTWISE or op in COPIES or plain in REDUCTIONS else None
+
+
+def _foreach_cost(op: str, dims: list[Any], types: list[Any]) -> OpCost | None:
+    """A ``_foreach_*`` op (the optimizers' multi-tensor kernels): its per-tensor op over every tensor of its first
+    list, as that op's formula counts one tensor. The lists record no element type: 4 bytes (fp32) assumed."""
+    lists = [[s for s in d if _ints(s)] for d, t in zip(dims, types, strict=False) if t == "TensorList"]
+    if not lists or not lists[0]:
+        return None  # shapes not recorded (long lists are written as [])
+    first = sum(_numel(s) for s in lists[0])
+    read = sum(_numel(s) for shapes in lists for s in shapes)
+    plain = op.removesuffix("_")
+    if plain in REDUCTIONS:  # _foreach_norm: one scalar out per tensor
+        return OpCost(first, 4 * read, "", "reduction")
+    flops = 0 if op in COPIES else first
+    return OpCost(flops, 4 * ((0 if op in ("fill_", "zero_") else read) + first), "", "elementwise")
+
+
 def _vector_cost(name: str, dims: list[Any], types: list[Any]) -> OpCost | None:
     """Norms, softmax, embedding, elementwise ops and reductions: bytes, and a few FLOPs per element."""
     if name in VIEWS:
         return OpCost(0, 0, dominant_dtype(types), "view")
+    foreach = foreach_base(name)
+    if foreach is not None:
+        return _foreach_cost(foreach, dims, types)
     tensors = _tensors(dims, types)
     if not tensors:
         return None
@@ -381,7 +410,8 @@ def has_formula(name: str) -> bool:
         GATHER_SCATTER,
     )
     matmul = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution_backward", "embedding")
-    return name in matmul or any(name in table for table in known) or (name.endswith("_") and name[:-1] in ELEMENTWISE)
+    in_place = name.endswith("_") and name[:-1] in ELEMENTWISE
+    return name in matmul or any(name in table for table in known) or in_place or foreach_base(name) is not None
 
 
 def builtin_cost(name: str, dims: list[Any], types: list[Any], concrete: list[Any]) -> OpCost | None:

@@ -1,5 +1,5 @@
-"""Matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, achieved TFLOP/s and % of peak (the ``gemms``
-table), from the counted matmul-family ops of the ``flops`` table."""
+"""Matmul shapes (batch, M, N, K, dtype, math mode): count, FLOPs, GPU time, achieved TFLOP/s and % of the peak of
+their math mode (the ``gemms`` table), from the counted matmul-family ops of the ``flops`` table."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from profparse.trace.kinds import NULL
 
 
 def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> pd.DataFrame:
-    """Counted matmul-family ops grouped by (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s, % of peak."""
-    columns = ["batch", "m", "n", "k", "dtype", "count", "flops", "gpu_ns", "achieved_tflops", "pct_of_peak"]
+    """Counted matmul-family ops grouped by (batch, M, N, K, dtype, math mode): count, FLOPs, GPU time, TFLOP/s,
+    the peak of the math mode, % of it."""
+    keys = ["batch", "m", "n", "k", "dtype", "math_mode"]
+    columns = [*keys, "count", "flops", "gpu_ns", "achieved_tflops", "peak_tflops", "pct_of_peak"]
     mm = flops[(flops["status"] == "counted") & (flops["family"] == "matmul")]
     if mm.empty or "input_dims" not in events.columns:
         return pd.DataFrame({c: [] for c in columns})
@@ -30,7 +32,8 @@ def gemm_table(events: pd.DataFrame, flops: pd.DataFrame, peak: PeakChoice) -> p
         shapes.append(cache[key] or (NULL,) * 4)
     shape = np.array(shapes, dtype=np.int64).reshape(-1, 4)
     g = mm.assign(batch=shape[:, 0], m=shape[:, 1], n=shape[:, 2], k=shape[:, 3], count=1)
-    out = g.groupby(["batch", "m", "n", "k", "dtype"], sort=False)[["count", "flops", "gpu_ns"]].sum().reset_index()
+    out = g.groupby(keys, sort=False)[["count", "flops", "gpu_ns"]].sum().reset_index()
     out["achieved_tflops"] = ratio(out["flops"].to_numpy(float), out["gpu_ns"].to_numpy(float)) / 1e3
-    out["pct_of_peak"] = 100 * out["achieved_tflops"] / peak.tflops
+    out["peak_tflops"] = peak.roofs(out["math_mode"])
+    out["pct_of_peak"] = 100 * out["achieved_tflops"] / out["peak_tflops"]
     return out.sort_values(["gpu_ns", "flops"], ascending=False, kind="stable")[columns].reset_index(drop=True)

@@ -2,19 +2,22 @@
 
 A table of data, like the stage rules: one :class:`Peak` row per device, matched by a name pattern (first match
 wins, so the specific rows come first). Numbers are the vendor datasheet's *dense* figures (NVIDIA quotes tensor
-FLOPs "with sparsity": those are halved here). ``fp32`` is the plain FP32 rate without TF32 (PyTorch's default
-for matmuls); on AMD it is the FP32 matrix-core rate, which rocBLAS uses for FP32 GEMMs. AMD MI250/MI250X
+FLOPs "with sparsity": those are halved here). ``fp32`` is the plain FP32 (SIMT) rate and ``tf32`` the TF32
+tensor-core rate that cuDNN convolutions use by default and matmuls with ``allow_tf32``; on AMD ``fp32`` is the FP32
+matrix-core rate, which rocBLAS uses for FP32 GEMMs. AMD MI250/MI250X
 appear to PyTorch as two devices, one per GCD (die): their rows hold half the package figure. ROCm may name a
 device just ``AMD Radeon Graphics``; those rows also match by (``computeMajor``, ``computeMinor``, ``numSms``).
-:func:`choose_peak` picks the one MFU is measured against (the busiest device, the dtype with most FLOPs).
+:func:`choose_peak` picks the busiest device's row; each op is measured against the peak of its math mode
+(:mod:`profparse.analysis.math_modes`: from its kernels' names, else its input dtype).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from profparse.trace.link import kind_mask
@@ -134,7 +137,9 @@ def device_peaks(header: dict[str, Any]) -> dict[int, tuple[str, Peak | None]]:
 
 @dataclass(frozen=True)
 class PeakChoice:
-    """The peak MFU is measured against: TFLOP/s (NaN when none), the dtype, device and a note saying why."""
+    """The peaks MFU is measured against: ``tflops`` (the trace's FLOPs-weighted peak over the math modes of its
+    counted ops; NaN when none), ``dtype`` (the mode with the most FLOPs), device, a note saying why, ``basis``
+    (how each op's peak was chosen) and ``mode_tflops`` (the peak of each math mode the trace ran)."""
 
     tflops: float
     dtype: str
@@ -142,19 +147,60 @@ class PeakChoice:
     note: str
     memory_gbps: float = float("nan")
     source: str = ""  # the datasheet the peak comes from
+    basis: str = ""  # "each op's math mode (...)", "--peak-tflops", "" (no MFU)
+    mode_tflops: dict[str, float] = field(default_factory=dict)  # math mode -> dense peak TFLOP/s
+    mode_share: dict[str, float] = field(default_factory=dict)  # math mode -> share of the counted FLOPs
+    row: Peak | None = None  # the device's row of PEAKS (None: --peak-tflops, or no known device)
+    override: float | None = None  # --peak-tflops
+
+    def roof(self, mode: str) -> float:
+        """Dense peak TFLOP/s of one math mode: ``--peak-tflops``, else the device row's, else NaN."""
+        if self.override is not None:
+            return float(self.override)
+        value = self.row.tflops_for(mode or "fp32") if self.row is not None else None
+        return float(value) if value else float("nan")
+
+    def roofs(self, modes: Any) -> np.ndarray:
+        """:meth:`roof` of each element of ``modes`` (one lookup per distinct mode)."""
+        values = np.asarray(modes, dtype=object).astype(str)
+        distinct, inverse = np.unique(values, return_inverse=True)
+        return np.array([self.roof(m) for m in distinct], dtype=np.float64)[inverse.ravel()]
+
+
+def mode_flops(flops: pd.DataFrame) -> pd.Series:
+    """Counted FLOPs of the ops that ran on the device, per math mode, most first."""
+    counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]
+    by_mode = counted[counted["flops"] > 0].groupby("math_mode", observed=True)["flops"].sum()
+    return by_mode[by_mode.index != ""].sort_values(ascending=False, kind="stable")
+
+
+def _share_text(share: float) -> str:
+    return "<1%" if share < 0.005 else f"{share:.0%}"
+
+
+def _basis(flops: pd.DataFrame) -> str:
+    """Which part of the counted FLOPs took its math mode from kernel names, and which from the input dtype."""
+    counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]
+    total = float(counted["flops"].sum())
+    by_kernel = float(counted.loc[~counted["math_mode_rule"].str.contains("dtype", regex=False), "flops"].sum())
+    if total <= 0:
+        return "each op's math mode"
+    return f"each op's math mode: kernel names for {by_kernel / total:.0%} of FLOPs, input dtype for the rest"
 
 
 def choose_peak(
     header: dict[str, Any], events: pd.DataFrame, flops: pd.DataFrame, override: float | None
 ) -> PeakChoice:
-    """The dense peak of the busiest device for the dtype with the most counted FLOPs (``override`` wins)."""
-    counted = flops[flops["status"] == "counted"]
-    by_dtype = counted.groupby("dtype")["flops"].sum()
-    by_dtype = by_dtype[by_dtype.index != ""]
-    dtype = str(by_dtype.idxmax()) if len(by_dtype) else "fp32"
+    """The dense peaks of the busiest device for each op's math mode (``override`` wins for every mode)."""
+    by_mode = mode_flops(flops)
+    dtype = str(by_mode.index[0]) if len(by_mode) else "fp32"
+    share = {str(m): float(v / by_mode.sum()) for m, v in by_mode.items()}
     kernels = kind_mask(events, {"kernel"})
     if override is not None:
-        return PeakChoice(float(override), dtype, "", f"--peak-tflops {override:g}")
+        note = f"--peak-tflops {override:g} for every math mode"
+        modes = dict.fromkeys(share, float(override))
+        return PeakChoice(float(override), dtype, "", note, basis="--peak-tflops", mode_tflops=modes,
+                          mode_share=share, override=float(override))  # fmt: skip
     if not kernels.any():
         return PeakChoice(float("nan"), dtype, "", "no MFU: CPU-only trace (no GPU kernels), FLOPs still counted")
     device = events["device"].to_numpy()[kernels]
@@ -165,6 +211,11 @@ def choose_peak(
     if peak is None:
         why = f"device {name!r} is not in the peak table" if name else "the trace names no device"
         return PeakChoice(float("nan"), dtype, name, f"no MFU: {why}; pass --peak-tflops")
-    value = peak.tflops_for(dtype)
-    note = f"{name} = {peak.device}, {dtype} dense peak {value:g} TFLOP/s"
-    return PeakChoice(float(value) if value else float("nan"), dtype, name, note, peak.memory_gbps, peak.source)
+    choice = PeakChoice(float("nan"), dtype, name, "", peak.memory_gbps, peak.source, _basis(flops), row=peak)
+    modes = {m: choice.roof(m) for m in share} or {dtype: choice.roof(dtype)}
+    time_at_peak = sum(share.get(m, 1.0) / value for m, value in modes.items())  # per FLOP, in 1/TFLOP/s
+    parts = [f"{m} {value:g} TFLOP/s" + (f" ({_share_text(share[m])} of FLOPs)" if len(modes) > 1 else "")
+             for m, value in modes.items()]  # fmt: skip
+    note = f"{name} = {peak.device}, dense peak of {', '.join(parts)}"
+    tflops = next(iter(modes.values())) if len(modes) == 1 else 1.0 / time_at_peak  # one mode: its peak, exactly
+    return replace(choice, tflops=tflops, note=note, mode_tflops=modes, mode_share=share)

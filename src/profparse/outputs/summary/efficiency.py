@@ -31,7 +31,17 @@ def efficiency_data(parsed: ParsedTrace, top: int = 5) -> dict[str, Any]:
     time = "gpu_ns" if on_gpu else "host_ns"
     worst = uncounted.groupby("name", observed=True)[time].agg(["sum", "size"]).sort_values("sum", ascending=False)
     return {
-        "peak": {"tflops": num(peak.tflops), "dtype": peak.dtype, "device": peak.device, "note": peak.note},
+        "peak": {
+            "tflops": num(peak.tflops),
+            "dtype": peak.dtype,
+            "device": peak.device,
+            "note": peak.note,
+            "basis": peak.basis,  # how each op's peak was chosen: its math mode, --peak-tflops, "" (no MFU)
+            "modes": [
+                {"mode": mode, "tflops": num(value), "flops_share": float(peak.mode_share.get(mode, 0.0))}
+                for mode, value in peak.mode_tflops.items()
+            ],
+        },
         "stages": [
             {
                 "stage": str(r.stage),
@@ -40,6 +50,8 @@ def efficiency_data(parsed: ParsedTrace, top: int = 5) -> dict[str, Any]:
                 "achieved_tflops": num(r.achieved_tflops),
                 "mfu": num(r.mfu),
                 "hfu": num(r.hfu),
+                "math_mode": str(r.math_mode),
+                "peak_tflops": num(r.peak_tflops),
                 "counted_ns": int(r.counted_gpu_ns if on_gpu else r.counted_host_ns),
                 "not_counted_ns": int(r.not_counted_gpu_ns if on_gpu else r.not_counted_host_ns),
             }
@@ -72,10 +84,15 @@ def efficiency_tables(data: dict[str, Any]) -> list[Table]:
         Column("achieved_tflops", "TFLOP/s", lambda x: "-" if x is None else f"{x:,.3g}"),
         Column("mfu", "MFU", share_text),
         Column("hfu", "HFU", share_text),
+        Column("math_mode", "mode"),
+        Column("peak_tflops", "peak", lambda x: "-" if x is None else f"{x:,.4g}"),
         Column("counted_ns", f"counted {basis}", ms_text),
         Column("not_counted_ns", "not counted", ms_text),
     ]
-    out = [Table("Efficiency", columns, section["stages"], note=f"{section['peak']['note']}; ms")]
+    peak_basis = section["peak"].get("basis")
+    shown = peak_basis and peak_basis != "--peak-tflops"  # the note already names --peak-tflops
+    note = f"{section['peak']['note']}" + (f"; {peak_basis}" if shown else "") + "; ms"
+    out = [Table("Efficiency", columns, section["stages"], note=note)]
     if any(s["mfu"] is not None for s in section["steps"]):
         step_columns = [Column("step", "step"), Column("flops", "GFLOPs", _gflops), Column("mfu", "MFU", share_text)]
         out.append(Table("MFU per step", step_columns, section["steps"], note="model FLOPs / (step window x peak)"))
