@@ -217,6 +217,13 @@ TABLES: dict[str, TableSpec] = {
             "docs/efficiency.md",
             "matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak",
         ),
+        TableSpec(
+            "critical_path",
+            "profparse.analysis.critical_path:path_table",
+            _ROWS,
+            "docs/critical_path.md",
+            "one row per segment of each step's critical path: step, stage, bound, start, end, event",
+        ),
     )
 }
 

@@ -1,0 +1,576 @@
+"""The critical path of each step: the chain of work that bounds the step's length, and what bounds each part.
+
+The dependency graph is built as a forest of *nodes*, each with at most one predecessor (the work whose end let it
+start), so that the longest path to a point is the chain of predecessors back from it:
+
+- **host nodes**: each host thread's time cut at every event start and end; a node is one piece, labelled by the
+  innermost event active in it (none: the thread runs untraced code). Its predecessor is the piece before it on
+  its thread.
+- **GPU nodes**: each kernel, memcpy or memset, preceded by a *gap node* from the end of whatever let it start to
+  its start: its launch's end when the stream was idle at launch (the gap is launch latency), else the previous
+  activity on its stream (stream order), or an activity on another stream of its device that ended just before it
+  while neither explained its start (an event wait between streams, ``cudaStreamWaitEvent``).
+- **synchronisation**: a blocking call (``cuda``/``hip`` ``Device``/``Stream``/``Event`` ``Synchronize``, a
+  runtime call inside ``aten::item`` / ``_local_scalar_dense``, a runtime call that outlasts its own memcpy, and,
+  in a trace without ``cuda_sync`` events, a long runtime call that ends when GPU work ends) waits for the last GPU
+  activity that ended inside it: the host piece from that end on has that activity as its predecessor.
+- **threads joined**: the autograd engine's thread starts from the main thread at the first backward event of a
+  step, and the main thread, waiting, resumes from the autograd thread's last one.
+
+Each step's path is the predecessor chain from the main thread's piece at the step's end, cut where a node
+crosses the step's start; pointer doubling walks every chain at once (``log2(nodes)`` numpy passes, no loop per
+event). Each segment is clipped to the next one's start, so that the segments tile the step window exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from profparse.analysis.comm import COMM_KERNEL
+from profparse.base.marks import STAGES
+from profparse.stages.attribute import Attribution
+from profparse.trace.kinds import KIND_CODE, NULL
+from profparse.trace.link import Links, kind_mask
+
+BOUNDS: tuple[str, ...] = (
+    "python",
+    "cpu_op",
+    "launch",
+    "gpu_compute",
+    "gpu_comm",
+    "memcpy",
+    "sync_wait",
+    "data",
+    "gpu_idle",
+)
+BOUND_CODE = {b: i for i, b in enumerate(BOUNDS)}
+COLUMNS = ("step", "stage", "bound", "start_ns", "end_ns", "trace_index", "name")
+#: runtime calls that block the host until GPU work is done (a free waits for the device), whatever else the
+#: trace records
+BLOCKING_CALL = re.compile(
+    r"^(cuda|hip|cu)(Device|Stream|Event|Ctx)Synchronize|^(cuda|hip)(Memcpy|Free|FreeHost)$|^cuMemcpyDtoH"
+)
+#: ops whose runtime calls wait for the GPU (a scalar read back to the host)
+BLOCKING_OP = re.compile(r"^aten::(item|_local_scalar_dense)$")
+#: inferred blocking call (no ``cuda_sync`` events): it waited this long at least and returned this soon after
+INFER_MIN_WAIT_NS = 10_000
+INFER_MAX_RETURN_NS = 20_000
+#: an activity on another stream that ended this close before a kernel's unexplained start is what it waited for
+STREAM_WAIT_NS = 20_000
+_HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "other")
+_DATA_RULE = "other.data"
+IDLE_HOST = "(untraced host time)"
+IDLE_GPU = "(GPU idle)"
+
+
+@dataclass
+class Nodes:
+    """The dependency forest: node ``i`` covers ``[start[i], end[i]]`` and waits for ``pred[i]`` (-1: none)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    pred: np.ndarray
+    row: np.ndarray  # the event it belongs to (-1: none)
+    bound: np.ndarray  # int8 code into BOUNDS
+    gpu: np.ndarray  # bool: the node is on a GPU stream
+    stage_row: np.ndarray  # the event whose stage it takes (-1: none)
+
+
+@dataclass
+class HostPieces:
+    """Every host thread's time cut at event boundaries: piece ``i`` is ``[time[i], time[i + 1]]`` of its thread
+    (the last boundary of each thread starts no piece); ``inner`` is the innermost event in it (-1: none)."""
+
+    thread: np.ndarray
+    time: np.ndarray
+    inner: np.ndarray
+    key: np.ndarray  # (thread, time) packed on one line, sorted: searchsorted finds a thread's piece at a time
+    base: int
+    span: int
+
+    def containing(self, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """The piece of ``thread`` that holds the instant just before ``t`` (the piece that ends at ``t`` when
+        ``t`` is a boundary)."""
+        return np.searchsorted(self.key, thread.astype(np.int64) * self.span + (t - self.base), side="left") - 1
+
+    def starting(self, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """The piece of ``thread`` that holds ``t`` (the piece that starts at ``t`` when ``t`` is a boundary)."""
+        return np.searchsorted(self.key, thread.astype(np.int64) * self.span + (t - self.base), side="right") - 1
+
+
+def _host_rows(events: pd.DataFrame, links: Links) -> np.ndarray:
+    """Host events with a length: what cuts a thread's time into pieces."""
+    return np.flatnonzero(links.host & kind_mask(events, _HOST_KINDS) & (events["dur_ns"].to_numpy() > 0))
+
+
+def _first_of_runs(sorted_group: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(np.concatenate([[True], sorted_group[1:] != sorted_group[:-1]]))
+
+
+def host_pieces(
+    events: pd.DataFrame, links: Links, rows: np.ndarray, cut_thread: np.ndarray, cut_time: np.ndarray
+) -> HostPieces:
+    """Cut each host thread at its events' starts and ends and at the extra ``cut`` points; label each piece with
+    the innermost event in it: the deepest event starting at its start, else the parent of the shallowest event
+    ending there, else (an extra cut) the previous piece's."""
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    threads = np.arange(len(links.threads), dtype=np.int64)
+    lo = int(min(ts[rows].min(initial=0), cut_time.min(initial=0))) - 1
+    hi = int(max(end[rows].max(initial=0), cut_time.max(initial=0))) + 1
+    n, c, t = len(rows), len(cut_time), len(threads)
+    p_thread = np.concatenate([links.thread[rows], links.thread[rows], cut_thread, threads, threads]).astype(np.int64)
+    p_time = np.concatenate([ts[rows], end[rows], cut_time, np.full(t, lo), np.full(t, hi)]).astype(np.int64)
+    p_start = np.concatenate([rows, np.full(n + c + 2 * t, -1)])
+    p_end = np.concatenate([np.full(n, -1), rows, np.full(c + 2 * t, -1)])
+    p_open = np.concatenate([np.zeros(2 * n + c, dtype=bool), np.ones(t, dtype=bool), np.zeros(t, dtype=bool)])
+    span = hi - lo + 1
+    key = p_thread * span + (p_time - lo)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = _first_of_runs(key)
+    nb = len(first)
+    depth = links.depth.astype(np.int64)
+    deepest_start = _extreme_row(first, p_start[order], depth, deepest=True)
+    shallowest_end = _extreme_row(first, p_end[order], depth, deepest=False)
+    parent = links.parent.astype(np.int64)
+    inner = np.where(deepest_start >= 0, deepest_start, np.where(shallowest_end >= 0, parent[shallowest_end], -1))
+    known = (deepest_start >= 0) | (shallowest_end >= 0) | np.logical_or.reduceat(p_open[order], first)
+    inner = inner[np.maximum.accumulate(np.where(known, np.arange(nb), 0))]
+    return HostPieces(p_thread[order][first], p_time[order][first], inner, key[first], lo, span)
+
+
+def _extreme_row(first: np.ndarray, row: np.ndarray, depth: np.ndarray, deepest: bool) -> np.ndarray:
+    """Per boundary (its points start at ``first``), the row of greatest (``deepest``) or least depth among its
+    points that carry a row (-1: none): one reduction over (depth, row) packed in an int64, no sort."""
+    has = row >= 0
+    packed = (depth[np.maximum(row, 0)] << 32) | np.maximum(row, 0)
+    if deepest:
+        best = np.maximum.reduceat(np.where(has, packed, -1), first)
+        return np.where(best >= 0, best & 0xFFFFFFFF, -1)
+    none = np.iinfo(np.int64).max
+    best = np.minimum.reduceat(np.where(has, packed, none), first)
+    return np.where(best != none, best & 0xFFFFFFFF, -1)
+
+
+@dataclass
+class GpuWork:
+    """GPU activity sorted by (device, stream, start), with what may have let each one start."""
+
+    rows: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    prev: np.ndarray  # position of the previous activity on its stream (-1: first)
+    launch: np.ndarray  # row of its launching runtime call (-1: none)
+    wait: np.ndarray  # position of the activity on another stream it waited for (-1: none)
+
+
+def _gpu_work(events: pd.DataFrame, links: Links) -> GpuWork:
+    rows = np.flatnonzero(kind_mask(events, {"kernel", "gpu_memcpy", "gpu_memset"}))
+    device = _device(events, rows)
+    stream = events["stream"].to_numpy()[rows]
+    ts = events["ts_ns"].to_numpy()
+    order = np.lexsort((ts[rows], stream, device))
+    rows, device, stream = rows[order], device[order], stream[order]
+    start = ts[rows]
+    end = start + events["dur_ns"].to_numpy()[rows]
+    same = np.concatenate([[False], (device[1:] == device[:-1]) & (stream[1:] == stream[:-1])])
+    prev = np.where(same, np.arange(len(rows)) - 1, -1)
+    launch = links.launch[rows].astype(np.int64)
+    work = GpuWork(rows, start, end, prev, launch, np.full(len(rows), -1, dtype=np.int64))
+    if _has_stream_waits(events):
+        work.wait = _stream_waits(work, device, stream, events)
+    return work
+
+
+def _device(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    device = events["device"].to_numpy()[rows]
+    return np.where(device == NULL, events["pid"].to_numpy()[rows], device)
+
+
+def _has_stream_waits(events: pd.DataFrame) -> bool:
+    names = events["name"].cat.categories
+    return any("StreamWaitEvent" in str(n) or str(n) == "Stream Wait Event" for n in names)
+
+
+def _ends(work: GpuWork, events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """When each activity's launch (at the latest, its start) and its stream predecessor ended (int64 min:
+    nothing)."""
+    call_end = events["ts_ns"].to_numpy() + events["dur_ns"].to_numpy()
+    # an activity may start before its call returns (a memcpy often does): the call let it start by then
+    launch_end = np.where(work.launch >= 0, np.minimum(call_end[np.maximum(work.launch, 0)], work.start), NULL)
+    prev_end = np.where(work.prev >= 0, work.end[np.maximum(work.prev, 0)], NULL)
+    return launch_end, prev_end
+
+
+def _stream_waits(work: GpuWork, device: np.ndarray, stream: np.ndarray, events: pd.DataFrame) -> np.ndarray:
+    """For each activity whose start neither its launch nor its stream explains, the activity on another stream of
+    its device that ended last before it, within :data:`STREAM_WAIT_NS` (what an event wait held it for)."""
+    launch_end, prev_end = _ends(work, events)
+    wait = np.full(len(work.rows), -1, dtype=np.int64)
+    if not len(work.rows):
+        return wait
+    codes, _ = pd.factorize(device)
+    lo = int(min(work.start.min(), work.end.min())) - 1
+    span = int(max(work.start.max(), work.end.max())) - lo + 1
+    key = codes.astype(np.int64) * span + (work.end - lo)
+    by_end = np.argsort(key, kind="stable")
+    j = np.searchsorted(key[by_end], codes.astype(np.int64) * span + (work.start - lo), side="right") - 1
+    cand = by_end[np.maximum(j, 0)]
+    ok = (j >= 0) & (codes[cand] == codes) & (stream[cand] != stream)
+    ok &= (work.end[cand] > np.maximum(launch_end, prev_end)) & (work.start - work.end[cand] <= STREAM_WAIT_NS)
+    wait[ok] = cand[ok]
+    return wait
+
+
+def _name_flags(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
+    """Per row: its name matches ``pattern`` (decided once per distinct name)."""
+    names = events["name"].cat.categories
+    hit = np.fromiter((pattern.search(str(n)) is not None for n in names), dtype=bool, count=len(names))
+    codes = events["name"].cat.codes.to_numpy()
+    return (codes >= 0) & hit[np.maximum(codes, 0)]
+
+
+def blocking_calls(events: pd.DataFrame, links: Links) -> tuple[np.ndarray, np.ndarray]:
+    """Runtime calls that block the host until GPU work is done, and which were inferred from timing alone.
+
+    Known: a synchronize call, a runtime call of ``aten::item`` / ``_local_scalar_dense``, a call matched by a
+    ``cuda_sync`` event (other than a stream's wait), a call that returned after its own memcpy ended. In a trace
+    without ``cuda_sync`` events also any runtime call that waited :data:`INFER_MIN_WAIT_NS` for GPU work and
+    returned within :data:`INFER_MAX_RETURN_NS` of its end. Returns (boolean per row: blocking, inferred)."""
+    runtime = kind_mask(events, {"cuda_runtime", "cuda_driver"}) & links.host
+    named = _name_flags(events, BLOCKING_CALL)
+    op = links.enclosing_op.astype(np.int64)
+    named |= (op >= 0) & _name_flags(events, BLOCKING_OP)[np.maximum(op, 0)]
+    corr = events["correlation"].to_numpy()
+    sync = kind_mask(events, {"cuda_sync"})
+    if sync.any():
+        waits = sync & _name_flags(events, re.compile(r"Stream Wait Event"))
+        named |= np.isin(corr, corr[sync & ~waits]) & (corr != NULL)
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    launch = links.launch.astype(np.int64)
+    activity = np.flatnonzero((launch >= 0) & kind_mask(events, {"gpu_memcpy"}))
+    own = activity[(end[activity] <= end[launch[activity]]) & (end[activity] > ts[launch[activity]])]
+    named[launch[own]] = True
+    inferred = np.zeros(len(events), dtype=bool)
+    if not sync.any():
+        calls = np.flatnonzero(runtime & ~named)
+        done = _last_gpu_end(events, ts[calls], end[calls])
+        inferred[calls] = (done >= ts[calls] + INFER_MIN_WAIT_NS) & (end[calls] - done <= INFER_MAX_RETURN_NS)
+    return (named & runtime) | inferred, inferred
+
+
+def _gpu_ends(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """GPU activity rows sorted by end, and their ends."""
+    rows = np.flatnonzero(kind_mask(events, {"kernel", "gpu_memcpy", "gpu_memset"}))
+    end = events["ts_ns"].to_numpy()[rows] + events["dur_ns"].to_numpy()[rows]
+    order = np.argsort(end, kind="stable")
+    return rows[order], end[order]
+
+
+def _last_gpu_end(events: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The last end of GPU activity inside each ``(start, end]`` (int64 min: none)."""
+    _, ends = _gpu_ends(events)
+    j = np.searchsorted(ends, end, side="right") - 1
+    found = np.where(j >= 0, ends[np.maximum(j, 0)], NULL)
+    return np.where(found > start, found, NULL)
+
+
+def sync_waits(events: pd.DataFrame, links: Links, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each blocking call the GPU activity it waited for: the last one to end inside the call (a call
+    waiting for its own memcpy: that one). Returns (call rows, activity rows)."""
+    calls = np.flatnonzero(blocking)
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    rows, ends = _gpu_ends(events)
+    j = np.searchsorted(ends, end[calls], side="right") - 1
+    ok = j >= 0
+    ok[ok] = ends[j[ok]] > ts[calls[ok]]
+    return calls[ok], rows[j[ok]]
+
+
+def thread_joins(events: pd.DataFrame, links: Links, attribution: Attribution, rows: np.ndarray) -> pd.DataFrame:
+    """Per (helper thread, step): when the thread's backward work starts and ends. The main thread hands the step
+    to it at the start and waits for it to the end (the autograd engine's thread)."""
+    stage = attribution.stage[rows]
+    step = attribution.step[rows]
+    thread = links.thread[rows].astype(np.int64)
+    keep = (stage == STAGES.index("backward")) & (step != NULL) & (thread != attribution.main_thread)
+    ts = events["ts_ns"].to_numpy()[rows][keep]
+    frame = pd.DataFrame(
+        {"thread": thread[keep], "step": step[keep], "first": ts, "last": ts + events["dur_ns"].to_numpy()[rows][keep]}
+    )
+    if attribution.main_thread < 0:
+        frame = frame.iloc[:0]
+    return frame.groupby(["thread", "step"], sort=False).agg(first=("first", "min"), last=("last", "max")).reset_index()
+
+
+def _kernel_bounds(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    kind = events["kind"].cat.codes.to_numpy()[rows]
+    comm = _name_flags(events, COMM_KERNEL)[rows]
+    bound = np.full(len(rows), BOUND_CODE["gpu_compute"], dtype=np.int8)
+    bound[kind == KIND_CODE["gpu_memcpy"]] = BOUND_CODE["memcpy"]
+    bound[comm & (kind == KIND_CODE["kernel"])] = BOUND_CODE["gpu_comm"]
+    return bound
+
+
+def _host_bounds(events: pd.DataFrame, attribution: Attribution, inner: np.ndarray, blocking: np.ndarray) -> np.ndarray:
+    row = np.maximum(inner, 0)
+    kind = events["kind"].cat.codes.to_numpy()[row]
+    bound = np.full(len(inner), BOUND_CODE["python"], dtype=np.int8)
+    bound[kind == KIND_CODE["cpu_op"]] = BOUND_CODE["cpu_op"]
+    bound[(kind == KIND_CODE["cuda_runtime"]) | (kind == KIND_CODE["cuda_driver"])] = BOUND_CODE["launch"]
+    data_rules = np.array([name.startswith(_DATA_RULE) for name in attribution.rule_names], dtype=bool)
+    rule = attribution.rule[row].astype(np.int64)
+    bound[(rule >= 0) & data_rules[np.maximum(rule, 0)]] = BOUND_CODE["data"]
+    bound[blocking[row]] = BOUND_CODE["sync_wait"]
+    bound[inner < 0] = BOUND_CODE["python"]
+    return bound
+
+
+def _gpu_nodes(events: pd.DataFrame, links: Links, work: GpuWork, pieces: HostPieces, nh: int) -> Nodes:
+    """Gap node ``nh + 2i`` then activity node ``nh + 2i + 1`` per activity ``i``: the gap runs from the end of
+    what let the activity start (its launch, its stream predecessor, or the activity it waited for) to its start."""
+    launch_end, prev_end = _ends(work, events)
+    wait_end = np.where(work.wait >= 0, work.end[np.maximum(work.wait, 0)], NULL)
+    cause = np.maximum(np.maximum(launch_end, prev_end), wait_end)
+    by_launch = (launch_end == cause) & (launch_end > prev_end) & (launch_end > wait_end) & (work.launch >= 0)
+    launch = np.maximum(work.launch, 0)
+    launch_piece = pieces.containing(links.thread[launch].astype(np.int64), launch_end)
+    gap_pred = np.full(len(work.rows), -1, dtype=np.int64)
+    by_prev = (work.prev >= 0) & (prev_end == cause)
+    gap_pred[by_prev] = nh + 2 * work.prev[by_prev] + 1
+    by_wait = (work.wait >= 0) & (wait_end == cause) & ~by_prev
+    gap_pred[by_wait] = nh + 2 * work.wait[by_wait] + 1
+    gap_pred[by_launch] = launch_piece[by_launch]
+    gap_start = np.where(cause == NULL, work.start, np.minimum(cause, work.start))
+    k = len(work.rows)
+    start = np.empty(2 * k, dtype=np.int64)
+    end = np.empty(2 * k, dtype=np.int64)
+    start[0::2], end[0::2], start[1::2], end[1::2] = gap_start, work.start, work.start, np.maximum(work.end, work.start)
+    pred = np.empty(2 * k, dtype=np.int64)
+    pred[0::2], pred[1::2] = gap_pred, nh + 2 * np.arange(k)
+    row = np.empty(2 * k, dtype=np.int64)
+    row[0::2], row[1::2] = np.where(by_launch, work.launch, -1), work.rows
+    bound = np.empty(2 * k, dtype=np.int8)
+    bound[0::2] = np.where(by_launch, BOUND_CODE["launch"], BOUND_CODE["gpu_idle"])
+    bound[1::2] = _kernel_bounds(events, work.rows)
+    stage_row = np.repeat(work.rows, 2)
+    return Nodes(start, end, pred, row, bound, np.ones(2 * k, dtype=bool), stage_row)
+
+
+@dataclass
+class Graph:
+    """The nodes, the host pieces they start with, and how many blocking calls were inferred from timing."""
+
+    nodes: Nodes
+    pieces: HostPieces
+    inferred: int
+
+
+def dependency_graph(events: pd.DataFrame, links: Links, attribution: Attribution) -> Graph:
+    """Host pieces, GPU activity and their gaps, with every edge: thread order, launches, stream order, stream
+    waits, synchronisation and thread joins."""
+    rows = _host_rows(events, links)
+    blocking, inferred = blocking_calls(events, links)
+    calls, targets = sync_waits(events, links, blocking)
+    joins = thread_joins(events, links, attribution, rows)
+    end = events["ts_ns"].to_numpy() + events["dur_ns"].to_numpy()
+    main = np.full(len(joins), attribution.main_thread, dtype=np.int64)
+    first, last = joins["first"].to_numpy(), joins["last"].to_numpy()
+    cut_thread = np.concatenate([links.thread[calls].astype(np.int64), main, main])
+    cut_time = np.concatenate([end[targets], first, last])
+    pieces = host_pieces(events, links, rows, cut_thread, cut_time)
+    host = _host_nodes(events, attribution, pieces, blocking)
+    nh = len(host.start)
+    work = _gpu_work(events, links)
+    gpu = _gpu_nodes(events, links, work, pieces, nh)
+    position = np.full(len(events), -1, dtype=np.int64)
+    position[work.rows] = np.arange(len(work.rows))
+    waiting = pieces.starting(links.thread[calls].astype(np.int64), end[targets])
+    host.pred[waiting] = nh + 2 * position[targets] + 1
+    helper = joins["thread"].to_numpy()
+    host.pred[pieces.starting(helper, first)] = pieces.containing(main, first)
+    resume = pieces.starting(main, last)
+    kind = events["kind"].cat.codes.to_numpy()
+    waits = pieces.inner[pieces.containing(main, last)]
+    busy = (waits >= 0) & np.isin(kind[np.maximum(waits, 0)], [KIND_CODE[k] for k in ("cpu_op", "cuda_runtime")])
+    host.pred[resume[~busy]] = pieces.containing(helper, last)[~busy]
+    nodes = Nodes(*(np.concatenate([getattr(host, f), getattr(gpu, f)]) for f in Nodes.__dataclass_fields__))
+    _drop_bad_edges(nodes, attribution.steps["start_ns"].to_numpy())
+    return Graph(nodes, pieces, int(inferred.sum()))
+
+
+def _host_nodes(events: pd.DataFrame, attribution: Attribution, pieces: HostPieces, blocking: np.ndarray) -> Nodes:
+    n = len(pieces.time)
+    same_next = np.concatenate([pieces.thread[1:] == pieces.thread[:-1], [False]])
+    end = np.where(same_next, np.roll(pieces.time, -1), pieces.time)
+    pred = np.where(np.concatenate([[False], same_next[:-1]]), np.arange(n) - 1, -1)
+    bound = _host_bounds(events, attribution, pieces.inner, blocking)
+    return Nodes(pieces.time.copy(), end, pred, pieces.inner, bound, np.zeros(n, dtype=bool), pieces.inner)
+
+
+def _drop_bad_edges(nodes: Nodes, step_starts: np.ndarray) -> None:
+    """No edge unless its predecessor comes first in (start, end, node number), which keeps the forest acyclic
+    whatever the clocks say; no edge into a node that holds a step's start (a step's path ends there)."""
+    pred = nodes.pred
+    index = np.arange(len(pred))
+    i = np.flatnonzero((pred >= 0) & ((pred != index - 1) | nodes.gpu))  # a thread's pieces come in order already
+    p = pred[i]
+    s, e, ps, pe = nodes.start[i], nodes.end[i], nodes.start[p], nodes.end[p]
+    before = (ps < s) | ((ps == s) & ((pe < e) | ((pe == e) & (p < i))))
+    pred[i[~before]] = -1
+    starts = np.sort(step_starts)
+    j = np.searchsorted(starts, nodes.start, side="left")
+    crosses = (j < len(starts)) & (starts[np.minimum(j, len(starts) - 1)] < nodes.end)
+    pred[crosses] = -1
+
+
+def chains(pred: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The predecessor chain of each head, every chain at once. Most edges go to the node just before (a thread's
+    previous piece, a stream's previous activity): a *run* is a stretch of such edges, and a chain is a list of
+    runs, each entered at some node and left at the run's first node. Pointer doubling over the runs (``log2``
+    numpy passes over runs, not nodes) lists each chain's runs; the nodes follow by ranges. Returns (members,
+    head position of each member), each chain from its head back to its root."""
+    n = len(pred)
+    index = np.arange(n, dtype=np.int64)
+    opens = pred != index - 1
+    run_of = np.cumsum(opens) - 1  # the run each node lies in
+    firsts = np.flatnonzero(opens)  # each run's first node
+    exit_to = pred[firsts]  # where a chain goes on after a run (-1: it ends)
+    next_run = np.where(exit_to >= 0, run_of[np.maximum(exit_to, 0)], -1)
+    runs, owner, rank = _run_chains(next_run, run_of[heads])
+    entry = np.where(rank == 0, heads[owner], exit_to[np.roll(runs, 1)])  # the node each run is entered at
+    length = entry - firsts[runs] + 1
+    member_owner = np.repeat(owner, length)
+    step_back = np.arange(len(member_owner)) - np.repeat(np.cumsum(length) - length, length)
+    return np.repeat(entry, length) - step_back, member_owner
+
+
+def _run_chains(jump_to: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chain of each head in a forest given by ``jump_to`` (-1: root), by pointer doubling: (members, head
+    position of each, position of each in its chain)."""
+    r = len(jump_to)
+    jump = np.where(jump_to >= 0, jump_to, np.arange(r))
+    distance = (jump_to >= 0).astype(np.int64)
+    while True:
+        further = jump[jump]
+        if np.array_equal(further, jump):
+            break
+        distance += distance[jump]
+        jump = further
+    length = distance[heads] + 1
+    owner = np.repeat(np.arange(len(heads)), length)
+    rank = np.arange(len(owner)) - np.repeat(np.cumsum(length) - length, length)
+    members = heads[owner]
+    jump = np.where(jump_to >= 0, jump_to, np.arange(r))
+    bit = 0
+    while (rank >> bit).any():
+        move = ((rank >> bit) & 1).astype(bool)
+        members[move] = jump[members[move]]
+        jump = jump[jump]
+        bit += 1
+    return members, owner, rank
+
+
+def _tile(start: np.ndarray, gpu: np.ndarray, window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Segments of one chain (head first) clipped to ``window``: each ends where the later one starts, so that
+    they tile the window; the earliest is cut at the window's start. Returns (starts, ends, whether a filler of
+    idle time is needed before the earliest, which ran out of predecessors inside the window)."""
+    w0, w1 = window
+    seg_start = np.minimum.accumulate(np.minimum(start, w1))
+    seg_end = np.concatenate([[w1], seg_start[:-1]])
+    inside = seg_end > w0
+    seg_start, seg_end = np.maximum(seg_start[inside], w0), seg_end[inside]
+    return seg_start, seg_end, bool(len(seg_start)) and seg_start[-1] > w0
+
+
+def path_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
+    """One row per segment of each step's critical path: step, stage, bound, start_ns, end_ns, trace_index (of
+    the event; NULL for idle time), name."""
+    steps = attribution.steps
+    main = attribution.main_thread
+    if steps.empty or main < 0:
+        return _frame(events, {c: np.zeros(0, dtype=np.int64) for c in COLUMNS})
+    graph = dependency_graph(events, links, attribution)
+    nodes, pieces = graph.nodes, graph.pieces
+    w0, w1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    heads = pieces.containing(np.full(len(steps), main, dtype=np.int64), w1)
+    members, owner = chains(nodes.pred, heads)
+    bounds = np.searchsorted(owner, np.arange(len(steps) + 1))
+    parts: list[tuple[np.ndarray, ...]] = []
+    for k in range(len(steps)):
+        chain = members[bounds[k] : bounds[k + 1]]
+        s, e, filler = _tile(nodes.start[chain], nodes.gpu[chain], (int(w0[k]), int(w1[k])))
+        chain = chain[: len(s)]
+        node = np.concatenate([chain, [-1]]) if filler else chain
+        s, e = (np.append(s, w0[k]), np.append(e, s[-1])) if filler else (s, e)
+        parts.append((np.full(len(s), k), node[::-1], s[::-1], e[::-1]))  # earliest first
+    k, node, s, e = (np.concatenate(p) if parts else np.zeros(0, dtype=np.int64) for p in zip(*parts, strict=True))
+    keep = e > s
+    k, node, s, e = k[keep], node[keep], s[keep], e[keep]
+    return _frame(events, _columns(events, attribution, nodes, steps, k, node, s, e))
+
+
+def _columns(
+    events: pd.DataFrame,
+    attribution: Attribution,
+    nodes: Nodes,
+    steps: pd.DataFrame,
+    k: np.ndarray,
+    node: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The table's columns for segments (step position ``k``, node, start, end; earliest first in each step). A
+    segment without an event (idle time, a filler) takes the stage of the segment after it."""
+    has = node >= 0
+    at = np.maximum(node, 0)
+    row = np.where(has, nodes.row[at], -1)
+    stage_row = np.where(has, nodes.stage_row[at], -1)
+    stage = np.where(stage_row >= 0, attribution.stage[np.maximum(stage_row, 0)], -1).astype(np.int64)
+    later = np.arange(len(stage)) + 1
+    same_step = np.concatenate([k[1:] == k[:-1], [False]])
+    filled = stage.copy()
+    for _ in range(2):  # an idle gap, then perhaps a filler, before a segment with an event
+        take = (filled < 0) & same_step
+        filled[take] = filled[np.minimum(later, len(stage) - 1)][take]
+    stage = np.where(filled >= 0, filled, STAGES.index("other"))
+    gpu = np.where(has, nodes.gpu[at], False)
+    next_gpu = np.where(same_step, np.roll(gpu, -1), False)
+    bound = np.where(has, nodes.bound[at], np.where(next_gpu, BOUND_CODE["gpu_idle"], BOUND_CODE["python"]))
+    gpu |= ~has & next_gpu
+    known = len(events["name"].cat.categories)  # idle time is named by two codes after the trace's names
+    name = np.where(row >= 0, events["name"].cat.codes.to_numpy()[np.maximum(row, 0)], np.where(gpu, known + 1, known))
+    trace_index = events["trace_index"].to_numpy()
+    return {
+        "step": steps["step"].to_numpy()[k],
+        "stage": stage,
+        "bound": bound,
+        "start_ns": start,
+        "end_ns": end,
+        "trace_index": np.where(row >= 0, trace_index[np.maximum(row, 0)], NULL),
+        "name": name,
+    }
+
+
+def _frame(events: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    names = pd.Index([*events["name"].cat.categories, IDLE_HOST, IDLE_GPU]).astype(object)
+    used = np.bincount(columns["name"].astype(np.int64), minlength=len(names)) > 0  # only the names on the path
+    code = np.cumsum(used) - 1
+    return pd.DataFrame(
+        {
+            "step": columns["step"].astype(np.int64),
+            "stage": pd.Categorical.from_codes(columns["stage"].astype(np.int8), categories=list(STAGES)),
+            "bound": pd.Categorical.from_codes(columns["bound"].astype(np.int8), categories=list(BOUNDS)),
+            "start_ns": columns["start_ns"].astype(np.int64),
+            "end_ns": columns["end_ns"].astype(np.int64),
+            "trace_index": columns["trace_index"].astype(np.int64),
+            "name": pd.Categorical.from_codes(code[columns["name"].astype(np.int64)], categories=names[used]),
+        }
+    )

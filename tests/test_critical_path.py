@@ -1,0 +1,243 @@
+"""The critical path (analysis/critical_path.py): on hand-built traces whose longest path is known it finds that
+path, segment by segment; on every sample and shared trace its segments tile each step window exactly; the
+pointer-doubling chain walk equals a plain walk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import profparse
+from profparse.analysis.critical_path import blocking_calls, chains, path_table
+from profparse.tables.parsed import ParsedTrace
+from tests.tracebuilder import AUTOGRAD, GPU_PID, MAIN, STREAM, TraceBuilder, backward_node, forward_op
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "traces"
+US = 1000
+
+
+def _parse(b: TraceBuilder, tmp_path: Path, name: str = "t.json") -> ParsedTrace:
+    return profparse.load(b.write(tmp_path / name), cache=False)
+
+
+def _path(parsed: ParsedTrace) -> pd.DataFrame:
+    return parsed.table("critical_path")
+
+
+def _segments(parsed: ParsedTrace) -> list[tuple[str, float, float]]:
+    """(bound, start us, end us) of each segment, times from the first step's start."""
+    path = _path(parsed)
+    t0 = int(parsed.steps["start_ns"].iloc[0])
+    return [
+        (str(b), (s - t0) / US, (e - t0) / US)
+        for b, s, e in zip(path["bound"], path["start_ns"], path["end_ns"], strict=True)
+    ]
+
+
+def _sync(b: TraceBuilder, name: str, ts: float, dur: float, tid: int = MAIN) -> dict:
+    b.correlation += 1
+    return b.span(name, ts, dur, "cuda_runtime", tid, correlation=b.correlation)
+
+
+def _on_stream(gpu: dict, stream: int) -> dict:
+    gpu["tid"] = stream
+    gpu["args"]["stream"] = stream
+    return gpu
+
+
+def test_gpu_compute_bound(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.op("aten::mm", 10, 10)
+    b.launch(12, 15, 885, name="gemm")
+    _sync(b, "cudaDeviceSynchronize", 30, 875)
+    assert _segments(_parse(b, tmp_path)) == [
+        ("python", 0, 10),
+        ("cpu_op", 10, 12),
+        ("launch", 12, 13),
+        ("launch", 13, 15),  # launch latency: the stream was idle
+        ("gpu_compute", 15, 900),
+        ("sync_wait", 900, 905),
+        ("python", 905, 1000),
+    ]
+
+
+def test_host_launch_bound_small_kernels(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 600)
+    for i in range(10):
+        t = 10 + 50 * i
+        b.op("aten::add", t, 40)
+        b.launch(t + 30, t + 32, 2, name="add_kernel")
+    _sync(b, "cudaDeviceSynchronize", 520, 10)  # the GPU was done long before: no wait
+    path = _path(_parse(b, tmp_path))
+    ms = path.assign(us=(path["end_ns"] - path["start_ns"]) / US).groupby("bound", observed=True)["us"].sum()
+    assert set(ms.index) == {"python", "cpu_op", "launch", "sync_wait"}
+    assert ms["launch"] == 10 and ms["cpu_op"] == 390 and ms["sync_wait"] == 10 and ms["python"] == 190
+
+
+def test_communication_bound(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.op("c10d::allreduce_", 10, 5)
+    b.launch(12, 20, 780, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    _sync(b, "cudaStreamSynchronize", 100, 702)
+    segments = _segments(_parse(b, tmp_path))
+    assert ("gpu_comm", 13 + 7, 800) in segments
+    assert segments[-2:] == [("sync_wait", 800, 802), ("python", 802, 1000)]
+
+
+def _blocking_copy_trace(with_sync_events: bool) -> TraceBuilder:
+    """A copy call that blocks until a long kernel ends: named by a cuda_sync event, or by nothing (inferred)."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.op("aten::mm", 10, 10)
+    b.launch(12, 15, 585, name="gemm")
+    b.op("aten::copy_", 100, 510)
+    call = _sync(b, "cudaMemcpyAsync", 110, 495)  # returns 5 us after the kernel, no memcpy recorded
+    if with_sync_events:
+        sync = {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": GPU_PID, "tid": STREAM, "ts": 599}
+        b.events.append({**sync, "dur": 1, "args": {"correlation": call["args"]["correlation"], "stream": STREAM}})
+    return b
+
+
+def test_sync_in_the_step_with_and_without_sync_events(tmp_path) -> None:
+    known = _parse(_blocking_copy_trace(True), tmp_path, "known.json")
+    inferred = _parse(_blocking_copy_trace(False), tmp_path, "inferred.json")
+    expected = [
+        ("python", 0, 10),
+        ("cpu_op", 10, 12),
+        ("launch", 12, 13),
+        ("launch", 13, 15),
+        ("gpu_compute", 15, 600),
+        ("sync_wait", 600, 605),
+        ("cpu_op", 605, 610),
+        ("python", 610, 1000),
+    ]
+    assert _segments(known) == expected
+    assert _segments(inferred) == expected
+    call = known.raw.events["name"].astype(str).to_numpy() == "cudaMemcpyAsync"
+    assert blocking_calls(known.raw.events, known.links)[0][call].all()
+    assert not blocking_calls(known.raw.events, known.links)[1].any()  # sync events: nothing inferred
+    inferred_call = inferred.raw.events["name"].astype(str).to_numpy() == "cudaMemcpyAsync"
+    assert blocking_calls(inferred.raw.events, inferred.links)[1][inferred_call].all()
+
+
+def test_data_bound(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 5, 600)
+    b.op("aten::stack", 100, 400)
+    b.op("aten::mm", 700, 50)
+    path = _path(_parse(b, tmp_path))
+    data = path[path["bound"] == "data"]
+    assert (data["end_ns"] - data["start_ns"]).sum() == 600 * US
+    assert data["start_ns"].min() - path["start_ns"].min() == 5 * US
+
+
+def test_two_streams_joined_by_an_event_wait(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.op("aten::mm", 10, 5)
+    b.launch(12, 20, 480, name="gemm")  # stream 7: [20, 500]
+    _sync(b, "cudaEventRecord", 16, 1)
+    _sync(b, "cudaStreamWaitEvent", 18, 1)
+    b.op("aten::add", 25, 10)
+    _, kernel = b.launch(30, 503, 287, name="add_on_side_stream")  # stream 8 idle, waits for the gemm
+    _on_stream(kernel, 8)
+    _sync(b, "cudaDeviceSynchronize", 40, 760)
+    assert _segments(_parse(b, tmp_path)) == [
+        ("python", 0, 10),
+        ("cpu_op", 10, 12),
+        ("launch", 12, 13),
+        ("launch", 13, 20),
+        ("gpu_compute", 20, 500),
+        ("gpu_idle", 500, 503),  # the other stream's wait
+        ("gpu_compute", 503, 790),
+        ("sync_wait", 790, 800),
+        ("python", 800, 1000),
+    ]
+
+
+def test_backward_thread_joined_to_the_main_thread(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    forward_op(b, "aten::mm", 10, 80, seq=1)
+    backward_node(b, "MmBackward0", 110, 90, seq=1)  # autograd thread [110, 200]
+    backward_node(b, "AddBackward0", 210, 270, seq=2)  # [210, 480]
+    b.op("aten::zero_", 600, 50)
+    path = _path(parsed := _parse(b, tmp_path))
+    events = parsed.raw.events
+    tid = events.set_index("trace_index")["tid"]
+    t0 = int(parsed.steps["start_ns"].iloc[0])
+    mid = path[(path["start_ns"] >= t0 + 110 * US) & (path["end_ns"] <= t0 + 480 * US)]
+    assert (mid["end_ns"] - mid["start_ns"]).sum() == 370 * US  # all of [110, 480] lies on the autograd thread
+    named = mid[mid["trace_index"] != -(2**63)]
+    assert (tid.loc[named["trace_index"]] == AUTOGRAD).all()
+    assert mid["name"].astype(str).eq("(untraced host time)").any()  # the engine's own gap [200, 210]
+    assert (mid["stage"] == "backward").all()
+    before = path[path["end_ns"] <= t0 + 110 * US]
+    assert tid.loc[before.loc[before["trace_index"] >= 0, "trace_index"]].eq(MAIN).all()
+
+
+def test_graph_launch_is_the_launch_of_each_kernel(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.correlation += 1
+    corr = b.correlation
+    b.span("cudaGraphLaunch", 10, 5, "cuda_runtime", correlation=corr)
+    for name, ts, dur in (("k1", 20, 80), ("k2", 100, 200), ("k3", 300, 300)):
+        args = {"correlation": corr, "stream": STREAM, "device": 0}
+        b.events.append(
+            {"ph": "X", "cat": "kernel", "name": name, "pid": GPU_PID, "tid": STREAM, "ts": ts, "dur": dur, "args": args}
+        )
+    _sync(b, "cudaDeviceSynchronize", 20, 585)
+    assert _segments(_parse(b, tmp_path)) == [
+        ("python", 0, 10),
+        ("launch", 10, 15),
+        ("launch", 15, 20),
+        ("gpu_compute", 20, 100),
+        ("gpu_compute", 100, 300),
+        ("gpu_compute", 300, 600),
+        ("sync_wait", 600, 605),
+        ("python", 605, 1000),
+    ]
+
+
+def test_chains_equal_a_plain_walk() -> None:
+    rng = np.random.default_rng(7)
+    n = 2000
+    pred = np.where(rng.random(n) < 0.05, -1, np.maximum(np.arange(n) - rng.integers(1, 30, n), -1))
+    heads = rng.choice(n, 40, replace=False)
+    members, owner = chains(pred, heads)
+    for k, head in enumerate(heads):
+        walk, node = [], int(head)
+        while node >= 0:
+            walk.append(node)
+            node = int(pred[node])
+        assert members[owner == k].tolist() == walk
+
+
+def _traces() -> list[Path]:
+    found = sorted((REPO / "sample_traces").rglob("*.json.gz"))
+    if SHARED.is_dir():
+        found += sorted(SHARED.rglob("*.json.gz"))
+    return found
+
+
+@pytest.mark.parametrize("trace", _traces(), ids=lambda p: p.name)
+def test_segments_tile_every_step_window(trace: Path) -> None:
+    parsed = profparse.load(trace)
+    path = path_table(parsed.raw.events, parsed.links, parsed.attribution)
+    assert (path["end_ns"] > path["start_ns"]).all()
+    for step, start, end in parsed.steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
+        segments = path[path["step"] == step]
+        s, e = segments["start_ns"].to_numpy(), segments["end_ns"].to_numpy()
+        assert len(s) and s[0] == start and e[-1] == end, step
+        assert (s[1:] == e[:-1]).all(), step  # no gap, no overlap
+        assert (e - s).sum() == end - start
+    assert set(path["step"]) <= set(parsed.steps["step"])
