@@ -32,10 +32,11 @@ import gzip
 import json
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from profparse.base import marks
 
@@ -55,6 +56,14 @@ SEQ_LEN = 16
 MICRO_BATCHES = 2  # grad_accum
 LR = 1e-3
 COMPILE_BACKEND_ENV = "PROFPARSE_COMPILE_BACKEND"  # inductor (default) or aot_eager, eager, ...
+
+
+class LateSleep(NamedTuple):
+    """A rank made late on purpose: ``rank`` sleeps ``seconds`` at the start of ``stage`` in every training step."""
+
+    rank: int
+    stage: str
+    seconds: float
 
 
 def trace_name(pattern: str, with_stack: bool) -> str:
@@ -176,16 +185,26 @@ def _hf_load(s: _Session, path: Path, prepare: Callable[[Any], Any] | None = Non
     return model
 
 
-def _hf_step(s: _Session, model: Any, optimizer: Any, ids: Any) -> Any:
-    """One plain training step: forward, backward, optimizer step + zero_grad, each in its mark."""
+def _hf_step(s: _Session, model: Any, optimizer: Any, ids: Any, sleep: LateSleep | None = None) -> Any:
+    """One plain training step: forward, backward, optimizer step + zero_grad, each in its mark; ``sleep`` first
+    sleeps its seconds at the start of its stage (a rank made late by a known amount)."""
     with s.mark("forward"):
+        _sleep_in(sleep, "forward")
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
     with s.mark("backward"):
+        _sleep_in(sleep, "backward")
         loss.backward()
     with s.mark("optimizer"):
+        _sleep_in(sleep, "optimizer")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return loss
+
+
+def _sleep_in(sleep: LateSleep | None, stage: str) -> None:
+    """Sleep when ``stage`` is the sleep's: a host stall with no op, as a slow data loader or a stuck rank shows."""
+    if sleep is not None and sleep.stage == stage:
+        time.sleep(sleep.seconds)
 
 
 def _hf_session(
@@ -374,8 +393,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ddp_rank(rank: int, world: int, port: int, out_path: str, with_stack: bool) -> None:
-    """One DDP rank (run by ``torch.multiprocessing.spawn``): load, wrap (load), train, write its trace."""
+def _ddp_rank(rank: int, world: int, port: int, out_path: str, with_stack: bool, late: LateSleep | None = None) -> None:
+    """One DDP rank (run by ``torch.multiprocessing.spawn``): load, wrap (load), train, write its trace; the rank
+    ``late.rank`` sleeps in ``late.stage`` of every training step."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -395,7 +415,7 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str, with_stack: bool)
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             s.step()
             for batch in ids:
-                _hf_step(s, model, optimizer, batch)
+                _hf_step(s, model, optimizer, batch, late if late is not None and late.rank == rank else None)
                 s.step()
         s.export(rank_path(Path(out_path), rank))
         dist.barrier()
@@ -404,12 +424,20 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str, with_stack: bool)
 
 
 def _ddp(out_path: Path, with_stack: bool) -> Path:
+    return capture_ddp(out_path, with_stack)
+
+
+def capture_ddp(out_path: str | os.PathLike[str], with_stack: bool = False, late: LateSleep | None = None) -> Path:
+    """The ``ddp`` pattern (two gloo ranks; returns rank 0's path), optionally with one rank made late: rank
+    ``late.rank`` sleeps ``late.seconds`` at the start of ``late.stage`` in every training step (the ground truth
+    of the late-rank analysis, ``profparse.ranks.late``)."""
     import torch.multiprocessing as mp
 
     _hf_path()  # build the model once, before the ranks race to
     world = 2
-    mp.spawn(_ddp_rank, args=(world, _free_port(), str(out_path), with_stack), nprocs=world, join=True)
-    return out_path
+    args = (world, _free_port(), str(out_path), with_stack, late)
+    mp.spawn(_ddp_rank, args=args, nprocs=world, join=True)
+    return Path(out_path)
 
 
 def _dataloader(out_path: Path, with_stack: bool) -> Path:

@@ -36,6 +36,11 @@ TOP_N = 5
 #: NCCL and RCCL collective kernels: ``ncclKernel_AllReduce_RING_LL_Sum_float(...)``, ``ncclDevKernel_SendRecv(...)``
 COMM_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
 COMM_OP = "record_param_comms"
+#: host collective ops: the c10d dispatcher ops and ``record_param_comms``; on a CPU (gloo) rank they launch no kernel
+HOST_COLLECTIVE = re.compile(r"^(?:c10d::|record_param_comms$)")
+#: gloo's own range of a collective, on its worker thread: ``gloo:all_reduce``, ``gloo:broadcast``, ...
+GLOO_RANGE = re.compile(r"^gloo:[A-Za-z_]")
+HOST_NAME = re.compile(r"^(?:c10d::|gloo:)")  # stripped before a host name becomes a collective name
 MAX_OP_HOPS = 4  # kernel launch op -> record_param_comms: found within 1 or 2 parents in every trace seen
 
 #: (column of the per-rank rows, column on ``parsed.raw.events``) for the collective args, when decoded
@@ -115,38 +120,69 @@ def _normal_name(name: str) -> str:
 # -- per rank: the collective rows (runs in the rank worker) -------------------------------------------------------
 
 
-def _comm_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
-    names = kernels["name"]
-    if isinstance(names.dtype, pd.CategoricalDtype):  # test each distinct name once
-        hits = np.asarray(names.cat.categories.astype(str).str.match(COMM_KERNEL.pattern), dtype=bool)
+def _name_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """Which names match ``pattern``, each distinct name of a categorical tested once."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        hits = np.asarray(names.cat.categories.astype(str).str.match(pattern.pattern), dtype=bool)
         codes = names.cat.codes.to_numpy()
-        mask = np.where(codes >= 0, hits[np.maximum(codes, 0)], False)
-    else:
-        mask = names.astype(str).str.match(COMM_KERNEL.pattern).to_numpy(dtype=bool)
-    return kernels[mask]
+        return np.where(codes >= 0, hits[np.maximum(codes, 0)], False)
+    return names.astype(str).str.match(pattern.pattern).to_numpy(dtype=bool)
+
+
+def _comm_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
+    return kernels[_name_mask(kernels["name"], COMM_KERNEL)]
+
+
+class _OpTree:
+    """The ops sorted by trace index, to walk from an op to its parents (vectorised, one hop per call)."""
+
+    def __init__(self, ops: pd.DataFrame, flags: np.ndarray) -> None:
+        order = np.argsort(ops["trace_index"].to_numpy(dtype=np.int64), kind="stable")
+        self.order = order
+        self.index = ops["trace_index"].to_numpy(dtype=np.int64)[order]
+        self.parents = _ints(ops["parent_trace_index"])[order]
+        self.flags = flags[order]  # the ops looked for (record_param_comms, c10d ops, ...)
+
+    def find(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions (in sorted order) of the ops ``current`` and whether each is an op of this trace."""
+        if not len(self.index):
+            return np.zeros(len(current), dtype=np.int64), np.zeros(len(current), dtype=bool)
+        pos = np.minimum(np.searchsorted(self.index, current), len(self.index) - 1)
+        return pos, (current != NULL) & (self.index[pos] == current)
+
+    def first_flagged(self, start: np.ndarray) -> np.ndarray:
+        """The trace index of the first flagged op at or above each of ``start`` (MAX_OP_HOPS ops up), else NULL."""
+        found = np.full(len(start), NULL, dtype=np.int64)
+        current = start.astype(np.int64).copy()
+        for _ in range(MAX_OP_HOPS):
+            pos, known = self.find(current)
+            hit = known & self.flags[pos] & (found == NULL)
+            found[hit] = current[hit]
+            current = np.where(known & ~hit & (found == NULL), self.parents[pos], NULL)
+            if not (current != NULL).any():
+                break
+        return found
+
+    def all_flagged(self, start: np.ndarray) -> np.ndarray:
+        """Per op (in the ops' own order): whether it is a flagged op at or above one of ``start``."""
+        marked = np.zeros(len(self.index), dtype=bool)
+        current = start.astype(np.int64).copy()
+        for _ in range(MAX_OP_HOPS):
+            pos, known = self.find(current)
+            marked[pos[known & self.flags[pos]]] = True
+            current = np.where(known, self.parents[pos], NULL)
+            if not (current != NULL).any():
+                break
+        out = np.zeros(len(marked), dtype=bool)
+        out[self.order] = marked
+        return out
 
 
 def _comm_op_of(ops: pd.DataFrame, launch_ops: np.ndarray) -> np.ndarray:
     """The ``record_param_comms`` op around each launch op (its trace index), else NULL."""
     if not len(ops):
         return np.full(len(launch_ops), NULL, dtype=np.int64)
-    index = ops["trace_index"].to_numpy()
-    order = np.argsort(index, kind="stable")
-    index = index[order]
-    parents = _ints(ops["parent_trace_index"])[order]
-    is_comm = (ops["name"] == COMM_OP).to_numpy(dtype=bool)[order]  # categorical: compares codes
-    found = np.full(len(launch_ops), NULL, dtype=np.int64)
-    current = launch_ops.astype(np.int64).copy()
-    for _ in range(MAX_OP_HOPS):
-        pos = np.searchsorted(index, current)
-        pos = np.minimum(pos, len(index) - 1)
-        known = (current != NULL) & (index[pos] == current) & (found == NULL)
-        hit = known & is_comm[pos]
-        found[hit] = current[hit]
-        current = np.where(known & ~hit, parents[pos], NULL)
-        if not (current != NULL).any():
-            break
-    return found
+    return _OpTree(ops, (ops["name"] == COMM_OP).to_numpy(dtype=bool)).first_flagged(launch_ops)
 
 
 def _event_args(events: pd.DataFrame, trace_index: np.ndarray) -> dict[str, np.ndarray]:
@@ -172,22 +208,46 @@ def _event_args(events: pd.DataFrame, trace_index: np.ndarray) -> dict[str, np.n
 
 
 def collective_rows(parsed: ParsedTrace) -> pd.DataFrame:
-    """One row per collective of this rank, in start order: its group, ``Seq``, name, sizes, kernel span, stage.
+    """One row per collective of this rank, in start order: its group, ``Seq``, name, sizes, span, stage.
+
+    GPU collectives are NCCL/RCCL kernels (:func:`_kernel_rows`); CPU collectives (gloo) are the host collective ops
+    that launched no such kernel (:func:`_host_rows`). Both kinds are matched across ranks alike.
+    """
+    kernels = _comm_kernels(parsed.kernels)
+    launch_ops = _ints(kernels["launch_op_trace_index"])
+    parts = [f for f in (_kernel_rows(parsed, kernels), _host_rows(parsed, launch_ops)) if len(f)]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=_row_dtype(c)) for c in ROW_COLUMNS})
+    rows = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    rows = rows.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    rows["dur_ns"] = rows["end_ns"] - rows["start_ns"]
+    rows["order"] = rows.groupby("pg_name", sort=False).cumcount().astype(np.int64)
+    return rows[list(ROW_COLUMNS)]
+
+
+def _with_args(frame: pd.DataFrame, own: dict[str, np.ndarray], fallback: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The collective args columns: ``own`` where present, else ``fallback``; text args "" where neither has one."""
+    for column, _ in ARG_COLUMNS:
+        a, b = own[column], fallback[column]
+        frame[column] = np.where(pd.isna(a), b, a) if column in TEXT_ARGS else np.where(a != NULL, a, b)
+    for column in ("pg_name", "pg_desc", "pg_ranks", "comm_dtype"):
+        frame[column] = frame[column].fillna("")
+    return frame
+
+
+def _kernel_rows(parsed: ParsedTrace, kernels: pd.DataFrame) -> pd.DataFrame:
+    """GPU collectives: one row per NCCL/RCCL kernel, or per ``record_param_comms`` op for the kernels it launched.
 
     The args come from the kernel's own event when Kineto wrote them there, else from the ``record_param_comms``
     op that launched it; without any (older traces, or args not decoded) the name comes from the kernel name
     (``ncclKernel_AllReduce_...`` -> ``allreduce``) and the group is ``""``. Kernels launched by one
     ``record_param_comms`` op (a coalesced collective) are one row spanning them.
     """
-    kernels = _comm_kernels(parsed.kernels)
     if not len(kernels):
-        return pd.DataFrame({c: pd.Series(dtype=_row_dtype(c)) for c in ROW_COLUMNS})
+        return pd.DataFrame()
     events = parsed.raw.events
     k_index = _ints(kernels["trace_index"])
-    launch_ops = _ints(kernels["launch_op_trace_index"])
-    comm_ops = _comm_op_of(parsed.ops, launch_ops)
-    own = _event_args(events, k_index)
-    from_op = _event_args(events, comm_ops)
+    comm_ops = _comm_op_of(parsed.ops, _ints(kernels["launch_op_trace_index"]))
     frame = pd.DataFrame(
         {
             "instance": np.where(comm_ops != NULL, comm_ops, -k_index - 1),  # one op: one collective
@@ -198,23 +258,82 @@ def collective_rows(parsed: ParsedTrace) -> pd.DataFrame:
             "step": _ints(kernels["step"]),  # NULL outside a step
         }
     )
-    for column, _ in ARG_COLUMNS:
-        a, b = own[column], from_op[column]
-        frame[column] = np.where(pd.isna(a), b, a) if column in TEXT_ARGS else np.where(a != NULL, a, b)
+    frame = _with_args(frame, _event_args(events, k_index), _event_args(events, comm_ops))
     from_kernel = [_normal_name(m.group(1)) if (m := COMM_KERNEL.match(n)) else "" for n in frame["kernel_name"]]
-    frame["collective"] = [from_kernel[i] if v is None else _normal_name(v) for i, v in enumerate(frame["collective"])]
-    for column in ("pg_name", "pg_desc", "pg_ranks", "comm_dtype"):
-        frame[column] = frame[column].fillna("")
+    frame["collective"] = _collective_names(frame["collective"], from_kernel)
     frame = frame.sort_values(["start_ns", "end_ns"], kind="stable")
     first = {c: "first" for c in frame.columns if c not in ("instance", "start_ns", "end_ns")}
-    rows = frame.groupby("instance", sort=False).agg(
-        {**first, "start_ns": "min", "end_ns": "max", "kernel_name": "first"}
-    )
+    rows = frame.groupby("instance", sort=False).agg({**first, "start_ns": "min", "end_ns": "max"})
     rows["kernels"] = frame.groupby("instance", sort=False).size()
-    rows = rows.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-    rows["dur_ns"] = rows["end_ns"] - rows["start_ns"]
-    rows["order"] = rows.groupby("pg_name", sort=False).cumcount().astype(np.int64)
-    return rows[list(ROW_COLUMNS)]
+    return rows.reset_index(drop=True)
+
+
+def _host_collective_ops(ops: pd.DataFrame, launch_ops: np.ndarray) -> pd.DataFrame:
+    """The outermost host collective ops (``c10d::*``, ``record_param_comms``) that launched no collective kernel,
+    in start order, each with ``args_index``: the ``record_param_comms`` op (itself or one inside it) whose args
+    describe it, else itself."""
+    is_host = _name_mask(ops["name"], HOST_COLLECTIVE)
+    if not is_host.any():
+        return ops.iloc[:0].assign(args_index=np.zeros(0, dtype=np.int64))
+    tree = _OpTree(ops, is_host)
+    candidates = ops[is_host]
+    index = candidates["trace_index"].to_numpy(dtype=np.int64)
+    above = tree.first_flagged(_ints(candidates["parent_trace_index"]))  # the host collective op around it
+    outermost = above == NULL
+    keep = outermost & ~tree.all_flagged(launch_ops)[is_host]
+    inner = ~outermost & (candidates["name"] == COMM_OP).to_numpy(dtype=bool)
+    args_of = pd.Series(index[inner], index=above[inner])
+    args_of = args_of[~args_of.index.duplicated()]
+    host = candidates[keep].sort_values(["ts_ns", "trace_index"], kind="stable")
+    nested = args_of.reindex(host["trace_index"].to_numpy()).to_numpy()
+    own = host["trace_index"].to_numpy(dtype=np.int64)
+    return host.assign(args_index=np.where(pd.isna(nested), own, np.nan_to_num(nested, nan=0)).astype(np.int64))
+
+
+def _host_rows(parsed: ParsedTrace, launch_ops: np.ndarray) -> pd.DataFrame:
+    """CPU collectives: the host collective ops that launched no NCCL/RCCL kernel (gloo, or any CPU backend).
+
+    The span is the gloo worker thread's ``gloo:<collective>`` range (when this rank started the collective and
+    when it ended: the wait for the other ranks is in it), paired in order with the host ops that queued them; the
+    stage, step and args are the host op's. A ``gloo:`` range that started before the first host op was queued
+    before the profiler window and is dropped; a host op whose range is not in the trace (it ran past the window's
+    end) too. Without ``gloo:`` ranges the host op's own span is used, but only on a rank with no collective kernel:
+    on a GPU rank a host op without kernel is a launch the trace lost, not a CPU collective.
+    """
+    host = _host_collective_ops(parsed.ops, launch_ops)
+    if not len(host):
+        return pd.DataFrame()
+    events = parsed.raw.events
+    gloo = events[_name_mask(events["name"], GLOO_RANGE)].sort_values(["ts_ns", "trace_index"], kind="stable")
+    gloo = gloo[gloo["ts_ns"].to_numpy(dtype=np.int64) >= int(host["ts_ns"].min())]
+    if len(gloo):
+        n = min(len(gloo), len(host))
+        host, span = host.iloc[:n], gloo.iloc[:n]
+    elif len(launch_ops):
+        return pd.DataFrame()
+    else:
+        span = host
+    names = span["name"].astype(str).to_numpy()
+    frame = pd.DataFrame(
+        {
+            "start_ns": _ints(span["ts_ns"]),
+            "end_ns": _ints(span["ts_ns"]) + _ints(span["dur_ns"]),
+            "kernel_name": names,  # the gloo range (or the host op) stands where a GPU collective has its kernel
+            "stage": host["stage"].astype(str).to_numpy(),
+            "step": _ints(host["step"]),
+            "kernels": np.zeros(len(host), dtype=np.int64),  # 0: a CPU collective
+        }
+    )
+    none = {c: np.full(len(host), None if c in TEXT_ARGS else NULL, dtype=object if c in TEXT_ARGS else np.int64)
+            for c, _ in ARG_COLUMNS}  # fmt: skip
+    frame = _with_args(frame, _event_args(events, host["args_index"].to_numpy(dtype=np.int64)), none)
+    frame["collective"] = _collective_names(frame["collective"], [_normal_name(HOST_NAME.sub("", n)) for n in names])
+    return frame
+
+
+def _collective_names(from_args: pd.Series, fallback: list[str]) -> list[str]:
+    """The args' ``Collective name`` (normalised) where recorded, else ``fallback`` (from the kernel or op name)."""
+    return [fallback[i] if v is None or v == "" else _normal_name(v) for i, v in enumerate(from_args)]
 
 
 def _ints(series: pd.Series) -> np.ndarray:
@@ -396,8 +515,8 @@ def differences(
     """What ``rank`` did differently in ``stage``: its kernels and ops against the median rank (the per-name median
     over all ranks, 0 where a rank lacks the name), the names that moved most first (``profparse.diff``).
 
-    The collective kernels themselves are left out: their extra time on the other ranks is the waiting (the
-    effect of the late arrival, not its cause)."""
+    The collectives themselves are left out (NCCL/RCCL kernels, host collective ops: a CPU collective's op can hold
+    its wait): their extra time on the other ranks is the waiting (the effect of the late arrival, not its cause)."""
     from profparse.diff import moved_pairs
 
     out: dict[str, list[dict]] = {}
@@ -407,8 +526,7 @@ def differences(
             if frame is None or not len(frame):
                 continue
             sel = frame[(frame["kind"] == kind) & (frame["stage"] == stage)]
-            if kind == "kernel":
-                sel = sel[~sel["name"].str.match(COMM_KERNEL.pattern)]
+            sel = sel[~sel["name"].str.match((COMM_KERNEL if kind == "kernel" else HOST_COLLECTIVE).pattern)]
             parts.append(sel[["name", "total_ns"]].assign(rank=r))
         if not parts:
             out[kind + "s"] = []
