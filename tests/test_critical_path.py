@@ -241,3 +241,11 @@ def test_segments_tile_every_step_window(trace: Path) -> None:
         assert (s[1:] == e[:-1]).all(), step  # no gap, no overlap
         assert (e - s).sum() == end - start
     assert set(path["step"]) <= set(parsed.steps["step"])
+
+
+def test_a_check_says_when_blocking_calls_were_inferred(tmp_path) -> None:
+    inferred = _parse(_blocking_copy_trace(False), tmp_path, "inferred.json").warnings.set_index("check")
+    assert inferred.loc["critical_path_inferred_sync", "count"] == 1
+    assert inferred.loc["critical_path_inferred_sync", "value"] == 495 * US
+    known = _parse(_blocking_copy_trace(True), tmp_path, "known.json").warnings
+    assert "critical_path_inferred_sync" not in set(known["check"])

@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from profparse.analysis.critical_path import blocking_calls
 from profparse.base.errors import ProfparseError
 from profparse.base.marks import STAGES
 from profparse.stages.gpu_inference import INFERENCE_RULES
@@ -209,6 +210,20 @@ def _sync_in_step_row(parsed: ParsedTrace) -> list[dict[str, Any]]:
     return [_row("sync_in_step", severity, count, ns, message)]
 
 
+def _inferred_sync_row(parsed: ParsedTrace) -> list[dict[str, Any]]:
+    """Runtime calls the critical path takes as blocking from their timing alone (no ``cuda_sync`` events)."""
+    _, inferred = blocking_calls(parsed.raw.events, parsed.links)
+    count = int(inferred.sum())
+    if not count:
+        return []
+    ns = int(parsed.raw.events["dur_ns"].to_numpy()[inferred].sum())
+    message = (
+        f"the trace has no cuda_sync events: the critical path took {count} runtime calls ({ns / 1e6:,.2f} ms) as "
+        "blocking because they returned when GPU work ended (capture with enable_cuda_sync_events for exact waits)"
+    )
+    return [_row("critical_path_inferred_sync", "info", count, ns, message)]
+
+
 def _reading_rows(parsed: ParsedTrace) -> list[dict[str, Any]]:
     """What reading the file found: truncation, dropped events, trailing bytes, lone surrogates, negative
     durations, repeated ``ProfilerStep#N``."""
@@ -333,6 +348,7 @@ def quality_checks(parsed: ParsedTrace) -> pd.DataFrame:
         *_gpu_inference_rows(activity, parsed.links.launch, parsed.attribution, dur, gpu_total),
         *_allocator_churn_row(parsed),
         *_sync_in_step_row(parsed),
+        *_inferred_sync_row(parsed),
         *_clock_rows(parsed, activity),
         *_duplicate_events_row(parsed),
         *_stage_rows(parsed, activity, gpu_total),
