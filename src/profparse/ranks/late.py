@@ -1,8 +1,9 @@
 """Why a rank is late: collectives matched across ranks, each rank's collective time split into waiting and transfer.
 
-Per rank (in the rank worker, :func:`collective_rows`): one row per collective, from its NCCL/RCCL kernel(s), with
-the process group, sequence number, collective name and sizes that Kineto writes on the kernel or on the
-``record_param_comms`` op that launched it. Across ranks (in the parent, on the gathered rows, :func:`match`):
+Per rank (in the rank worker, :func:`collective_rows`): one row per collective, from its NCCL/RCCL kernel(s) or, on
+the CPU (gloo), from the ``gloo:<collective>`` range of gloo's worker thread, with the process group, sequence
+number, collective name and sizes that Kineto writes on the kernel or on the host op (``record_param_comms``,
+``c10d::*``) that launched or queued it. Across ranks (in the parent, on the gathered rows, :func:`match`):
 collectives are matched by (process group, sequence number -- or the order within the group when a rank has no
 ``Seq`` -- , collective name). For each match, the last rank to arrive (latest kernel start) decides when the
 transfer can begin:
