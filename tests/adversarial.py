@@ -13,9 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,6 +72,23 @@ def _session_pids(sid: int) -> list[int]:
     return out
 
 
+def _read_all(stream: IO[bytes] | None) -> Callable[[], bytes]:
+    """Read ``stream`` to its end in a thread (a pipe must be drained while the process is waited for); the
+    returned function waits for it and gives the bytes (b"" for no stream)."""
+    if stream is None:
+        return lambda: b""
+    chunks: list[bytes] = []
+    thread = threading.Thread(target=lambda: chunks.append(stream.read()), daemon=True)
+    thread.start()
+
+    def result() -> bytes:
+        thread.join()
+        stream.close()
+        return b"".join(chunks)
+
+    return result
+
+
 def run_cli(
     *argv: str,
     timeout: float = 120,
@@ -78,11 +98,14 @@ def run_cli(
     cwd: Path | None = None,
     signal_after: tuple[float, int] | None = None,
     orphan_grace: float = 3.0,
+    processes_before_signal: int = 0,
 ) -> CliRun:
-    """Run ``python -m profparse.cli.main ARGV`` in a new session; optionally send ``signal_after=(secs, sig)``.
+    """Run ``python -m profparse.cli.main ARGV`` in a new session; optionally send ``signal_after=(secs, sig)``,
+    the seconds counted once its session holds ``processes_before_signal`` processes (e.g. a started pool).
 
-    After it ends, waits up to ``orphan_grace`` seconds for processes of its session to go away and records any
-    still alive in ``leftover_pids`` (then kills them, so one failing test never leaks into the next).
+    The CLI is reaped as soon as it ends (a zombie still answers ``kill(pid, 0)``, so its pool workers would take
+    it for alive); then this waits up to ``orphan_grace`` seconds for processes of its session to go away and
+    records any still alive in ``leftover_pids`` (then kills them, so one failing test never leaks into the next).
     """
     full_env = dict(os.environ)
     full_env.pop("PROFPARSE_DEBUG", None)
@@ -100,19 +123,25 @@ def run_cli(
         cwd=cwd,
         start_new_session=True,
     )
+    readers = [_read_all(stream) for stream in (proc.stdout, proc.stderr)]
     timed_out = False
     try:
         if signal_after is not None:
             delay, sig = signal_after
+            deadline = time.monotonic() + timeout
+            while len(_session_pids(proc.pid)) < processes_before_signal and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.005)
             try:
                 proc.wait(timeout=delay)
             except subprocess.TimeoutExpired:
                 proc.send_signal(sig)
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        proc.wait()
     seconds = time.perf_counter() - start
     leftovers: list[int] = []
     deadline = time.monotonic() + orphan_grace
@@ -126,6 +155,7 @@ def run_cli(
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    out, err = (reader() for reader in readers)
     return CliRun(
         argv=list(argv),
         code=proc.returncode,
