@@ -105,10 +105,11 @@ def _result(out: pd.DataFrame, peak: PeakChoice, on_gpu: bool) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):  # ns the row's FLOPs take at peak (NaN: a mode without one)
         hw_at_peak = np.where(mode_hw > 0, mode_hw / roof_per_ns, 0.0).sum(axis=1)
         model_at_peak = np.where(mode_model > 0, mode_model / roof_per_ns, 0.0).sum(axis=1)
-    main_index = mode_hw.argmax(axis=1)
-    main = np.array([*MODES, ""], dtype=object)[np.where(hw > 0, main_index, len(MODES))]
-    one_mode = mode_hw.max(axis=1) >= hw  # all its FLOPs in one mode: that mode's peak, exactly
-    row_peak = np.where(one_mode & (hw > 0), roof_per_ns[main_index] / 1e3, ratio(hw, hw_at_peak) / 1e3)
+    main = np.array([*MODES, ""], dtype=object)[np.where(hw > 0, mode_hw.argmax(axis=1), len(MODES))]
+    roofs = np.where(mode_hw > 0, roof_per_ns, np.inf)
+    lowest, highest = roofs.min(axis=1, initial=np.inf), np.where(mode_hw > 0, roof_per_ns, -np.inf).max(axis=1)
+    one_roof = (hw > 0) & (lowest == highest)  # one mode, or --peak-tflops: that peak, exactly
+    row_peak = np.where(one_roof, lowest / 1e3, ratio(hw, hw_at_peak) / 1e3)
     result = pd.DataFrame(
         {
             "scope": out["scope"].to_numpy(),

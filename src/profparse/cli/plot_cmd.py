@@ -14,7 +14,7 @@ from profparse.base.formats import display
 from profparse.cli.choices import PLOT_FORMATS as FORMATS
 from profparse.cli.choices import PLOT_KINDS, PLOT_MAX_PIXELS
 from profparse.cli.common import check_output, emit, input_notes, note, output_options, parse_input, stored_output
-from profparse.cli.options import add_input_options, add_output_options, int_option
+from profparse.cli.options import add_input_options, add_output_options, add_peak_option, int_option
 
 #: PNG resolution. Below MIN_DPI the smallest labels (7 pt) are under one pixel, which FreeType refuses (dpi 1-5
 #: was an internal error); each PNG is also held to profparse.outputs.plots.MAX_PIXELS, whatever the dpi.
@@ -56,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"PNG resolution, {MIN_DPI}-{MAX_DPI} (default: 120); a PNG is at most {PLOT_MAX_PIXELS / 1e6:.0f} "
         "Mpixel (a larger one is drawn at a lower dpi, with a note)",
     )
+    add_peak_option(p)  # the roofline's compute roof
     p.set_defaults(run=run)
 
 

@@ -102,7 +102,7 @@ def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
             force=getattr(args, "force", False),
             include_marks=not args.no_marks,
             strict=args.strict,
-            peak_tflops=getattr(args, "peak_tflops", None),  # report has no --peak-tflops
+            peak_tflops=getattr(args, "peak_tflops", None),  # summarize, parse and report have --peak-tflops
             files=files,
             on_done=(lambda result: bar.update(1)) if bar is not None else None,
             cache=not getattr(args, "no_cache", False),

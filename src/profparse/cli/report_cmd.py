@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 from profparse.cli.common import check_output, input_notes, note, output_options, parse_input, stored_output
-from profparse.cli.options import add_input_options, add_metric_option, add_output_options, add_rank_options
+from profparse.cli.options import (
+    add_input_options,
+    add_metric_option,
+    add_output_options,
+    add_peak_option,
+    add_rank_options,
+)
 from profparse.cli.rank_folder import partial_failure, rank_run, resolve_input
 
 
@@ -24,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         out_help="output .html file; must not exist unless --force",
         force_help="replace an existing regular file (never the input, a link or a device)",
     )
+    add_peak_option(p)
     add_rank_options(p)
     add_metric_option(p)
     p.set_defaults(run=run)
