@@ -17,6 +17,7 @@ import pandas as pd
 from profparse.analysis.critical_path import blocking_calls
 from profparse.base.errors import ProfparseError
 from profparse.base.marks import STAGES
+from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES
 from profparse.stages.gpu_inference import INFERENCE_RULES
 from profparse.stages.rules import GPU_UNLINKED
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
@@ -151,7 +152,7 @@ def _gpu_inference_rows(
         return rows
     names = attribution.rule_names
     missing_ns = int(dur[no_launch].sum())
-    for rule in INFERENCE_RULES:
+    for rule in (*COLLECTIVE_RULE_NAMES, *INFERENCE_RULES):
         mask = no_launch & (attribution.rule == names.index(rule))
         if mask.any():
             ns = int(dur[mask].sum())

@@ -162,6 +162,11 @@ RULES: tuple[StageRule, ...] = (
 UNCLASSIFIED = "other.unclassified"
 GPU_UNLINKED = "other.gpu_unlinked"
 NOT_ACTIVITY = "other.not_activity"
+# a collective kernel (NCCL, RCCL, MSCCL) with no launching runtime call takes the stage and step of the c10d op
+# (COLLECTIVE host spans) it matches: by Seq and process group, else External id, else order within its process
+# group and stream (stages/collective_match.py)
+COLLECTIVE_MATCH = "gpu.collective_match"
+COLLECTIVE_KERNEL = r"(?i)nccl|rccl|msccl"
 
 
 def rules_table(include_marks: bool = True) -> list[StageRule]:
