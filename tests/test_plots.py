@@ -284,3 +284,27 @@ def test_every_registered_view_is_a_plot_kind():
     assert PLOT_KINDS == tuple(VIEWS)
     for kind, module in VIEWS.items():
         assert module.KIND == kind and module.TITLE and callable(module.data) and callable(module.draw)
+
+
+def test_roofline_points_have_their_math_modes_roof_and_one_label_per_op():
+    """Each point's roof is the lower of its math mode's peak (the device's datasheet row) and intensity x memory
+    bandwidth; labels are summarize's, one per op name whatever its stage."""
+    from profparse.outputs.views import roofline
+
+    parsed = parsed_once(need(SHARED_TRACES / "mi300x_resnet18_train.json.gz"))
+    prepared, why = roofline.data(parsed)
+    assert why is None
+    points = prepared["points"]
+    row = parsed.peak.row
+    compute = np.array([row.tflops_for(m or "fp32") for m in points["math_mode"]])
+    expected = np.minimum(compute, points["intensity"].to_numpy() * row.memory_gbps / 1e3)
+    np.testing.assert_allclose(points["roof_tflops"], expected)
+    np.testing.assert_allclose(points["of_roof"], points["tflops"] / expected)
+    assert (points["roof_tflops"] <= max(compute)).all() and set(prepared["mode_peaks"]) <= set(points["math_mode"])
+    assert points.groupby("name")["label"].nunique().eq(1).all()
+    named = zip(points["name"], points["label"], strict=True)
+    assert all(label == shorten_name(name, kernel=False) for name, label in named)
+    fig = roofline.draw(prepared)  # several math modes: one roof line each, named
+    labels = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+    assert len(prepared["mode_peaks"]) >= 2  # bf16 convolutions, fp32 elementwise ops
+    assert {f"{m} peak {v:g} TFLOP/s" for m, v in prepared["mode_peaks"].items()} <= labels

@@ -359,5 +359,179 @@ def test_ranks_page_heatmap_is_the_ranks_summary(tmp_path):
     assert from_dataset["per_rank"] == payload(page)["ranks"]["per_rank"]
 
 
+# -- the first screen: the headline, efficiency, tables as the summary shows them ----------------------------------
+
+HEADLINE = ["step_time", "biggest_stage", "gpu_idle", "exposed_comm", "mfu", "top_warning"]
+LONG_KERNEL = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+    "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
+)
+MI300X = SHARED_TRACES / "mi300x_resnet18_train.json.gz"
+A100 = SHARED_TRACES / "a100_ddp_rank0_nccl.json.gz"
+GROUPED_NS = re.compile(r"^-?\d{1,3}(,\d{3}){2,}$")  # a bare count of 1,000,000 or more: nanoseconds left raw
+
+
+class Page(html.parser.HTMLParser):
+    """What a reader sees: element ids, the headline's links and values, table headers and cells (with titles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.links: dict[str, str] = {}  # headline key -> href
+        self.values: dict[str, str] = {}  # headline key -> the value shown
+        self.headers: list[str] = []
+        self.cells: list[tuple[str, str]] = []  # (title, text) of each td
+        self.attrs: list[dict[str, str]] = []
+        self._open: tuple[str, str, str] | None = None  # (tag, key, title) of the element whose text is read
+        self._text = ""
+        self._key = ""
+        self._spans = 0  # spans open inside a headline value (its stage chip)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = {k: v or "" for k, v in attrs}
+        self.attrs.append(a)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if "data-headline" in a:
+            self._key = a["data-headline"]
+            self.links[self._key] = a.get("href", "")
+        if self._open and self._open[0] == "span" and tag == "span":
+            self._spans += 1
+        elif tag in ("th", "td") or "hl-value" in a.get("class", "").split():
+            self._open, self._text, self._spans = (tag, self._key, a.get("title", "")), "", 0
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._open and self._open[0] == "span" == tag and self._spans:
+            self._spans -= 1
+        elif self._open and tag == self._open[0]:
+            kind, key, title = self._open
+            text = " ".join(self._text.split())
+            if kind == "th":
+                self.headers.append(text)
+            elif kind == "td":
+                self.cells.append((title, text))
+            else:
+                self.values[key] = text
+            self._open = None
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self._text += data
+
+
+def read_page(page: Path, query: str = "") -> Page:
+    dom = dump_dom(page, query)
+    read_dom(dom)  # rendered, no page error
+    seen = Page()
+    seen.feed(dom.split('id="payload"')[0])
+    return seen
+
+
+def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
+    """One rank of test_ranks_late's run: two steps of 990 us windows, a 50 us broadcast (forward) and allreduce
+    (backward) per step that nothing overlaps: 200 us of exposed communication, all of the collectives' time."""
+    from test_ranks_late import STEP_US, TRANSFER_US, rank_trace
+
+    trace = rank_trace(tmp_path / "rank0.json.gz", [0.0, 0.0])
+    page = write(trace, tmp_path / "r.html")
+    data = payload(page)
+    items = {h["key"]: h for h in data["headline"]}
+    assert [h["key"] for h in data["headline"]] == HEADLINE
+    assert items["step_time"]["value"] == (STEP_US - 10) * 1000  # ground truth: the ProfilerStep windows
+    assert items["exposed_comm"]["value"] == 2 * 2 * TRANSFER_US * 1000
+    assert items["exposed_comm"]["detail"].startswith("100.0% of 200 µs collective time")
+    summary = data["summary"]  # the other items are the summary's numbers, picked
+    biggest = max(summary["totals"], key=lambda t: t["host_wall_ns"])
+    top = items["biggest_stage"]
+    assert (top["stage"], top["value"]) == (biggest["stage"], biggest["host_wall_ns"])
+    idle = sum(t["gpu_idle_ns"] for t in summary["totals"])
+    span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in summary["totals"])
+    assert 0 < idle < span and items["gpu_idle"]["value"] == pytest.approx(idle / span)
+    assert items["mfu"]["text"] == "-" and items["top_warning"]["text"] == "none"  # no shapes; no check fired
+    seen = read_page(page)
+    assert seen.links == {key: items[key]["href"] for key in HEADLINE}
+    for key, href in seen.links.items():  # every item links to a section that is on the page
+        assert href.startswith("#") and href[1:] in seen.ids, (key, href)
+    assert seen.values == {key: items[key]["text"] for key in HEADLINE}
+
+
+def _long_kernel_trace(path: Path) -> Path:
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(2):
+        b.launch(t + 4, t + 16, 3, name=LONG_KERNEL)  # inside the forward op, after its gemm
+        t = training_step(b, step, t)
+    return b.write(path)
+
+
+def _shared_or_skip(path: Path) -> list[Path]:
+    return [path] if path.exists() else []
+
+
+def test_tables_show_times_and_words_not_raw_columns(tmp_path):
+    """No header is a raw column name (``comm_ns``, ``#``), no cell a bare nanosecond count, on a trace page with
+    each section the trace has (communication: A100; efficiency and roofline: MI300X) and on a ranks page."""
+    from test_ranks_late import ranks_folder
+
+    pages = [write(_long_kernel_trace(tmp_path / "gt.json"), tmp_path / "gt.html")]
+    pages += [write(t, tmp_path / f"{t.name}.html") for t in _shared_or_skip(A100) + _shared_or_skip(MI300X)]
+    pages.append(write(ranks_folder(tmp_path, 2, 1, [100.0]), tmp_path / "ranks.html", "-j", "1"))
+    for page in pages:
+        seen = read_page(page)
+        assert seen.headers, page
+        raw = [h for h in seen.headers if "_" in h or h == "#"]
+        assert not raw, (page.name, raw)
+        bare = [text for _, text in seen.cells if GROUPED_NS.match(text)]
+        assert not bare, (page.name, bare)
+    if A100.exists():  # communication as the summary shows it: per stage and per collective, in ms
+        text = " ".join(t for _, t in read_page(pages[1], "?only=view-communication").cells)
+        assert "all_reduce" in text and "46.76 ms" in text and "39.08 ms" in text
+
+
+def test_kernel_names_are_shortened_as_summarize_shortens_them(tmp_path):
+    from profparse.base.names import shorten_name
+
+    page = write(_long_kernel_trace(tmp_path / "gt.json"), tmp_path / "r.html")
+    forward = next(s for s in payload(page)["views"]["top_kernels"]["data"]["stages"] if s["stage"] == "forward")
+    label = shorten_name(LONG_KERNEL)
+    assert label == "vectorized_elementwise_kernel<CUDAFunctor_add>"
+    assert forward["top"]["cols"]["label"][forward["top"]["cols"]["name"].index(LONG_KERNEL)] == label
+    cells = read_page(page).cells
+    assert (LONG_KERNEL, label) in cells  # the short label shown, the full name on hover
+    assert all(text != LONG_KERNEL for _, text in cells)
+
+
+def test_efficiency_section_and_mfu_headline_are_the_summarys(tmp_path):
+    trace = need(MI300X)
+    page = write(trace, tmp_path / "r.html")
+    data = payload(page)
+    section = data["summary"]["efficiency"]
+    known = {s["stage"]: s["mfu"] for s in section["stages"] if s["mfu"] is not None and s["flops"] > 0}
+    assert known and data["headline"][HEADLINE.index("mfu")]["value"] == known
+    dom = dump_dom(page)
+    read_dom(dom)
+    seen = Page()
+    seen.feed(dom.split('id="payload"')[0])
+    shown = {a["data-eff-stage"]: a["data-eff-mfu"] for a in seen.attrs if "data-eff-stage" in a}
+    assert shown == {s["stage"]: "" if s["mfu"] is None else str(s["mfu"]) for s in section["stages"]}
+    steps = {a["data-eff-step"] for a in seen.attrs if "data-eff-step" in a}
+    assert steps == {str(s["step"]) for s in section["steps"]} and steps  # MFU per step
+    basis = re.search(r'id="mfu-basis"[^>]*>([^<]*)<', dom).group(1)
+    assert html.unescape(basis).startswith(section["peak"]["note"])  # the peak (and its basis) MFU divides by
+
+
+def test_cpu_trace_first_screen_says_what_is_not_there(tmp_path):
+    page = write(need(CPU_MARKS), tmp_path / "r.html")
+    items = {h["key"]: h for h in payload(page)["headline"]}
+    assert items["gpu_idle"]["text"] == "no GPU" and items["exposed_comm"]["text"] == "none"
+    assert items["mfu"]["text"] == "no MFU" and "CPU-only" in items["mfu"]["detail"]
+    dom = dump_dom(page)
+    read_dom(dom)
+    # views without data are one line each at the end, not a section each
+    assert '<section id="view-top_kernels"' not in dom
+    absent = re.search(r'<section id="not-shown".*?</section>', dom, re.S).group(0)
+    assert 'id="view-top_kernels"' in absent and "no GPU activity" in absent
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

@@ -13,8 +13,9 @@ import shutil
 from pathlib import Path
 
 from test_ranks_late import ranks_folder
-from test_report import dump_dom, ground_truth_trace, read_dom, write
+from test_report import dump_dom, ground_truth_trace, payload, read_dom, write
 
+from profparse.base.names import shorten_name
 from profparse.cli.main import main
 
 DELAYS_US = [200.0, 100.0]
@@ -72,8 +73,13 @@ def test_late_ranks_section_shows_what_summarize_prints(tmp_path, capsys):
     for source in (folder, dataset):
         printed = json.loads(summarize(source, capsys, "json"))["late_ranks"]
         assert "backward: rank 1 arrived last in 2 of 2 collectives" in summarize(source, capsys, "text")
-        cells, text = late_cells(write(source, tmp_path / f"{source.name}.html", "-j", "1"))
+        page = write(source, tmp_path / f"{source.name}.html", "-j", "1")
+        cells, text = late_cells(page)
         assert cells.state == "shown", source
+        headline = {h["key"]: h for h in payload(page)["headline"]}  # the first screen names the late rank
+        assert (headline["late_rank"]["value"], headline["late_rank"]["stage"]) == (1, "backward"), source
+        assert headline["late_rank"]["href"] == "#late-ranks" and "rank 1" in text
+        assert (headline["straggler"]["text"], headline["ranks"]["text"]) == ("rank 1", "3 parsed"), source
         # the same numbers summarize prints, per stage and per (stage, rank)
         want = {(s["stage"], f): _value(s[f]) for s in printed["stages"] for f in STAGE_FIELDS}
         assert cells.stage == want, source
@@ -97,6 +103,8 @@ def test_late_ranks_section_shows_what_summarize_prints(tmp_path, capsys):
         diffs = printed["stages"][-1]["differences"]
         assert cells.names == [("backward", kind[:-1], d["name"]) for kind in ("kernels", "ops") for d in diffs[kind]]
         assert {("backward", "kernel", "slow_kernel"), ("backward", "op", "aten::slow_op")} <= set(cells.names)
+        shown = payload(page)["ranks"]["late_ranks"]["stages"][-1]["differences"]  # labelled as summarize labels
+        assert all(d["label"] == shorten_name(d["name"], kernel=k == "kernels") for k in shown for d in shown[k])
 
 
 def test_late_ranks_section_says_why_it_is_empty(tmp_path, capsys):

@@ -31,7 +31,7 @@ def step_time(summary: dict[str, Any]) -> dict[str, Any]:
         return _item("step_time", "Step time", "no steps", "no ProfilerStep# or step marks in this trace", "#overview")
     median = statistics.median(windows)
     many = len(windows) > 1
-    spread = f" ({fmt_time(min(windows))} to {fmt_time(max(windows))})" if many else ""
+    spread = f" ({fmt_time(min(windows))} to {fmt_time(max(windows))})" if min(windows) < max(windows) else ""
     detail = f"median of {len(windows)} steps{spread}" if many else "1 step"
     return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median)
 
@@ -85,8 +85,9 @@ def mfu(summary: dict[str, Any]) -> dict[str, Any]:
     if not known:
         return _item("mfu", "MFU", "no MFU", note, "#efficiency")
     text = ", ".join(f"{s['stage']} {s['mfu']:.1%}" for s in known)
-    bases = sorted({str(s["basis"]) for s in known if s.get("basis")})
-    detail = note + (f"; basis: {', '.join(bases)}" if bases else "")
+    modes = [f"{s['stage']} {s['math_mode']}" for s in known if s.get("math_mode")]
+    basis = section["peak"].get("basis")
+    detail = "; ".join(x for x in (f"peak by math mode: {', '.join(modes)}" if modes else "", basis or "", note) if x)
     return _item("mfu", "MFU per stage", text, detail, "#efficiency", {s["stage"]: s["mfu"] for s in known})
 
 

@@ -20,9 +20,9 @@ MAX_POINTS = 400  # the ops with the most time; the rest are too small to read
 
 
 def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
-    """One point per (op name, stage) with FLOPs, bytes and time (GPU time; host time on CPU-only traces), its
-    label as ``summarize`` shortens op names, and the roof at its intensity (``roof_tflops``: the lower of the compute
-    peak and intensity x memory bandwidth; ``of_roof``: achieved / roof; NaN where the peak is not known)."""
+    """One point per (op name, stage, math mode) with FLOPs, bytes and time (GPU time; host time on CPU-only traces),
+    its label as ``summarize`` shortens op names, and the roof at its intensity (``roof_tflops``: the lower of its math
+    mode's peak and intensity x memory bandwidth; ``of_roof``: achieved / roof; NaN where the peak is not known)."""
     flops = parsed.flops
     counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]
     basis = "GPU" if (counted["gpu_ns"] > 0).any() else "host"
@@ -30,7 +30,8 @@ def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
     counted = counted[(counted["flops"] > 0) & (counted["bytes"] > 0) & (counted[time] > 0)]
     if counted.empty:
         return None, "no op with FLOPs, bytes and time (the trace needs record_shapes=True)"
-    grouped = counted.groupby(["name", "stage"], observed=True).agg(
+    keys = ["name", "stage"] + (["math_mode"] if "math_mode" in counted.columns else [])
+    grouped = counted.groupby(keys, observed=True).agg(
         count=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"), time_ns=(time, "sum")
     )
     points = grouped.reset_index().sort_values("time_ns", ascending=False, kind="stable").head(MAX_POINTS)
@@ -43,7 +44,12 @@ def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
     peak = parsed.peak
     known = bool(np.isfinite(peak.tflops))
     bandwidth = float(peak.memory_gbps) if known and np.isfinite(peak.memory_gbps) else np.inf
-    roof = np.minimum(float(peak.tflops) if known else np.nan, points["intensity"].to_numpy() * bandwidth / 1e3)
+    modes = points["math_mode"].astype(str) if "math_mode" in points.columns else pd.Series("", index=points.index)
+    points["math_mode"] = modes
+    by_mode = hasattr(peak, "roofs") and known
+    compute = peak.roofs(modes) if by_mode else np.full(len(points), float(peak.tflops) if known else np.nan)
+    roof = np.minimum(compute, points["intensity"].to_numpy() * bandwidth / 1e3)
+    mode_peaks = {m: float(v) for m, v in zip(modes, compute, strict=True) if np.isfinite(v)} if by_mode else {}
     names = list(dict.fromkeys(points["name"]))  # one label per op name, the same in every stage
     labels = dict(zip(names, unique_labels(names, kernel=False), strict=True))
     points.insert(1, "label", points["name"].map(labels))
@@ -52,6 +58,7 @@ def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
         "points": points,
         "basis": basis,
         "peak_tflops": float(peak.tflops) if known else None,
+        "mode_peaks": dict(sorted(mode_peaks.items(), key=lambda kv: -kv[1])),  # each math mode's compute roof
         "memory_gbps": float(peak.memory_gbps) if known and np.isfinite(peak.memory_gbps) else None,
         "peak_note": peak.note,
         "trace": str(parsed.path),
@@ -74,8 +81,11 @@ def draw(prepared: dict[str, Any]) -> Any:
                    alpha=0.7, edgecolors="none", label=stage)  # fmt: skip
     lo, hi = points["intensity"].min() / 2, points["intensity"].max() * 2
     peak, bandwidth = prepared["peak_tflops"], prepared["memory_gbps"]
-    if peak:
-        ax.axhline(peak, color="black", linestyle="--", linewidth=1, label=f"peak {peak:g} TFLOP/s")
+    roofs = prepared.get("mode_peaks") or ({"": peak} if peak else {})
+    for (mode, value), style in zip(roofs.items(), ("--", ":", "-.", (0, (5, 1, 1, 1))), strict=False):
+        named = f"{mode} " if len(roofs) > 1 else ""  # one roof: as before; several: each names its math mode
+        ax.axhline(value, color="black", linestyle=style, linewidth=1, label=f"{named}peak {value:g} TFLOP/s")
+    peak = max(roofs.values()) if roofs else None
     if bandwidth:
         x = np.geomspace(lo, hi, 64)
         roof = x * bandwidth / 1e3  # FLOP/byte x GB/s = GFLOP/s; / 1e3 = TFLOP/s

@@ -406,13 +406,15 @@
   // -- Efficiency / MFU: the summary's section of that name (outputs/summary/efficiency.py), as tables -----------
   function efficiency(s, e) {
     if (!e || !e.stages) { skipped(s, "no FLOPs counted in this trace (capture with record_shapes=True)"); return; }
-    var basis = e.basis || "GPU", withBasis = e.stages.some(function (r) { return typeof r.basis === "string"; });
-    s.appendChild(el("p", {class: "sub", text: e.peak.note + "."}));
-    var head = ["stage", "GFLOPs", "TFLOP/s", "MFU", "HFU"].concat(withBasis ? ["basis"] : [], ["counted " + basis, "not counted"]);
+    // basis: GPU or host time; the peak's basis and each stage's math mode and peak where the summary has them
+    var basis = e.basis || "GPU", modes = e.stages.some(function (r) { return r.math_mode !== undefined; });
+    var peakBasis = e.peak.basis && e.peak.basis !== "--peak-tflops" ? "; " + e.peak.basis : "";
+    s.appendChild(el("p", {class: "sub", id: "mfu-basis", text: e.peak.note + peakBasis + "."}));
+    var head = ["stage", "GFLOPs", "TFLOP/s", "MFU", "HFU"].concat(modes ? ["mode", "peak TFLOP/s"] : [], ["counted " + basis, "not counted"]);
     s.appendChild(table(head, e.stages.map(function (r) {
       var cells = [stageCell(r.stage), el("td", {text: gflops(r.flops)}), el("td", {text: tflops(r.achieved_tflops)}),
         el("td", {"data-eff-stage": r.stage, "data-eff-mfu": r.mfu == null ? "" : String(r.mfu), text: pct(r.mfu)}), el("td", {text: pct(r.hfu)})];
-      if (withBasis) cells.push(el("td", {class: "l", text: r.basis || "-"}));
+      if (modes) cells.push(el("td", {text: r.math_mode || "-"}), el("td", {text: tflops(r.peak_tflops)}));
       return el("tr", {}, cells.concat([el("td", {text: fmt(r.counted_ns)}), el("td", {text: fmt(r.not_counted_ns)})]));
     }), "eff"));
     s.appendChild(el("p", {class: "note", text: "MFU: model FLOPs / (the stage's " + basis + " time x peak); HFU counts recomputed FLOPs too; not counted: " +
@@ -467,19 +469,19 @@
 
   // -- roofline: the plot's figure, and its points as a table (ops with the most time first) ---------------------
   function rooflineView(s, v) {
-    var d = v.data, pts = rows(d.points);
+    var d = v.data, pts = rows(d.points), modes = pts.some(function (x) { return x.math_mode; });
     s.appendChild(el("p", {class: "sub", text: d.peak_note + (d.memory_gbps ? "; memory " + num(d.memory_gbps, 0) + " GB/s" : "") + "."}));
     if (v.png) s.appendChild(el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png}));
     var body = pts.slice(0, 30).map(function (x) {
       var over = x.of_roof != null && x.of_roof > 1;
-      return el("tr", {class: over ? "over-roof" : ""}, [stageCell(x.stage), el("td", {class: "l name", title: x.name, text: x.label || x.name}),
-        el("td", {text: num(x.count)}), el("td", {text: fmt(x.time_ns)}), el("td", {text: gflops(x.flops)}), el("td", {text: bytes(x.bytes)}),
+      return el("tr", {class: over ? "over-roof" : ""}, [stageCell(x.stage), el("td", {class: "l name", title: x.name, text: x.label || x.name})].concat(
+        modes ? [el("td", {class: "l", text: x.math_mode || "-"})] : [], [el("td", {text: num(x.count)}), el("td", {text: fmt(x.time_ns)}), el("td", {text: gflops(x.flops)}), el("td", {text: bytes(x.bytes)}),
         el("td", {text: num(x.intensity, x.intensity < 10 ? 2 : 0)}), el("td", {text: tflops(x.tflops)}), el("td", {text: tflops(x.roof_tflops)}),
-        el("td", {"data-roof-share": x.of_roof == null ? "" : String(x.of_roof), text: pct(x.of_roof)})]);
+        el("td", {"data-roof-share": x.of_roof == null ? "" : String(x.of_roof), text: pct(x.of_roof)})]));
     });
     s.appendChild(el("h3", {text: "Ops by " + d.basis + " time"}));
-    s.appendChild(el("div", {class: "scroll"}, [table(["stage", "op", "calls", d.basis + " time", "GFLOPs", "moved", "FLOPs/byte", "TFLOP/s", "roof TFLOP/s", "of roof"], body, "roof", 2)]));
-    s.appendChild(el("p", {class: "note", text: "roof: the lower of the compute peak and FLOPs/byte x memory bandwidth at the op's intensity" +
+    s.appendChild(el("div", {class: "scroll"}, [table(["stage", "op"].concat(modes ? ["mode"] : [], ["calls", d.basis + " time", "GFLOPs", "moved", "FLOPs/byte", "TFLOP/s", "roof TFLOP/s", "of roof"]), body, "roof", modes ? 3 : 2)]));
+    s.appendChild(el("p", {class: "note", text: "roof: the lower of the peak of the op's math mode and FLOPs/byte x memory bandwidth at its intensity; rows above their roof are red" +
       (pts.length > 30 ? "; the " + pts.length + " (op, stage) pairs with the most time are in the figure, 30 in the table" : "") + "."}));
   }
 
