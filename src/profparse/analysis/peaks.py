@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.analysis.math_modes import MATH_MODE_RULES
 from profparse.trace.link import kind_mask
 
 
@@ -182,10 +183,11 @@ def _basis(flops: pd.DataFrame) -> str:
     """Which part of the counted FLOPs took its math mode from kernel names, and which from the input dtype."""
     counted = flops[flops["status"].isin(["counted", "backward via forward op"]) & flops["on_device"]]
     total = float(counted["flops"].sum())
-    by_kernel = float(counted.loc[~counted["math_mode_rule"].str.contains("dtype", regex=False), "flops"].sum())
+    from_kernels = counted["math_mode_rule"].isin([rule.name for rule in MATH_MODE_RULES])
+    by_kernel = float(counted.loc[from_kernels, "flops"].sum())
     if total <= 0:
         return "each op's math mode"
-    return f"each op's math mode: kernel names for {by_kernel / total:.0%} of FLOPs, input dtype for the rest"
+    return f"each op's math mode: kernel names for {by_kernel / total:.0%} of FLOPs, input dtypes for the rest"
 
 
 def choose_peak(
