@@ -249,3 +249,28 @@ def test_a_check_says_when_blocking_calls_were_inferred(tmp_path) -> None:
     assert inferred.loc["critical_path_inferred_sync", "value"] == 495 * US
     known = _parse(_blocking_copy_trace(True), tmp_path, "known.json").warnings
     assert "critical_path_inferred_sync" not in set(known["check"])
+
+
+def test_summary_section_adds_up_to_the_steps(tmp_path) -> None:
+    from profparse.outputs.summary import render, summary_data
+
+    b = TraceBuilder()
+    for step, t0 in ((1, 0), (2, 1000)):
+        b.annotation(f"ProfilerStep#{step}", t0, 1000)
+        b.op("aten::mm", t0 + 10, 10)
+        b.launch(t0 + 12, t0 + 15, 885 - step, name="gemm")
+        _sync(b, "cudaDeviceSynchronize", t0 + 30, 875)
+    data = summary_data(_parse(b, tmp_path))["critical_path"]
+    assert data["steps"] == 2
+    assert sum(r["total_ns"] for r in data["per_stage"]) == 2000 * US
+    bounds: dict[str, int] = {}
+    for r in data["per_stage"]:
+        assert sum(r["bounds"].values()) == r["total_ns"]
+        for bound, ns in r["bounds"].items():
+            bounds[bound] = bounds.get(bound, 0) + ns
+    assert bounds["gpu_compute"] == (884 + 883) * US
+    longest = data["longest"]
+    assert [(r["name"], r["step"], r["ns"]) for r in longest[:2]] == [("gemm", 1, 884 * US), ("gemm", 2, 883 * US)]
+    assert [r["ns"] for r in longest] == sorted((r["ns"] for r in longest), reverse=True)
+    text = render({**summary_data(_parse(b, tmp_path)), "critical_path": data})
+    assert "What bounds each step" in text and "Longest events on the critical path" in text

@@ -32,6 +32,7 @@ from profparse.base.marks import STAGES
 from profparse.base.names import unique_labels
 from profparse.outputs.summary import analyses
 from profparse.outputs.summary.communication import communication_data, communication_tables
+from profparse.outputs.summary.critical_path import critical_path_data, critical_path_tables
 from profparse.outputs.summary.efficiency import efficiency_data, efficiency_tables
 from profparse.outputs.summary.runtime import runtime_calls_tables, top_calls
 from profparse.outputs.summary.top import stage_top_table
@@ -144,6 +145,7 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "totals": total_rows,
         "per_step": records(per_step),
         "step_totals": _step_totals(per_step, steps),
+        "critical_path": critical_path_data(parsed.table("critical_path")),
         "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
         "top_ops": _top(ops, "self_ns", top, kernel=False),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
@@ -267,6 +269,7 @@ def _rules_tables(data: dict[str, Any]) -> list[Table]:
 SECTIONS = (
     _totals_tables,
     _per_step_tables,
+    critical_path_tables,
     _top_tables("top_kernels", "Top kernels", kernel=True),
     _top_tables("top_ops", "Top ops", kernel=False),
     lambda data: analyses.tables(data.get("analyses")),
