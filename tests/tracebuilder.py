@@ -82,6 +82,26 @@ class TraceBuilder:
         self.events.append(gpu)
         return runtime, gpu
 
+    def graph_launch(
+        self, ts: float, kernels: list[tuple[str, float, float]], tid: int = MAIN, name: str = "cudaGraphLaunch"
+    ) -> tuple[dict, list[dict]]:
+        """A graph launch at ``ts`` (1 us long) and the kernels it replays, ``(name, ts, dur)`` each, all under the
+        launch's one correlation id (as CUDA / HIP graphs record them)."""
+        self.correlation += 1
+        runtime = self.span(name, ts, 1.0, "cuda_runtime", tid, correlation=self.correlation)
+        replayed = [
+            {"ph": "X", "cat": "kernel", "name": kernel, "pid": GPU_PID, "tid": STREAM, "ts": start, "dur": dur,
+             "args": {"correlation": self.correlation, "stream": STREAM, "device": 0}}
+            for kernel, start, dur in kernels
+        ]  # fmt: skip
+        self.events.extend(replayed)
+        return runtime, replayed
+
+    def captured_launch(self, ts: float, tid: int = MAIN) -> dict:
+        """A cudaLaunchKernel made while a stream is captured: recorded on the host, nothing runs on the GPU."""
+        self.correlation += 1
+        return self.span("cudaLaunchKernel", ts, 1.0, "cuda_runtime", tid, correlation=self.correlation)
+
     def memory(self, ts: float, nbytes: int, total: int, tid: int = MAIN) -> dict:
         event = {
             "ph": "i",

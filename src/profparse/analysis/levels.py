@@ -19,7 +19,9 @@ so ``python_ns + op_ns + runtime_ns + wait_ns == host_wall_ns``. Device levels:
   ``device_overlap_ns`` and ``device_idle_ns`` as ``gpu_busy_ns``, ``gpu_overlap_ns`` and ``gpu_idle_ns`` of
   ``stage_summary`` (:func:`profparse.tables.gpu_time.gpu_time`);
 - launch latency: GPU start minus the start of the runtime call that launched it, per stage (count, mean,
-  p50/p90/p99/max).
+  p50/p90/p99/max). GPU activity replayed by a CUDA / HIP graph launch (launch kind ``graph``: one call, many
+  kernels, :mod:`profparse.stages.graph_launch`) has no launch of its own: it is left out of the latency figures
+  and counted in ``graph_kernel_count``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pandas as pd
 
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.stages.graph_launch import graph_rule_mask
 from profparse.tables.host_time import host_time
 from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
@@ -41,6 +44,7 @@ SUM_COLUMNS = (
     "op_count",
     "runtime_count",
     "device_count",
+    "graph_kernel_count",
 )
 LATENCY_COLUMNS = (
     "launch_latency_count",
@@ -105,7 +109,8 @@ def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution
     op = kind_mask(events, {"cpu_op"}) & links.host
     runtime = kind_mask(events, RUNTIME_KINDS) & links.host
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)
-    launched = np.flatnonzero(activity & (links.launch >= 0))
+    graph = activity & graph_rule_mask(attribution.rule, attribution.rule_names)
+    launched = np.flatnonzero(activity & (links.launch >= 0) & ~graph)  # a graph replay has no launch per kernel
     latency = events["ts_ns"].to_numpy()[launched] - events["ts_ns"].to_numpy()[links.launch[launched]]
 
     measures = {
@@ -114,6 +119,7 @@ def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution
         "op_count": (op, None),
         "runtime_count": (runtime, None),
         "device_count": (activity, None),
+        "graph_kernel_count": (graph, None),
     }
     # a sorted factorize ranks the steps in one hash pass (NULL, the smallest int64, ranks first): np.unique and a
     # searchsorted would sort and search every event

@@ -12,6 +12,7 @@ from profparse.base.arrays import pack_codes
 from profparse.base.marks import STAGES
 from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES, match_collectives
 from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
+from profparse.stages.graph_launch import GRAPH_RULE_NAMES, stage_graph_kernels
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
@@ -386,7 +387,8 @@ def attribute(
     (:mod:`profparse.stages.phases`); then all rules decide, the phase rules included."""
     n = len(events)
     rules = rules_table(include_marks)
-    gpu_rules = [*INFERENCE_RULES, *COLLECTIVE_RULE_NAMES]  # decided after the host rules, from GPU-side evidence
+    # decided after the host rules, from GPU-side evidence
+    gpu_rules = [*INFERENCE_RULES, *GRAPH_RULE_NAMES, *COLLECTIVE_RULE_NAMES]
     rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *gpu_rules]
     step_notes: list[str] = []
     steps, main = find_steps(events, links, thread_names, step_notes)
@@ -434,6 +436,7 @@ def attribute(
     stage = stage_of_rule[rule]
     step = _step_of(ts, steps)
     step[launched] = step[links.launch[launched]]
+    stage_graph_kernels(events, links, rule_names, rule, stage)  # kernels replayed by a CUDA/HIP graph launch
     match_collectives(events, links, rule_names, rule, stage, step)  # unlinked NCCL/RCCL kernels: their c10d op
     infer_gpu_stages(events, links, steps, rule_names, rule, stage, step)  # unlinked GPU activity, by inference
     return Attribution(

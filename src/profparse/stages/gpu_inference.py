@@ -269,3 +269,9 @@ def _step_by_time(launch_ts: np.ndarray, steps: pd.DataFrame, repeats_a_step: np
     out[repeats_a_step & (at < 0)] = numbers[0] - 1
     out[repeats_a_step & ~inside & (launch_ts >= ends.max())] = numbers[-1] + 1
     return out
+
+
+def sequence_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """Per event of one name sequence, the index of the reference event it aligns with (-1: none or not a query):
+    the matching of ``gpu.sequence_match``, for other callers (graph-replayed kernels, stages/graph_launch)."""
+    return _sequence_match(codes, query, ref, stage)

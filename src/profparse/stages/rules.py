@@ -169,6 +169,39 @@ COLLECTIVE_MATCH = "gpu.collective_match"
 COLLECTIVE_KERNEL = r"(?i)nccl|rccl|msccl"
 
 
+@dataclass(frozen=True)
+class GpuRule:
+    """A rule that stages GPU activity from device-side evidence rather than host nesting: its name (stored in
+    ``stage_rule``) and what it means (docs/stages.md explains each)."""
+
+    name: str
+    doc: str
+
+
+# CUDA / HIP graphs: one runtime call replays every kernel of the graph, all under its one correlation id
+GRAPH_LAUNCH = r"^(cuda|hip|cu)GraphLaunch"
+GRAPH_CAPTURE_BEGIN = r"^(cuda|hip|cu)StreamBeginCapture"
+GRAPH_CAPTURE_END = r"^(cuda|hip|cu)StreamEndCapture"
+# runtime calls that a capture records as graph nodes (kernel launches, copies, sets); a graph launch is not one
+GRAPH_NODE_CALL = r"(?i)launch\w*kernel|memcpy|memset"
+GRAPH_RULES: tuple[GpuRule, ...] = (
+    GpuRule(
+        "gpu.graph_capture",
+        "a kernel replayed by a graph launch takes the stage of the launch at its position in the graph's capture "
+        "(a StreamBeginCapture..EndCapture window holding as many launches without GPU activity)",
+    ),
+    GpuRule(
+        "gpu.graph_sequence",
+        "a graph-replayed kernel whose run of names on its device repeats among eagerly launched kernels takes the "
+        "stage of the kernel it aligns with (gpu.sequence_match's matching)",
+    ),
+    GpuRule(
+        "gpu.graph_launch",
+        "a graph-replayed kernel with no capture and no eager match: the stage of the graph launch call",
+    ),
+)
+
+
 def rules_table(include_marks: bool = True) -> list[StageRule]:
     """The active rules, highest priority first; ``include_marks=False`` drops the mark-based rules."""
     rules = [r for r in RULES if include_marks or r.source not in ("mark", "user_mark")]

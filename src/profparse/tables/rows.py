@@ -11,6 +11,7 @@ import pandas as pd
 
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.stages.graph_launch import graph_rule_mask
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, kind_mask
 
@@ -69,6 +70,7 @@ def kernel_table(events: pd.DataFrame, links: Links, attribution: Attribution) -
     launch_op = links.launch_op[rows]
     trace_index = events["trace_index"].to_numpy()
     has_launch = launch >= 0
+    has_launch &= ~graph_rule_mask(attribution.rule[rows], attribution.rule_names)  # a graph replay: no latency
     latency = np.full(len(rows), NULL, dtype=np.int64)
     latency[has_launch] = ts[rows][has_launch] - ts[launch[has_launch]]
     return pd.DataFrame(
