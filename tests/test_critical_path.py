@@ -192,9 +192,8 @@ def test_graph_launch_is_the_launch_of_each_kernel(tmp_path) -> None:
     b.span("cudaGraphLaunch", 10, 5, "cuda_runtime", correlation=corr)
     for name, ts, dur in (("k1", 20, 80), ("k2", 100, 200), ("k3", 300, 300)):
         args = {"correlation": corr, "stream": STREAM, "device": 0}
-        b.events.append(
-            {"ph": "X", "cat": "kernel", "name": name, "pid": GPU_PID, "tid": STREAM, "ts": ts, "dur": dur, "args": args}
-        )
+        kernel = {"ph": "X", "cat": "kernel", "name": name, "pid": GPU_PID, "tid": STREAM, "ts": ts, "dur": dur}
+        b.events.append({**kernel, "args": args})
     _sync(b, "cudaDeviceSynchronize", 20, 585)
     assert _segments(_parse(b, tmp_path)) == [
         ("python", 0, 10),
@@ -212,7 +211,7 @@ def test_chains_equal_a_plain_walk() -> None:
     rng = np.random.default_rng(7)
     n = 2000
     pred = np.where(rng.random(n) < 0.05, -1, np.maximum(np.arange(n) - rng.integers(1, 30, n), -1))
-    heads = rng.choice(n, 40, replace=False)
+    heads = np.concatenate([[0, 1, 2], rng.choice(n, 40, replace=False)])  # node 0 (a root) on some chains
     members, owner = chains(pred, heads)
     for k, head in enumerate(heads):
         walk, node = [], int(head)
@@ -274,3 +273,74 @@ def test_summary_section_adds_up_to_the_steps(tmp_path) -> None:
     assert [r["ns"] for r in longest] == sorted((r["ns"] for r in longest), reverse=True)
     text = render({**summary_data(_parse(b, tmp_path)), "critical_path": data})
     assert "What bounds each step" in text and "Longest events on the critical path" in text
+
+
+SLEEP_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def sleep_capture(tmp_path_factory) -> ParsedTrace:
+    """A tiny CPU training loop, 6 profiled steps: odd steps sleep ``SLEEP_S`` on the main thread inside the
+    forward mark; all along a background thread sleeps (a logger waiting: off the path, and unrecorded by torch)."""
+    torch = pytest.importorskip("torch")
+    import threading
+    import time
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+    running = threading.Event()
+    running.set()
+
+    def log_in_background() -> None:
+        while running.is_set():
+            time.sleep(SLEEP_S / 10)
+
+    logger = threading.Thread(target=log_in_background)
+    logger.start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for step in range(6):
+                with record_function("profparse.stage:forward"):
+                    loss = model(x).sum()
+                    if step % 2:
+                        time.sleep(SLEEP_S)
+                with record_function("profparse.stage:backward"):
+                    loss.backward()
+                with record_function("profparse.stage:optimizer"):
+                    optimizer.step()
+                    optimizer.zero_grad()
+                prof.step()
+    finally:
+        running.clear()
+        logger.join()
+    path = tmp_path_factory.mktemp("sleep") / "sleep.json"
+    prof.export_chrome_trace(str(path))
+    return profparse.load(path, cache=False)
+
+
+def _per_step(parsed: ParsedTrace, stage: str | None = None) -> tuple[pd.Series, pd.Series]:
+    """Time on the path per step (of ``stage``, else all), for the steps that slept and those that did not."""
+    path = _path(parsed)
+    if stage is not None:
+        path = path[path["stage"] == stage]
+    per_step = (path["end_ns"] - path["start_ns"]).groupby(path["step"]).sum().sort_index()
+    steps = per_step.index.to_numpy()
+    odd = (steps - steps.min()) % 2 == 1  # the capture's odd steps slept (whatever the first step's number)
+    return per_step[odd], per_step[~odd]
+
+
+def test_a_sleep_on_the_main_thread_grows_its_stage_on_the_path(sleep_capture) -> None:
+    slept, awake = _per_step(sleep_capture, "forward")
+    assert len(slept) >= 2 and len(awake) >= 2
+    assert slept.median() - awake.median() == pytest.approx(SLEEP_S * 1e9, rel=0.1)
+
+
+def test_a_sleep_off_the_path_adds_nothing(sleep_capture) -> None:
+    _, awake = _per_step(sleep_capture)  # the background thread slept all through these steps
+    assert awake.median() < 0.2 * SLEEP_S * 1e9  # a sleep that leaked onto the path would add all of SLEEP_S
+    windows = sleep_capture.steps
+    path = _path(sleep_capture)
+    assert (path["end_ns"] - path["start_ns"]).sum() == (windows["end_ns"] - windows["start_ns"]).sum()

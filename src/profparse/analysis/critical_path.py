@@ -439,7 +439,7 @@ def chains(pred: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     head position of each member), each chain from its head back to its root."""
     n = len(pred)
     index = np.arange(n, dtype=np.int64)
-    opens = pred != index - 1
+    opens = (pred != index - 1) | (pred < 0)  # node 0 without a predecessor opens a run too
     run_of = np.cumsum(opens) - 1  # the run each node lies in
     firsts = np.flatnonzero(opens)  # each run's first node
     exit_to = pred[firsts]  # where a chain goes on after a run (-1: it ends)
@@ -527,24 +527,25 @@ def _columns(
     start: np.ndarray,
     end: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """The table's columns for segments (step position ``k``, node, start, end; earliest first in each step). A
-    segment without an event (idle time, a filler) takes the stage of the segment after it."""
+    """The table's columns for segments (step position ``k``, node, start, end; earliest first in each step). Idle
+    time on a stream takes the stage of the activity after it; untraced host time outside every event the stage of
+    the segments on both sides when they agree, else ``other``."""
     has = node >= 0
     at = np.maximum(node, 0)
     row = np.where(has, nodes.row[at], -1)
     stage_row = np.where(has, nodes.stage_row[at], -1)
     stage = np.where(stage_row >= 0, attribution.stage[np.maximum(stage_row, 0)], -1).astype(np.int64)
-    later = np.arange(len(stage)) + 1
     same_step = np.concatenate([k[1:] == k[:-1], [False]])
-    filled = stage.copy()
-    for _ in range(2):  # an idle gap, then perhaps a filler, before a segment with an event
-        take = (filled < 0) & same_step
-        filled[take] = filled[np.minimum(later, len(stage) - 1)][take]
-    stage = np.where(filled >= 0, filled, STAGES.index("other"))
     gpu = np.where(has, nodes.gpu[at], False)
     next_gpu = np.where(same_step, np.roll(gpu, -1), False)
-    bound = np.where(has, nodes.bound[at], np.where(next_gpu, BOUND_CODE["gpu_idle"], BOUND_CODE["python"]))
-    gpu |= ~has & next_gpu
+    filler_gpu = ~has & next_gpu  # a stream's chain ran out in the step: idle time of the activity after it
+    stage[filler_gpu] = np.roll(stage, -1)[filler_gpu]
+    prev_stage = np.where(np.roll(same_step, 1), np.roll(stage, 1), -1)
+    between = (stage < 0) & (prev_stage == np.roll(stage, -1)) & same_step
+    stage[between] = prev_stage[between]  # untraced host time between two segments of one stage: that stage
+    stage[stage < 0] = STAGES.index("other")  # else other
+    bound = np.where(has, nodes.bound[at], np.where(filler_gpu, BOUND_CODE["gpu_idle"], BOUND_CODE["python"]))
+    gpu |= filler_gpu
     known = len(events["name"].cat.categories)  # idle time is named by two codes after the trace's names
     name = np.where(row >= 0, events["name"].cat.codes.to_numpy()[np.maximum(row, 0)], np.where(gpu, known + 1, known))
     trace_index = events["trace_index"].to_numpy()
