@@ -246,7 +246,8 @@ def cli(*args):
 def test_cli_summary_section_and_parquet_tables(synthetic, tmp_path):
     out = cli("summarize", "--peak-tflops", "100", str(synthetic))
     assert out.returncode == 0, out.stderr
-    section = out.stdout[out.stdout.index("Efficiency (--peak-tflops 100") :]
+    section = out.stdout[out.stdout.index("Efficiency (ms)") :]
+    assert section.splitlines()[6].strip().startswith("peak: --peak-tflops 100")  # below the table
     mfu = (FORWARD + BACKWARD_MODEL) / (1e-3 * 100e12)
     per_step = section[section.index("MFU per step") :].splitlines()
     assert per_step[3].split() == ["1", f"{(FORWARD + BACKWARD_HW) / 1e9:,.1f}", f"{mfu:.1%}"]

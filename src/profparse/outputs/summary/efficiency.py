@@ -3,6 +3,7 @@ counted (from the ``efficiency`` and ``flops`` tables, :mod:`profparse.analysis.
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -91,8 +92,9 @@ def efficiency_tables(data: dict[str, Any]) -> list[Table]:
     ]
     peak_basis = section["peak"].get("basis")
     shown = peak_basis and peak_basis != "--peak-tflops"  # the note already names --peak-tflops
-    note = f"{section['peak']['note']}" + (f"; {peak_basis}" if shown else "") + "; ms"
-    out = [Table("Efficiency", columns, section["stages"], note=note)]
+    peak = f"peak: {section['peak']['note']}" + (f"; {peak_basis}" if shown else "")
+    footer = textwrap.fill(peak, width=98, subsequent_indent="  ")  # a terminal line: the renderer indents by 2
+    out = [Table("Efficiency", columns, section["stages"], note="ms", footer=footer)]
     if any(s["mfu"] is not None for s in section["steps"]):
         step_columns = [Column("step", "step"), Column("flops", "GFLOPs", _gflops), Column("mfu", "MFU", share_text)]
         out.append(Table("MFU per step", step_columns, section["steps"], note="model FLOPs / (step window x peak)"))
