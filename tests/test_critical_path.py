@@ -221,6 +221,56 @@ def test_chains_equal_a_plain_walk() -> None:
         assert members[owner == k].tolist() == walk
 
 
+def _random_trace(seed: int) -> TraceBuilder:
+    """Three steps of random host ops, launches (some kernels starting before their launch returns: clock skew),
+    syncs, autograd-thread ops, Python frames, graph launches and collectives without a launch record."""
+    rng = np.random.default_rng(seed)
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3):
+        length = float(rng.integers(200, 2000))
+        b.annotation(f"ProfilerStep#{step}", t, length)
+        u = t + 1
+        while u < t + length - 20:
+            kind, d = int(rng.integers(0, 6)), float(rng.integers(1, 40))
+            if kind == 0:
+                b.op("aten::add", u, d)
+                _, gpu = b.launch(u + 0.5, u + 1 + float(rng.integers(-3, 200)), float(rng.integers(0, 300)))
+                if rng.random() < 0.3:
+                    _on_stream(gpu, 8)
+            elif kind == 1:
+                d *= 5
+                _sync(b, "cudaStreamSynchronize", u, d)
+            elif kind == 2:
+                b.op("AddBackward0", u, d, tid=AUTOGRAD)
+            elif kind == 3:
+                b.py("python_fn", u, d)
+            elif kind == 4:
+                graph = _sync(b, "cudaGraphLaunch", u, 2)
+                args = {"correlation": graph["args"]["correlation"], "stream": STREAM, "device": 0}
+                for j in range(3):
+                    kernel = {"ph": "X", "cat": "kernel", "name": "g", "pid": GPU_PID, "tid": STREAM, "dur": 10}
+                    b.events.append({**kernel, "ts": u + 3 + 10 * j, "args": args})
+            else:
+                comm = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_x", "pid": GPU_PID, "tid": 9, "ts": u}
+                b.events.append({**comm, "dur": d * 3, "args": {"stream": 9, "device": 0}})
+            u += d + float(rng.integers(0, 10))
+        t += length + float(rng.integers(0, 50))
+    return b
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_segments_tile_every_step_of_random_traces(tmp_path, seed: int) -> None:
+    parsed = _parse(_random_trace(seed), tmp_path)
+    path = _path(parsed)
+    assert len(parsed.steps) == 3
+    for step, start, end in parsed.steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
+        s = path.loc[path["step"] == step, "start_ns"].to_numpy()
+        e = path.loc[path["step"] == step, "end_ns"].to_numpy()
+        assert s[0] == start and e[-1] == end and (s[1:] == e[:-1]).all() and (e > s).all()
+    assert {"gpu_compute", "cpu_op", "launch"} <= set(path["bound"].astype(str))
+
+
 def _traces() -> list[Path]:
     found = sorted((REPO / "sample_traces").rglob("*.json.gz"))
     if SHARED.is_dir():
