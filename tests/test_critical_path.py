@@ -91,6 +91,21 @@ def test_communication_bound(tmp_path) -> None:
     assert segments[-2:] == [("sync_wait", 800, 802), ("python", 802, 1000)]
 
 
+def test_a_stream_sync_waits_for_its_own_stream(tmp_path) -> None:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.op("aten::mm", 10, 10)
+    b.launch(12, 15, 585, name="gemm")  # stream 7: ends at 600
+    b.op("aten::add", 30, 10)
+    _on_stream(b.launch(32, 40, 565, name="side")[1], 8)  # stream 8: ends at 605, inside the sync too
+    call = _sync(b, "cudaStreamSynchronize", 100, 510)
+    sync = {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": GPU_PID, "tid": STREAM, "ts": 608}
+    b.events.append({**sync, "dur": 1, "args": {"correlation": call["args"]["correlation"], "stream": STREAM}})
+    segments = _segments(_parse(b, tmp_path))
+    assert ("gpu_compute", 15, 600) in segments and ("sync_wait", 600, 610) in segments
+    assert not any(start == 40 for _, start, _ in segments)  # not the other stream's kernel
+
+
 def _blocking_copy_trace(with_sync_events: bool) -> TraceBuilder:
     """A copy call that blocks until a long kernel ends: named by a cuda_sync event, or by nothing (inferred)."""
     b = TraceBuilder()

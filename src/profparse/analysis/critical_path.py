@@ -282,16 +282,56 @@ def _last_gpu_end(events: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> n
 
 
 def sync_waits(events: pd.DataFrame, links: Links, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each blocking call the GPU activity it waited for: the last one to end inside the call (a call
-    waiting for its own memcpy: that one). Returns (call rows, activity rows)."""
+    """For each blocking call the GPU activity it waited for: the last one to end inside the call, on the stream a
+    ``Stream Sync`` event names for it, else on any stream. Returns (call rows, activity rows)."""
     calls = np.flatnonzero(blocking)
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
     rows, ends = _gpu_ends(events)
+    if not len(rows):
+        return calls[:0], rows
     j = np.searchsorted(ends, end[calls], side="right") - 1
-    ok = j >= 0
-    ok[ok] = ends[j[ok]] > ts[calls[ok]]
-    return calls[ok], rows[j[ok]]
+    found = np.where(j >= 0, rows[np.maximum(j, 0)], -1)
+    stream = _synced_stream(events, calls)
+    named = stream != NULL
+    if named.any():
+        found[named] = _last_on_stream(events, rows, ends, stream[named], end[calls[named]])
+    ok = found >= 0
+    ok[ok] = end[found[ok]] > ts[calls[ok]]
+    return calls[ok], found[ok]
+
+
+def _synced_stream(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
+    """The stream each call synchronises, from its ``Stream Sync`` event (same correlation); NULL: unknown."""
+    out = np.full(len(calls), NULL, dtype=np.int64)
+    syncs = np.flatnonzero(kind_mask(events, {"cuda_sync"}) & _name_flags(events, re.compile(r"^Stream Sync$")))
+    corr = events["correlation"].to_numpy()
+    syncs = syncs[(corr[syncs] != NULL) & (events["stream"].to_numpy()[syncs] != NULL)]
+    if not len(syncs) or not len(calls):
+        return out
+    order = np.argsort(corr[syncs], kind="stable")
+    keys, streams = corr[syncs][order], events["stream"].to_numpy()[syncs][order]
+    at = np.minimum(np.searchsorted(keys, corr[calls]), len(keys) - 1)
+    hit = keys[at] == corr[calls]
+    out[hit] = streams[at[hit]]
+    return out
+
+
+def _last_on_stream(
+    events: pd.DataFrame, rows: np.ndarray, ends: np.ndarray, stream: np.ndarray, until: np.ndarray
+) -> np.ndarray:
+    """Per query, the GPU activity (of ``rows``, sorted by ``ends``) on ``stream`` that ends last by ``until``
+    (-1: none)."""
+    codes, uniques = pd.factorize(events["stream"].to_numpy()[rows])
+    lo = int(min(ends.min(initial=0), until.min(initial=0))) - 1
+    span = int(max(ends.max(initial=0), until.max(initial=0))) - lo + 1
+    key = codes.astype(np.int64) * span + (ends - lo)
+    order = np.argsort(key, kind="stable")
+    wanted = pd.Index(uniques).get_indexer(stream)
+    j = np.searchsorted(key[order], wanted.astype(np.int64) * span + (until - lo), side="right") - 1
+    found = order[np.maximum(j, 0)]
+    ok = (wanted >= 0) & (j >= 0) & (codes[found] == wanted)
+    return np.where(ok, rows[found], -1)
 
 
 def thread_joins(events: pd.DataFrame, links: Links, attribution: Attribution, rows: np.ndarray) -> pd.DataFrame:
