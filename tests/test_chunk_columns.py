@@ -68,8 +68,9 @@ def test_columns_equal_the_file_row_by_row(tmp_path, chunk_bytes):
     raw = read_trace(path, chunk_bytes=chunk_bytes, workers=1)
     table = raw.events
     assert table["trace_index"].tolist() == list(range(len(doc)))
-    for column, _ in INT_ARG_COLUMNS:
-        assert table[column].dtype == "int64"
+    for column, _ in INT_ARG_COLUMNS:  # int64, or sparse int64 of NULL (a column set on few rows)
+        assert str(table[column].dtype) in ("int64", f"Sparse[int64, {NULL}]")
+        assert table[column].to_numpy().dtype == np.int64
     compared = 0
     for row, event in enumerate(doc):
         args = event.get("args") or {}
@@ -276,3 +277,51 @@ def test_ts_that_is_not_a_number_reads_the_chunk_again(tmp_path):
 
 def expected_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def test_args_on_few_rows_are_sparse_and_read_back_as_the_dense_column(tmp_path):
+    """An args column set on at most one row in SPARSE_SHARE is stored sparse, one set on more rows dense; both read
+    back (``to_numpy``) as the int64 column with NULL where the file has no value, and survive the cache's files."""
+    from profparse.cache.frames import read_frame, same_frame, write_checked
+    from profparse.trace.table import SPARSE_SHARE
+
+    doc = []
+    for i in range(40):
+        args = {"External id": 100 + i}  # every row: dense
+        if i % (2 * SPARSE_SHARE) == 0:
+            args["stream"] = 7 + i  # one row in 2 * SPARSE_SHARE: sparse
+        doc.append(
+            {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0 + i, "dur": 0.5, "args": args}
+        )
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    table = read_trace(path, workers=1).events
+    assert isinstance(table["stream"].dtype, pd.SparseDtype)
+    assert table["external_id"].dtype == np.int64
+    want = [7 + i if i % (2 * SPARSE_SHARE) == 0 else NULL for i in range(40)]
+    assert table["stream"].to_numpy().tolist() == want
+    assert table["external_id"].to_numpy().tolist() == [100 + i for i in range(40)]
+    stored = tmp_path / "events.arrow"
+    assert write_checked(stored, table)
+    again = read_frame(stored)
+    assert same_frame(table, again) and isinstance(again["stream"].dtype, pd.SparseDtype)
+
+
+def test_sparse_args_columns_are_written_as_nullable_integers(tmp_path):
+    """The Parquet events table has the sparse args as int64 with nulls where the trace has no value."""
+    from profparse.api import parse
+    from profparse.outputs.parquet import read_parquet, write_parquet
+
+    doc = [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0 + i, "dur": 0.5, "args": {"device": 3}}
+        if i == 5
+        else {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5}
+        for i in range(20)
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": doc}))
+    parsed = parse(path)
+    assert isinstance(parsed.raw.events["device"].dtype, pd.SparseDtype)
+    events = read_parquet(write_parquet(parsed, tmp_path / "out"))["events"]
+    assert events["device"].dtype == "Int64"
+    assert events["device"].isna().tolist() == [i != 5 for i in range(20)] and events["device"].iloc[5] == 3

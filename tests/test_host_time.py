@@ -71,3 +71,26 @@ def test_piece_windows_from_cut_intervals_equal_step_window(shared_trace):
     expected = step_window(seg.start, p.attribution.steps)
     assert (expected >= 0).any()
     np.testing.assert_array_equal(seg.step_index, expected)
+
+
+def test_a_piece_across_several_step_boundaries_is_split_at_each(tmp_path):
+    """An op of no stage over three steps: each window gets its part (the middle one all of its window), the total
+    all of it once; the pieces' windows equal step_window's of their starts."""
+    from profparse.stages.attribute import step_window
+
+    b = TraceBuilder()
+    t = 0
+    for step in (1, 2, 3):
+        t = training_step(b, step, t)
+    # steps [0, 100), [100, 200), [200, 300); a worker-thread op over [15, 250)
+    b.op("aten::copy_", 15, 235, tid=300)
+    b.op("aten::mm", 16, 1, tid=300)
+    p = parsed(b.write(tmp_path / "t.json"))
+    other = STAGES.index("other")
+    assert _totals(p)["wall"][other] == 235 * US
+    ht = host_time(p.raw.events, p.links, p.attribution)
+    in_step = ht[(ht["scope"] == "step") & (ht["stage_code"] == other)].set_index("step")["host_wall_ns"]
+    assert in_step[1] == 85 * US and in_step[2] == 100 * US and in_step[3] == 50 * US
+    seg = host_segments(p.raw.events, p.links, p.attribution)
+    np.testing.assert_array_equal(seg.step_index, step_window(seg.start, p.attribution.steps))
+    assert (seg.end > seg.start).all()

@@ -41,8 +41,8 @@ def to_arrow(frame: pd.DataFrame) -> pa.Table:
     columns = {}
     for name in frame.columns:
         series = frame[name]
-        if series.dtype == np.int64:
-            values = series.to_numpy()
+        if series.dtype == np.int64 or isinstance(series.dtype, pd.SparseDtype):  # sparse args: dense int64 here
+            values = series.to_numpy(dtype=np.int64)
             columns[name] = _with_nulls(values, values == NULL, pa.int64())
         elif isinstance(series.dtype, pd.CategoricalDtype):
             codes = series.cat.codes.to_numpy().astype(np.int32)
@@ -88,7 +88,9 @@ def internal_tables(parsed: ParsedTrace) -> dict[str, pd.DataFrame]:
     return {name: table.frame() if isinstance(table, RowSlices) else table for name, table in made.items()}
 
 
-ROW_GROUP = 1 << 18  # rows per row group: smaller than pyarrow's 1Mi, so a long table is written in less memory
+#: rows per row group: smaller than pyarrow's 1Mi, so a long table is written in less memory (one row group of the
+#: events table, converted and encoded in the second thread, is part of the peak of ``profparse parse``)
+ROW_GROUP = 1 << 17
 
 
 def _arrow(frame: pd.DataFrame, metadata: dict[str, str] | None) -> pa.Table:

@@ -102,7 +102,6 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     """
     ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
-    end = ts + dur
     stage = attribution.stage
     tree = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
     rows = np.flatnonzero(tree)
@@ -114,7 +113,42 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
         parent[bad] = links.parent[parent[bad]]
     counted = tree & ~mixed_containers(links.parent, links.depth, stage)
     counted &= working_threads(events, links, stage)[links.thread]
+    level = _levels(events, links)
 
+    # a parent's own time: the gaps before, between and after its children (sorted by start; the running maximum
+    # of the children's ends covers siblings that overlap). Ends are taken per subset (ts + dur), not as a column
+    # for every event.
+    child = np.flatnonzero(parent >= 0)
+    child = child[group_start_order(parent[child], ts[rows[child]])]  # one packed-key sort, not lexsort's two
+    par = parent[child]  # event rows of the parents, one per child
+    del parent
+    child = rows[child]  # event rows of the children
+    c_start = ts[child]
+    reach = group_running_max(par, c_start + dur[child])
+    del child
+    first = np.concatenate([[True], par[1:] != par[:-1]])[: len(par)]
+    last = np.concatenate([par[1:] != par[:-1], [True]])[: len(par)]
+    before = ts[par]
+    before[~first] = np.maximum(reach[np.flatnonzero(~first) - 1], before[~first])
+    has_child = np.zeros(len(events), dtype=bool)
+    has_child[par] = True
+    leaf = rows[~has_child[rows]]
+    del rows, has_child, first
+    end_par = ts[par] + dur[par]
+    tail = par[last]
+    seg_owner = np.concatenate([par, tail, leaf])
+    seg_start = np.concatenate([before, np.maximum(reach[last], ts[tail]), ts[leaf]])
+    del before, reach, last
+    seg_end = np.concatenate([np.minimum(c_start, end_par), ts[tail] + dur[tail], ts[leaf] + dur[leaf]])
+    del par, c_start, end_par, tail, leaf
+    keep = np.flatnonzero(counted[seg_owner] & (seg_end > seg_start))
+    seg_owner, seg_start, seg_end = seg_owner[keep], seg_start[keep], seg_end[keep]
+    del keep
+    return _cut_at_steps(seg_owner, seg_start, seg_end, stage, level, attribution.steps)
+
+
+def _levels(events: pd.DataFrame, links: Links) -> np.ndarray:
+    """The :data:`HOST_LEVELS` code of every event's own time (int8)."""
     kind = events["kind"].cat.codes.to_numpy()
     level = np.full(len(events), _LEVEL["python"], dtype=np.int8)
     level[kind == KIND_CODE["cpu_op"]] = _LEVEL["op"]
@@ -134,64 +168,42 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
             op_below[anc] = True
             anc = links.parent[anc]
         level[waiting & ~op_below] = _LEVEL["wait"]
-
-    # a parent's own time: the gaps before, between and after its children (sorted by start; the running maximum
-    # of the children's ends covers siblings that overlap)
-    child = np.flatnonzero(parent >= 0)
-    child = child[group_start_order(parent[child], ts[rows[child]])]  # one packed-key sort, not lexsort's two
-    par = parent[child]  # event rows of the parents, one per child
-    c_start, c_end = ts[rows[child]], end[rows[child]]
-    reach = group_running_max(par, c_end)
-    first = np.concatenate([[True], par[1:] != par[:-1]])[: len(par)]
-    last = np.concatenate([par[1:] != par[:-1], [True]])[: len(par)]
-    before = ts[par].copy()
-    before[~first] = np.maximum(reach[np.flatnonzero(~first) - 1], before[~first])
-    has_child = np.zeros(len(events), dtype=bool)
-    has_child[par] = True
-    leaf = rows[~has_child[rows]]
-    seg_owner = np.concatenate([par, par[last], leaf])
-    seg_start = np.concatenate([before, np.maximum(reach[last], ts[par[last]]), ts[leaf]])
-    seg_end = np.concatenate([np.minimum(c_start, end[par]), end[par[last]], end[leaf]])
-    del child, c_start, c_end, reach, before, first, last, has_child, leaf
-    keep = counted[seg_owner] & (seg_end > seg_start)
-    seg_owner, seg_start, seg_end = seg_owner[keep], seg_start[keep], seg_end[keep]
-    return _cut_at_steps(seg_owner, seg_start, seg_end, stage, level, attribution.steps)
+    return level
 
 
 def _cut_at_steps(
     owner: np.ndarray, start: np.ndarray, end: np.ndarray, stage: np.ndarray, level: np.ndarray, steps: pd.DataFrame
 ) -> HostSegments:
-    """Pieces cut at every step window boundary, each with the window it lies in."""
+    """Pieces cut at every step window boundary, each with the window it lies in.
+
+    Few pieces cross a boundary: each keeps its part before the first cut it crosses, and its other parts are
+    appended after all pieces (the order of pieces changes no union), so no array of the size of all pieces is
+    made more than once."""
     if steps.empty or not len(start):
         window = step_window(start, steps)
     else:
         cuts = np.unique(np.concatenate([steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()]))
-        lo = np.searchsorted(cuts, start, side="right")
-        # a piece crosses a cut iff the first cut after its start lies before its end: the second searchsorted (for
-        # the ends) then runs on those few pieces only
+        lo = np.searchsorted(cuts, start, side="right")  # the first cut after each piece's start
+        # a piece crosses a cut iff the first cut after its start lies before its end
         crosses = np.flatnonzero(cuts[np.minimum(lo, len(cuts) - 1)] < end)
         crosses = crosses[lo[crosses] < len(cuts)]
-        pieces = np.ones(len(start), dtype=np.int64)
-        pieces[crosses] = np.searchsorted(cuts, end[crosses], side="left") - lo[crosses] + 1
-        cut_lo = lo - 1  # the cut a piece starts at or after (-1: before the first cut)
-        if (pieces > 1).any():
-            idx = np.repeat(np.arange(len(start)), pieces)
-            k = np.arange(len(idx)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number within its row
-            cut_lo = lo[idx] + k - 1
-            s = np.where(k == 0, start[idx], cuts[np.maximum(cut_lo, 0)])
-            e = np.where(k == pieces[idx] - 1, end[idx], cuts[np.minimum(lo[idx] + k, len(cuts) - 1)])
-            owner, start, end = owner[idx], s, e
+        if len(crosses):
+            pieces = np.searchsorted(cuts, end[crosses], side="left") - lo[crosses] + 1
+            idx = np.repeat(crosses, pieces - 1)  # the second and later parts of the pieces that cross
+            k = np.arange(1, len(idx) + 1) - np.repeat(np.cumsum(pieces - 1) - (pieces - 1), pieces - 1)
+            cut_lo = lo[idx] + k - 1  # the cut each later part starts at
+            last = k == np.repeat(pieces, pieces - 1) - 1
+            extra_end = np.where(last, end[idx], cuts[np.minimum(cut_lo + 1, len(cuts) - 1)])
+            end[crosses] = cuts[lo[crosses]]  # the first part ends at the first cut
+            owner = np.concatenate([owner, owner[idx]])
+            start = np.concatenate([start, cuts[cut_lo]])
+            end = np.concatenate([end, extra_end])
+            lo = np.concatenate([lo, cut_lo + 1])
         # Window starts and ends are cuts, so every moment between two neighbouring cuts lies in the same window (or
         # none): a piece's window is its interval's, looked up in the few cuts instead of a searchsorted of every
         # piece against the windows (step_window).
-        window = step_window(np.concatenate([[cuts[0] - 1], cuts]), steps)[cut_lo + 1]
-    return HostSegments(
-        start=start,
-        end=end,
-        stage=stage[owner].astype(np.int64),
-        level=level[owner],
-        step_index=window,
-    )
+        window = step_window(np.concatenate([[cuts[0] - 1], cuts]), steps)[lo]
+    return HostSegments(start=start, end=end, stage=stage[owner], level=level[owner], step_index=window)
 
 
 def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[str, np.ndarray]:
@@ -199,15 +211,23 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
 
     A moment covered by pieces of several levels counts for the highest-priority one: level ``i`` gets the union
     of levels ``0..i`` minus the union of levels ``0..i-1``. The levels add up to the wall exactly.
+
+    ``segments`` is used up: its arrays are replaced by sorted ones that the passes overwrite (one copy of the
+    pieces at a time, not one per step of the computation).
     """
     out: dict[str, np.ndarray] = {}
     below = np.zeros(groups, dtype=np.int64)
     order = group_start_order(key, segments.start) if len(key) else np.zeros(0, dtype=np.int64)
-    key, start, end, level = key[order], segments.start[order], segments.end[order], segments.level[order]
+    key = key[order]
+    segments.start, segments.end, segments.level = segments.start[order], segments.end[order], segments.level[order]
+    del order
+    start, end, level = segments.start, segments.end, segments.level
     present = np.bincount(level, minlength=len(HOST_LEVELS)) > 0
-    start, end = on_one_line(key, start, end)  # once for all levels, not once per pass
-    heads = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else order
+    start, end = on_one_line(key, start, end, out=True)  # once for all levels, not once per pass
+    heads = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else np.zeros(0, np.int64)
     ids = key[heads]
+    del key
+    work_start, work_end = np.empty_like(start), np.empty_like(end)  # each pass's copies, reused
     for i, name in enumerate(HOST_LEVELS):
         if not present[i]:  # no piece of this level: the union up to it is the one before; skipping the pass saves
             out[name] = np.zeros(groups, dtype=np.int64)  # 2-3 of the 6 on traces without Python stacks
@@ -217,8 +237,10 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
             # Pieces of later levels become empty intervals at their own start, which change no union in a sweep
             # sorted by start: one sort and one set of group heads serve every level, each pass runs on the full
             # arrays without taking a subset of them (the subsets cost more than they saved).
-            upto_end = np.where(level <= i, end, start)
-            covered[ids] = line_union(start.copy(), upto_end, heads)
+            np.copyto(work_start, start)
+            np.copyto(work_end, start)
+            np.copyto(work_end, end, where=level <= i)
+            covered[ids] = line_union(work_start, work_end, heads)
         out[name] = covered - below
         below = covered
     out["wall"] = below
@@ -243,14 +265,17 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
     n_stages = len(STAGES)
     numbers = attribution.steps["step"].to_numpy().astype(np.int64)
     labels = np.concatenate([step_labels(attribution), [NULL]])  # as stage_summary's rows: step numbers in order
-    index = np.full(len(seg.step_index), len(labels) - 1, dtype=np.int64)  # outside every window
-    inside = seg.step_index >= 0
-    label_of_window = np.searchsorted(labels[:-1], numbers)  # per window, not per piece
-    index[inside] = label_of_window[seg.step_index[inside]]
+    # per window, not per piece; the last label (NULL) is outside every window (step_index -1)
+    label_of_window = np.append(np.searchsorted(labels[:-1], numbers), len(labels) - 1)
+    key = label_of_window[seg.step_index]
+    seg.step_index = key  # not needed any more: let it go before host_levels sorts the pieces
+    key *= n_stages
+    key += seg.stage
     # Pieces are cut at every window boundary, so the windows (and "outside") split time into disjoint parts: the
     # total per stage (a union over the whole trace) is the sum of the per-window unions, exactly. Summing instead
     # of a second host_levels pass over all pieces saves a quarter of host_time.
-    by_step = host_levels(seg, index * n_stages + seg.stage, len(labels) * n_stages)
+    by_step = host_levels(seg, key, len(labels) * n_stages)
+    del seg, key
     total = {name: values.reshape(len(labels), n_stages).sum(axis=0) for name, values in by_step.items()}
     frames = []
     for scope, levels, keys in (("step", by_step, labels), ("total", total, np.array([NULL]))):
