@@ -409,3 +409,25 @@ def test_a_sleep_off_the_path_adds_nothing(sleep_capture) -> None:
     windows = sleep_capture.steps
     path = _path(sleep_capture)
     assert (path["end_ns"] - path["start_ns"]).sum() == (windows["end_ns"] - windows["start_ns"]).sum()
+
+
+HOST_BOUNDS = {"python", "cpu_op", "launch", "sync_wait", "data"}
+
+
+@pytest.mark.skipif(not (SHARED / "critical_path").is_dir(), reason="needs ../shared/traces")
+def test_host_share_agrees_with_hta_on_a_trace_with_sync_events(tmp_path) -> None:
+    """HTA 0.6 (networkx, cuda_sync edges) on its own event-sync test trace: the host-bound share of the step
+    agrees within 10 points (HTA: 98.1% cpu_bound; docs/critical_path.md compares the other traces)."""
+    trace_analysis = pytest.importorskip("hta.trace_analysis")
+    trace = SHARED / "critical_path" / "a100_event_sync.json.gz"
+    (tmp_path / "hta").mkdir()
+    (tmp_path / "hta" / "rank-0.json.gz").write_bytes(trace.read_bytes())
+    graph, ok = trace_analysis.TraceAnalysis(trace_dir=str(tmp_path / "hta")).critical_path_analysis(
+        rank=0, annotation="ProfilerStep", instance_id=0
+    )
+    assert ok
+    hta_share = graph.summary().get("cpu_bound", 0.0)
+    path = _path(profparse.load(trace, cache=False))
+    ns = path["end_ns"] - path["start_ns"]
+    share = 100 * ns[path["bound"].astype(str).isin(HOST_BOUNDS)].sum() / ns.sum()
+    assert abs(share - hta_share) <= 10
