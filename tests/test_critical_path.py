@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import profparse
-from profparse.analysis.critical_path import blocking_calls, chains, path_table
+from profparse.analysis.critical_path import blocking_calls, chains, dependency_graph, path_table
 from profparse.tables.parsed import ParsedTrace
 from tests.tracebuilder import AUTOGRAD, GPU_PID, MAIN, STREAM, TraceBuilder, backward_node, forward_op
 
@@ -60,6 +60,30 @@ def test_gpu_compute_bound(tmp_path) -> None:
         ("cpu_op", 10, 12),
         ("launch", 12, 13),
         ("launch", 13, 15),  # launch latency: the stream was idle
+        ("gpu_compute", 15, 900),
+        ("sync_wait", 900, 905),
+        ("python", 905, 1000),
+    ]
+
+
+def test_epoch_timestamps_and_many_threads(tmp_path) -> None:
+    """Timestamps as real traces have them (~1.7e18 ns) and a dozen host threads: the (thread, time) keys fit."""
+    t0 = 1_712_195_495_502_094.0  # us
+    b = TraceBuilder()
+    for tid in range(300, 312):  # listed first: the main thread gets the last dense thread number
+        b.op("aten::add", t0 + 5, 900, tid=tid)
+    b.annotation("ProfilerStep#1", t0, 1000)
+    b.op("aten::mm", t0 + 10, 10)
+    b.launch(t0 + 12, t0 + 15, 885, name="gemm")
+    _sync(b, "cudaDeviceSynchronize", t0 + 30, 875)
+    parsed = _parse(b, tmp_path)
+    pieces = dependency_graph(parsed.raw.events, parsed.links, parsed.attribution).pieces
+    assert (np.diff(pieces.thread) >= 0).all() and len(np.unique(pieces.thread)) == 13  # one run per thread
+    assert _segments(parsed) == [
+        ("python", 0, 10),
+        ("cpu_op", 10, 12),
+        ("launch", 12, 13),
+        ("launch", 13, 15),
         ("gpu_compute", 15, 900),
         ("sync_wait", 900, 905),
         ("python", 905, 1000),

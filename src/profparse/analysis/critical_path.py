@@ -107,6 +107,15 @@ def _host_rows(events: pd.DataFrame, links: Links) -> np.ndarray:
     return np.flatnonzero(links.host & kind_mask(events, _HOST_KINDS) & (events["dur_ns"].to_numpy() > 0))
 
 
+def _extent(*times: np.ndarray) -> tuple[int, int]:
+    """One before the earliest and one after the latest of ``times`` (0, 1 when there are none): the line on which
+    (group, time) pairs are packed as ``group * span + (time - lo)``, which stays small enough for an int64."""
+    present = [t for t in times if len(t)]
+    if not present:
+        return 0, 1
+    return min(int(t.min()) for t in present) - 1, max(int(t.max()) for t in present) + 1
+
+
 def _first_of_runs(sorted_group: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate([[True], sorted_group[1:] != sorted_group[:-1]]))
 
@@ -120,8 +129,7 @@ def host_pieces(
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
     threads = np.arange(len(links.threads), dtype=np.int64)
-    lo = int(min(ts[rows].min(initial=0), cut_time.min(initial=0))) - 1
-    hi = int(max(end[rows].max(initial=0), cut_time.max(initial=0))) + 1
+    lo, hi = _extent(ts[rows], end[rows], cut_time)
     n, c, t = len(rows), len(cut_time), len(threads)
     p_thread = np.concatenate([links.thread[rows], links.thread[rows], cut_thread, threads, threads]).astype(np.int64)
     p_time = np.concatenate([ts[rows], end[rows], cut_time, np.full(t, lo), np.full(t, hi)]).astype(np.int64)
@@ -323,8 +331,8 @@ def _last_on_stream(
     """Per query, the GPU activity (of ``rows``, sorted by ``ends``) on ``stream`` that ends last by ``until``
     (-1: none)."""
     codes, uniques = pd.factorize(events["stream"].to_numpy()[rows])
-    lo = int(min(ends.min(initial=0), until.min(initial=0))) - 1
-    span = int(max(ends.max(initial=0), until.max(initial=0))) - lo + 1
+    lo, hi = _extent(ends, until)
+    span = hi - lo + 1
     key = codes.astype(np.int64) * span + (ends - lo)
     order = np.argsort(key, kind="stable")
     wanted = pd.Index(uniques).get_indexer(stream)
