@@ -93,3 +93,18 @@ def test_one_new_entry_is_computed_written_and_stored(monkeypatch, tmp_path: Pat
     again = profparse.load(SAMPLES[0])  # from the cache entry the first load stored
     assert again.cache is not None and again.cache.table("extra") is not None
     pd.testing.assert_frame_equal(again.table("extra"), expected)
+
+
+def test_public_tables_have_nulls_not_sentinels(parsed_samples) -> None:
+    """The internal NULL sentinel (and the sparse columns the event table keeps rarely set args in) never reach
+    users: every public table's integer columns are plain or nullable, with no NULL value left in them."""
+    from profparse.trace.kinds import NULL
+
+    for parsed in parsed_samples:
+        for spec in registry.public():
+            frame = getattr(parsed, spec.name)
+            for column in frame.columns:
+                dtype = frame[column].dtype
+                assert not isinstance(dtype, pd.SparseDtype), f"{spec.name}.{column} is sparse"
+                if pd.api.types.is_integer_dtype(dtype):
+                    assert not (frame[column] == NULL).any(), f"{spec.name}.{column} holds the NULL sentinel"

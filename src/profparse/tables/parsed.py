@@ -171,12 +171,19 @@ for _spec in public():
 
 
 def nullable_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its NULL-sentinel int64 columns turned into nullable Int64 columns."""
+    """``frame`` with its NULL-sentinel int64 columns (plain or sparse, as the event table keeps rarely set args)
+    turned into nullable Int64 columns: what users get from the Python API."""
     out = frame.copy(deep=False)
     for column in out.columns:
-        values = out[column].to_numpy() if out[column].dtype == np.int64 else None
-        if values is not None and (values == NULL).any():
+        dtype = out[column].dtype
+        sparse = isinstance(dtype, pd.SparseDtype) and dtype.subtype == np.int64
+        if not sparse and dtype != np.int64:
+            continue
+        values = out[column].sparse.to_dense().to_numpy() if sparse else out[column].to_numpy()
+        if (values == NULL).any():
             out[column] = nullable(values)
+        elif sparse:
+            out[column] = values
     return out
 
 
