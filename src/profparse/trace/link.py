@@ -180,6 +180,8 @@ def depth_order(depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     top = int(depth.max()) if len(depth) else 0
     keys = depth.astype(np.int16) if 0 <= top < 2**15 and int(depth.min()) >= 0 else depth
     order = np.argsort(keys, kind="stable")  # 16-bit keys: a radix sort
+    if len(order) < 1 << 31:  # kept (below) for the whole run: row numbers as int32 take half the memory
+        order = order.astype(np.int32)
     bounds = np.searchsorted(depth[order], np.arange(top + 2))
     try:
         _DEPTH_ORDER[0] = (weakref.ref(depth), len(depth), order, bounds)

@@ -16,8 +16,10 @@ _INITIAL_ROWS = 1 << 12  # the first chunk's rows or the size hint usually decid
 _ARG_KEYS = frozenset(column for column, _ in INT_ARG_COLUMNS) | frozenset(TEXT_ARG_FIELDS)
 #: an integer args column with values on at most 1 row in SPARSE_SHARE is kept sparse (values and int32 row numbers:
 #: 12 bytes per value instead of 8 per row); most args belong to a few kinds of event (stream, device: GPU work;
-#: sequence_number: autograd ops; the collectives' sizes), and dense they were most of the event table's memory
-SPARSE_SHARE = 4
+#: sequence_number: autograd ops; correlation and flow ids: launches and kernels; the collectives' sizes), and dense
+#: they were most of the event table's memory. A reader's ``.to_numpy()`` makes the dense column for as long as it
+#: keeps it.
+SPARSE_SHARE = 2
 
 
 def _code_dtype(categories: int) -> type:
