@@ -147,6 +147,7 @@ LAYERS = (
     ("cli", ("profparse.cli",)),
     ("package", ("profparse", "profparse.__main__")),
     ("capture", ("profparse.capture",)),
+    ("integrations", ("profparse.integrations",)),
 )
 
 

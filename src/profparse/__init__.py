@@ -7,11 +7,16 @@ import importlib
 from profparse.base.marks import STAGES
 from profparse.base.version import __version__
 
-__all__ = ["ParsedTrace", "STAGES", "__version__", "load", "parse", "summarize"]
+__all__ = ["ParsedTrace", "STAGES", "__version__", "load", "on_trace_ready", "parse", "summarize"]
 
 # The library API is imported on first use: `import profparse` (and the command line's start) does not pull
 # pandas and pyarrow in before any work, and a Ctrl-C while they load reaches the CLI's handler.
-_LAZY = {"ParsedTrace": "profparse.api", "load": "profparse.api", "parse": "profparse.api"}
+_LAZY = {
+    "ParsedTrace": "profparse.api",
+    "load": "profparse.api",
+    "parse": "profparse.api",
+    "on_trace_ready": "profparse.integrations.torch_profiler",  # imports no torch: the profiler hands it its own
+}
 
 
 def __getattr__(name: str) -> object:

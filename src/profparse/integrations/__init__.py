@@ -1,0 +1,22 @@
+"""Where users already profile: hooks that plug profparse into a training loop (docs/integrations.md).
+
+Importing this package imports no integration (and so neither torch nor pandas): each is loaded on first use, and
+``python -m profparse.integrations.torch_profiler`` (the handler's background worker) runs without a second copy.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["TraceHandler", "on_trace_ready"]
+
+_HANDLER = "profparse.integrations.torch_profiler"
+_LAZY = {"TraceHandler": _HANDLER, "on_trace_ready": _HANDLER}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'profparse.integrations' has no attribute {name!r}")
