@@ -23,6 +23,7 @@ from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
 from profparse.base.version import __version__
 from profparse.outputs.report.headline import ranks_headline, trace_headline
+from profparse.outputs.summary.critical_path import GPU_BOUNDS, LABEL_WIDTH
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.trace.kinds import NULL
@@ -33,17 +34,20 @@ if TYPE_CHECKING:
 #: Views the page draws itself; any other registered view is shown as tables plus its PNG.
 NATIVE = frozenset(
     {"stages", "timeline", "top_kernels", "top_ops", "top_runtime", "communication", "roofline"}
-    | {"memory", "layers", "load"}
+    | {"memory", "layers", "load", "critical_path"}
 )
 #: Native views whose picture is still the PNG their ``draw`` makes (the page draws their tables).
 PICTURED = frozenset({"roofline"})
 TIMELINE_RECTS = 20000  # aggregated spans in the page's timeline (zoomable, so finer than the PNG's 6000)
 TIMELINE_PIXELS = 40000  # merge spans closer than 1/40000 of the trace: a 20x zoom still shows single spans
 TIMELINE_TRACKS = 32
+PATH_RECTS = 6000  # spans of the critical path's row in the timeline (a 5x zoom still separates them)
+PATH_PIXELS = 10000
 TOP_ROWS = 20  # names per stage in the top tables (the filter box searches these)
 #: The page's own options for some views' ``data`` (finer or longer than the PNGs'); other views get none.
 OPTIONS: dict[str, dict[str, int]] = {
     "timeline": {"max_tracks": TIMELINE_TRACKS, "max_rects": TIMELINE_RECTS, "pixels": TIMELINE_PIXELS},
+    "critical_path": {"max_rects": PATH_RECTS, "pixels": PATH_PIXELS},
     "top_kernels": {"n": TOP_ROWS},
     "top_ops": {"n": TOP_ROWS},
     "top_runtime": {"n": TOP_ROWS},
@@ -90,6 +94,8 @@ def trace_payload(parsed: ParsedTrace) -> dict[str, Any]:
     from profparse.outputs.summary import summary_data
 
     summary = plain(summary_data(parsed), null=NULL)
+    for row in (summary.get("critical_path") or {}).get("longest") or []:  # the labels summarize shows
+        row["label"] = shorten_name(row["name"], LABEL_WIDTH, kernel=row["bound"] in GPU_BOUNDS)
     return {
         "kind": "trace",
         "title": display(Path(parsed.path).name),

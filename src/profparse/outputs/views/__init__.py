@@ -12,6 +12,7 @@ from types import ModuleType
 
 from profparse.outputs.views import (
     communication,
+    critical_path,
     layers,
     load,
     memory,
@@ -29,6 +30,7 @@ VIEWS: dict[str, ModuleType] = {
     for m in (
         stages,
         timeline,
+        critical_path,
         top_kernels,
         top_ops,
         top_runtime,

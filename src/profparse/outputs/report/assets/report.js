@@ -173,17 +173,43 @@
     });
   }
 
+  function boundLegend(title, cp) {
+    return el("div", {class: "legend"}, [el("span", {text: title})].concat(cp.bounds.map(function (b) {
+      return el("span", {}, [el("span", {class: "chip", style: "background:" + cp.colors[b]}), b]);
+    })));
+  }
+  // the critical path's spans as one more timeline row, below the tracks, coloured by bound (views/critical_path.py)
+  function withPath(d, tracks) {
+    var base = d.spans.cols, cp = P.views.critical_path && P.views.critical_path.data;
+    var sp = {row: base.row.slice(), start_ns: base.start_ns.slice(), end_ns: base.end_ns.slice(), stage: base.stage.slice(),
+      rule: base.rule.slice(), events: base.events.slice(), color: [], bound: [], name: [], step: []};
+    if (!cp) return [sp, null];
+    var c = cp.spans.cols, row = tracks.length, shift = cp.origin_ns - d.origin_ns;
+    tracks.push({label: "critical path", kind: "path"});
+    for (var i = 0; i < c.start_ns.length; i++) {
+      var j = sp.row.length;
+      sp.row.push(row); sp.start_ns.push(c.start_ns[i] + shift); sp.end_ns.push(c.end_ns[i] + shift); sp.stage.push(c.stage[i]);
+      sp.rule.push(""); sp.events.push(c.segments[i]); sp.color[j] = cp.colors[c.bound[i]]; sp.bound[j] = c.bound[i];
+      sp.name[j] = cp.names[c.name[i]]; sp.step[j] = c.step[i];
+    }
+    return [sp, cp];
+  }
+
   function timelineView(s, v) {
-    var d = v.data, tracks = rows(d.tracks), sp = d.spans.cols, n = sp.start_ns.length, span = d.span_ns || 1;
+    var d = v.data, tracks = rows(d.tracks), both = withPath(d, tracks), sp = both[0], cp = both[1], n = sp.start_ns.length, span = d.span_ns || 1;
     var present = STAGES.filter(function (st) { return sp.stage.indexOf(st) >= 0; });
     s.appendChild(legend(present));
+    if (cp) s.appendChild(boundLegend("last row, the critical path, by bound:", cp));
     var tools = el("div", {class: "tools"}, [el("span", {text: "wheel: zoom · drag: pan · double-click: reset"}), el("button", {text: "reset", id: "tl-reset"})]);
     s.appendChild(tools);
     var wrap = el("div", {id: "timeline-wrap"}), canvas = el("canvas", {id: "timeline"}), tip = el("div", {id: "tip"});
     wrap.appendChild(canvas); s.appendChild(wrap); document.body.appendChild(tip);
-    s.appendChild(el("p", {class: "note", text: n.toLocaleString("en-US") + " aggregated spans on " + tracks.length + " tracks: same-stage spans of a track closer than " +
-      fmt(d.gap_ns) + " are drawn as one (hover shows how many events it merges and the rule that decided most of its time)" +
-      (d.hidden_tracks ? "; " + d.hidden_tracks + " quieter tracks not shown" : "") + "."}));
+    s.appendChild(el("p", {class: "note", text: d.spans.cols.start_ns.length.toLocaleString("en-US") + " aggregated spans on " + d.tracks.index.length +
+      " tracks: same-stage spans of a track closer than " + fmt(d.gap_ns) + " are drawn as one (hover shows how many events it merges and the rule that decided most of its time)" +
+      (d.hidden_tracks ? "; " + d.hidden_tracks + " quieter tracks not shown" : "") +
+      (cp ? "; the last row is each step's critical path (" + cp.segments.toLocaleString("en-US") + " segments as " + cp.spans.cols.start_ns.length.toLocaleString("en-US") +
+        " spans; segments shorter than " + fmt(cp.gap_ns) + " drawn by their main bound; see \u201cWhat bounds each step\u201d below)" : "") + "."}));
+    canvas.dataset.pathRow = cp ? String(tracks.length - 1) : "";
     var byRow = tracks.map(function () { return []; });
     for (var i = 0; i < n; i++) byRow[sp.row[i]].push(i);
     byRow.forEach(function (list) { list.sort(function (a, b) { return sp.start_ns[a] - sp.start_ns[b]; }); });
@@ -211,7 +237,7 @@
           var j = list[k];
           if (sp.end_ns[j] < view.a || sp.start_ns[j] > view.b) continue;
           var x0 = x(sp.start_ns[j], w), x1 = x(sp.end_ns[j], w);
-          c.fillStyle = COLORS[sp.stage[j]] || "#777";
+          c.fillStyle = sp.color[j] || COLORS[sp.stage[j]] || "#777";
           c.fillRect(x0, TOP + r * ROW + 3, Math.max(x1 - x0, 1), ROW - 6);
         }
       });
@@ -247,6 +273,11 @@
       return spanAt(r, t, 2 * (view.b - view.a) / (w - LABEL));
     }
     function tipText(j) {
+      if (sp.bound[j]) {  // a span of the critical path
+        return "critical path, step " + sp.step[j] + "\nbound: " + sp.bound[j] + "\nstage: " + sp.stage[j] + "\nevent: " + sp.name[j] + "\n" +
+          sp.events[j].toLocaleString("en-US") + " segment" + (sp.events[j] === 1 ? "" : "s") + " merged\n" +
+          fmt(sp.start_ns[j]) + " → " + fmt(sp.end_ns[j]) + " (" + fmt(sp.end_ns[j] - sp.start_ns[j]) + ")";
+      }
       return tracks[sp.row[j]].label + "\nstage: " + sp.stage[j] + "\nrule: " + sp.rule[j] + "\n" +
         sp.events[j].toLocaleString("en-US") + " event" + (sp.events[j] === 1 ? "" : "s") + " merged\n" +
         fmt(sp.start_ns[j]) + " → " + fmt(sp.end_ns[j]) + " (" + fmt(sp.end_ns[j] - sp.start_ns[j]) + ")";
@@ -556,7 +587,58 @@
     });
   }
 
-  var RENDER = {stages: stagesView, timeline: timelineView, top_kernels: topView, top_ops: topView, top_runtime: topView,
+  // -- the critical path: ms on the path per stage and bound (the summary's section), per step, longest events --------
+  function criticalPathView(s, v) {
+    var d = v.data, cp = P.summary.critical_path || {}, per = cp.per_stage || [], stages = per.map(function (r) { return r.stage; });
+    var whole = 0, byStage = {};
+    per.forEach(function (r) { whole += r.total_ns; byStage[r.stage] = r.bounds; });
+    s.appendChild(el("p", {class: "sub", text: "The chain of dependent work (host code, launches, kernels, copies, waits) that bounds each step, " +
+      cp.steps + " steps summed. The timeline above draws it as its last row, coloured by bound; hover names the event."}));
+    s.appendChild(boundLegend("bound:", d));
+    function cell(stage, bound, ns, total) {
+      var td = el("td", {"data-cp-stage": stage, "data-cp-bound": bound, "data-cp-value": String(ns), text: fmt(ns)});
+      if (total) td.appendChild(el("span", {class: "share", text: pct(ns / total)}));
+      return td;
+    }
+    var body = d.bounds.map(function (b) {
+      var total = 0;
+      stages.forEach(function (st) { total += byStage[st][b] || 0; });
+      return el("tr", {"data-cp-row": b}, [el("td", {class: "l"}, [el("span", {class: "chip", style: "background:" + d.colors[b]}), b])].concat(
+        stages.map(function (st) { return cell(st, b, byStage[st][b] || 0); }), [cell("total", b, total, whole)]));
+    });
+    body.push(el("tr", {class: "total"}, [el("td", {class: "l", text: "all"})].concat(per.map(function (r) { return cell(r.stage, "all", r.total_ns); }), [cell("total", "all", whole)])));
+    s.appendChild(el("h3", {id: "cp-per-stage", text: "ms on the critical path by stage and bound"}));
+    s.appendChild(table(["bound"].concat(stages, ["total (share)"]), body, "cp"));
+    // per step: one bar stacked by bound
+    var steps = {}, order = [];
+    rows(d.make_up).forEach(function (r) {
+      if (!(r.step in steps)) { steps[r.step] = {total: 0}; order.push(r.step); }
+      steps[r.step][r.bound] = (steps[r.step][r.bound] || 0) + r.ns; steps[r.step].total += r.ns;
+    });
+    var top = Math.max.apply(null, order.map(function (n) { return steps[n].total; }).concat([1])), g = el("div", {class: "hb"});
+    order.forEach(function (n) {
+      var st = steps[n], bar = el("div", {class: "bar", "data-cp-step": String(n), style: "width:" + (75 * st.total / top).toFixed(2) + "%"});
+      d.bounds.forEach(function (b) {
+        if (st[b]) bar.appendChild(el("span", {title: b + ": " + fmt(st[b]) + " (" + pct(st[b] / st.total) + ")", style: "width:" + (100 * st[b] / st.total) + "%;background:" + d.colors[b]}));
+      });
+      g.appendChild(el("div", {class: "lab", text: "step " + n}));
+      g.appendChild(el("div", {class: "val"}, [bar, el("span", {class: "num", text: fmt(st.total)})]));
+    });
+    s.appendChild(el("h3", {text: "Per step, by bound"}));
+    s.appendChild(g);
+    var longest = cp.longest || [];
+    if (!longest.length) return;
+    s.appendChild(el("h3", {text: "Longest events on the critical path"}));
+    var t = table(["step", "stage", "bound", "ms on path", "event"], longest.map(function (r) {
+      return el("tr", {}, [el("td", {class: "l", text: "step " + r.step}), stageCell(r.stage), el("td", {class: "l", text: r.bound}), el("td", {text: fmt(r.ns)}),
+        el("td", {class: "l name", title: r.name, text: r.label || r.name})]);
+    }), "", 3);
+    t.querySelector("th:last-child").className = "l";
+    s.appendChild(t);
+    s.appendChild(el("p", {class: "note", text: "an op cut by its children counts all its pieces; see docs/critical_path.md for how the path is found"}));
+  }
+
+  var RENDER = {critical_path: criticalPathView, stages: stagesView, timeline: timelineView, top_kernels: topView, top_ops: topView, top_runtime: topView,
     communication: communicationView, roofline: rooflineView, memory: memoryView, layers: layersView, load: loadView};
 
   function traceReport(app, toc) {

@@ -1,0 +1,176 @@
+"""View: the critical path of each step over time, coloured by what bounds it, and its make-up per stage and step.
+
+``data`` reads the ``critical_path`` table (:mod:`profparse.analysis.critical_path`). Its segments tile each step,
+so a page can draw them as one row under the timeline's time axis. They are aggregated to about a pixel:
+consecutive segments of one bound merge, and a run of segments each shorter than a pixel (1/``pixels`` of the
+steps' span) in the same pixel merges into one span labelled by the bound with most time in it. The coarser
+``gap`` is chosen while more than ``max_rects`` spans remain. The merged spans still tile the steps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from profparse.analysis.critical_path import BOUNDS
+from profparse.base.marks import STAGES
+from profparse.base.names import shorten_name
+from profparse.outputs.views._common import Figure, Prepared, fmt_time, time_unit, trace_title
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
+KIND = "critical_path"
+TITLE = "Critical path: what bounds each step"
+MAX_RECTS = 6000
+NAME_WIDTH = 80  # event names shortened as summarize shortens them (a kernel without its template arguments)
+GPU_BOUNDS = frozenset({"gpu_compute", "gpu_comm", "memcpy"})
+#: One colour per bound (Paul Tol's muted palette, readable with colour-blindness); GPU idle a pale grey.
+BOUND_COLORS: dict[str, str] = {
+    "python": "#88CCEE",
+    "cpu_op": "#332288",
+    "launch": "#44AA99",
+    "gpu_compute": "#CC6677",
+    "gpu_comm": "#AA4499",
+    "memcpy": "#DDCC77",
+    "sync_wait": "#882255",
+    "data": "#117733",
+    "gpu_idle": "#CCCCCC",
+}
+
+
+def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
+    """Contiguous segments of one step merged: same bound always, any bounds when each is shorter than ``gap``
+    and they start in the same ``gap``-wide bin. One row per span: start, end, bound (most time), stage and
+    event name (of its longest segment), segments merged."""
+    start = path["start_ns"].to_numpy(np.int64)
+    end = path["end_ns"].to_numpy(np.int64)
+    step = path["step"].to_numpy(np.int64)
+    bound = path["bound"].cat.codes.to_numpy() if hasattr(path["bound"], "cat") else pd.factorize(path["bound"])[0]
+    short = (end - start) < gap
+    pixel = (start - origin) // max(gap, 1)
+    joined = np.zeros(len(path), dtype=bool)
+    joined[1:] = (step[1:] == step[:-1]) & (start[1:] == end[:-1])
+    joined[1:] &= (bound[1:] == bound[:-1]) | (short[1:] & short[:-1] & (pixel[1:] == pixel[:-1]))
+    group = np.cumsum(~joined) - 1
+    frame = pd.DataFrame({"group": group, "ns": end - start, "bound": path["bound"].astype(str).to_numpy()})
+    by_bound = frame.groupby(["group", "bound"], sort=False)["ns"].sum().reset_index()
+    top_bound = by_bound.sort_values(["group", "ns"], ascending=[True, False], kind="stable").drop_duplicates("group")
+    first = np.flatnonzero(~joined)
+    last = np.r_[first[1:], len(path)] - 1
+    longest = frame.sort_values(["group", "ns"], ascending=[True, False], kind="stable").drop_duplicates("group").index
+    return pd.DataFrame(
+        {
+            "start_ns": start[first] - origin,
+            "end_ns": end[last] - origin,
+            "bound": top_bound.set_index("group")["bound"].reindex(np.arange(len(first))).to_numpy(),
+            "stage": path["stage"].astype(str).to_numpy()[longest],
+            "step": step[first],
+            "name": path["name"].astype(str).to_numpy()[longest],
+            "segments": np.diff(np.r_[first, len(path)]),
+        }
+    )
+
+
+def _make_up(path: pd.DataFrame) -> pd.DataFrame:
+    """ns on the path per (step, stage, bound), in step, stage and bound order."""
+    ns = path["end_ns"].to_numpy(np.int64) - path["start_ns"].to_numpy(np.int64)
+    frame = pd.DataFrame(
+        {
+            "step": path["step"].to_numpy(np.int64),
+            "stage": path["stage"].astype(str),
+            "bound": path["bound"].astype(str),
+        }
+    )
+    sums = frame.assign(ns=ns).groupby(["step", "stage", "bound"], sort=False)["ns"].sum().reset_index()
+    sums = sums[sums["ns"] > 0]
+    stage_order = {s: i for i, s in enumerate(STAGES)}
+    bound_order = {b: i for i, b in enumerate(BOUNDS)}
+    keys = (sums["bound"].map(bound_order), sums["stage"].map(stage_order), sums["step"])
+    return sums.iloc[np.lexsort(keys)].reset_index(drop=True).astype({"ns": "int64"})
+
+
+def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) -> tuple[Prepared | None, str | None]:
+    """The path's spans over time (start/end ns since ``origin_ns``, the first step's start; bound, stage, step,
+    the code of the longest event's name in ``names``, segments merged), the ns per (step, stage, bound), the
+    steps, and the merge gap."""
+    path = parsed.table("critical_path")
+    if path.empty:
+        return None, "no step has a critical path (no ProfilerStep# or optimizer step marks)"
+    path = path.sort_values(["step", "start_ns"], kind="stable").reset_index(drop=True)
+    origin = int(path["start_ns"].min())
+    span = int(path["end_ns"].max()) - origin
+    limit = MAX_RECTS if max_rects is None else max_rects
+    gap = max(span // pixels, 1)
+    spans = _runs(path, gap, origin)
+    while len(spans) > limit and gap < span:
+        gap *= 4
+        spans = _runs(path, gap, origin)
+    codes, names = pd.factorize(spans.pop("name"), sort=False)  # each name once: the page stays small
+    spans["name"] = codes.astype(np.int64)
+    kernel = spans.groupby("name", sort=True)["bound"].first().isin(GPU_BOUNDS).to_numpy()
+    short = [shorten_name(str(n), NAME_WIDTH, kernel=bool(k)) for n, k in zip(names, kernel, strict=True)]
+    steps = parsed.steps
+    steps = steps[steps["step"].isin(path["step"].unique())]
+    step_rows = pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(np.int64),
+            "start_ns": (steps["start_ns"] - origin).to_numpy(np.int64),
+            "end_ns": (steps["end_ns"] - origin).to_numpy(np.int64),
+        }
+    )
+    present = set(path["bound"].astype(str))
+    return {
+        "title": trace_title(parsed),
+        "spans": spans,
+        "names": short,
+        "make_up": _make_up(path),
+        "steps": step_rows,
+        "bounds": [b for b in BOUNDS if b in present],
+        "colors": {b: BOUND_COLORS[b] for b in BOUNDS},
+        "origin_ns": origin,
+        "span_ns": span,
+        "gap_ns": int(gap),
+        "segments": len(path),
+    }, None
+
+
+def draw(prepared: Prepared) -> Figure:
+    """Top: the path over time, one bar coloured by bound. Bottom: per step, the ms on the path by bound."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    spans, span = prepared["spans"], prepared["span_ns"]
+    bounds, colors = prepared["bounds"], prepared["colors"]
+    scale, unit = time_unit(span)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 6), layout="constrained", height_ratios=(1, 2.2))
+    for bound, group in spans.groupby("bound", sort=False):
+        start = group["start_ns"].to_numpy(float)
+        width = np.maximum((group["end_ns"] - group["start_ns"]).to_numpy(float), span / 1500)
+        pairs = list(zip(start / scale, width / scale, strict=True))
+        top.broken_barh(pairs, (0, 1), facecolors=colors[str(bound)], linewidth=0)
+    for st in prepared["steps"].itertuples(index=False):
+        top.axvline(st.start_ns / scale, color="#333333", linestyle="--", linewidth=0.7)
+        top.text((st.start_ns + st.end_ns) / 2 / scale, 1.05, f"step {st.step}", ha="center", va="bottom", fontsize=8)
+    top.set_xlim(0, span / scale * 1.005)
+    top.set_yticks([])
+    gap = fmt_time(prepared["gap_ns"])
+    top.set_xlabel(f"time since the first step ({unit}); segments shorter than {gap} drawn by their main bound")
+    top.set_title(f"{TITLE}: {prepared['title']}", pad=16)
+    make_up = prepared["make_up"]
+    per_step = make_up.pivot_table(index="step", columns="bound", values="ns", aggfunc="sum", fill_value=0)
+    per_step = per_step.reindex(columns=bounds, fill_value=0)
+    step_scale, step_unit = time_unit(float(per_step.sum(axis=1).max()))
+    left = np.zeros(len(per_step))
+    labels = [f"step {s}" for s in per_step.index]
+    for bound in bounds:
+        values = per_step[bound].to_numpy(float) / step_scale
+        bottom.barh(labels, values, left=left, color=colors[bound], edgecolor="white", linewidth=0.4)
+        left += values
+    bottom.invert_yaxis()
+    bottom.set_xlabel(f"time on the critical path ({step_unit})")
+    handles = [Patch(facecolor=colors[b], label=b) for b in bounds]
+    bottom.legend(handles=handles, title="bound", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
