@@ -1,0 +1,280 @@
+"""Profile chosen steps of any Hugging Face ``Trainer`` run, with profparse's stage marks (docs/integrations.md).
+
+``Trainer(..., callbacks=[ProfileCallback(steps=(10, 13), out_dir="prof")])`` records optimizer steps 10, 11 and
+12 (``state.global_step`` when the step begins, as ``range(10, 13)``) with ``torch.profiler`` and writes the trace,
+its stage summary and its HTML report. Nothing about the user's training changes: their model, collator,
+optimizer and scheduler run as they are. The stages are marked with profparse's ``record_function`` names
+(:mod:`profparse.base.marks`) so attribution reads them instead of inferring them:
+
+- forward: the Trainer's ``compute_loss`` (the model's forward and its loss);
+- backward: its accelerator's ``backward(loss)``;
+- optimizer: gradient clipping (the accelerator's ``clip_grad_norm_``), then from ``on_pre_optimizer_step``
+  through ``optimizer.step()`` (``on_optimizer_step``), the LR scheduler and ``zero_grad`` to ``on_step_end``.
+
+Callbacks are not handed the Trainer, so the callback finds it on the call stack of ``on_train_begin`` and wraps
+those three methods on that instance only while a profiled step runs (undone afterwards). Where it cannot (a
+Trainer-like loop that is not a ``transformers.Trainer``), only the optimizer is marked and profparse's inference
+decides the forward/backward split. Data loading and logging between steps stay unmarked: profparse calls them
+``other``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from profparse.base import marks
+from profparse.base.files import atomic_file
+
+try:
+    import transformers
+    from transformers import TrainerCallback
+except ImportError as error:  # pragma: no cover - the module is only imported by Trainer users
+    raise ImportError(
+        "profparse.integrations.transformers needs transformers and torch: pip install 'profparse[capture]'"
+    ) from error
+
+#: The ``TrainerCallback`` hooks the callback relies on (``on_pre_optimizer_step``: transformers 4.47 and later).
+REQUIRED_HOOKS: tuple[str, ...] = (
+    "on_train_begin",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_step_end",
+    "on_train_end",
+)
+
+
+def missing_hooks(base: type = TrainerCallback) -> list[str]:
+    """The required hooks that ``base`` (the installed ``TrainerCallback``) lacks."""
+    return [name for name in REQUIRED_HOOKS if not callable(getattr(base, name, None))]
+
+
+def calling_trainer() -> Any | None:
+    """The ``transformers.Trainer`` whose method is on the call stack (the one running the callbacks), if any."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, transformers.Trainer):
+                return candidate
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+class StageMarks:
+    """At most one stage mark open at a time: opening one closes the previous, so the ranges never overlap."""
+
+    def __init__(self) -> None:
+        self.current: Any = None
+
+    def open(self, stage: str) -> None:
+        import torch
+
+        self.close()
+        self.current = torch.autograd.profiler.record_function(marks.stage_mark(stage))
+        self.current.__enter__()
+
+    def close(self) -> None:
+        if self.current is not None:
+            current, self.current = self.current, None
+            current.__exit__(None, None, None)
+
+    def around(self, stage: str, function: Callable[..., Any], active: Callable[[], bool]) -> Callable[..., Any]:
+        """``function`` run inside the ``stage`` mark while ``active()``, else as it is."""
+
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            if not active():
+                return function(*args, **kwargs)
+            self.open(stage)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.close()
+
+        marked.__wrapped__ = function  # type: ignore[attr-defined]
+        return marked
+
+
+class ProfileCallback(TrainerCallback):
+    """Profile optimizer steps ``range(*steps)`` of a ``Trainer`` run into ``out_dir``, with stage marks.
+
+    Writes ``trainer_steps_A-B[_rankN].json.gz`` (the trace), ``.summary.txt`` (``profparse summarize``) and, with
+    ``report``, ``.report.html``, then prints one line: where they are, the step time and the biggest stage."""
+
+    def __init__(
+        self,
+        steps: tuple[int, int] = (10, 13),
+        out_dir: str | Path = "prof",
+        *,
+        report: bool = True,
+        record_shapes: bool = True,
+        with_stack: bool = False,
+        profile_memory: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        start, stop = (int(s) for s in steps)
+        if not 0 <= start < stop:
+            raise ValueError(f"steps must be (start, stop) with 0 <= start < stop, like range(); got {steps!r}")
+        self.steps = range(start, stop)
+        self.out_dir = Path(out_dir)
+        self.report, self.quiet = report, quiet
+        self.options = {"record_shapes": record_shapes, "with_stack": with_stack, "profile_memory": profile_memory}
+        missing = missing_hooks()
+        self.disabled = (
+            f"profparse: ProfileCallback is off: transformers {transformers.__version__} has no "
+            f"TrainerCallback.{', '.join(missing)} (profparse needs transformers >= 4.47); training runs unprofiled"
+            if missing
+            else None
+        )
+        if self.disabled:
+            warnings.warn(self.disabled, RuntimeWarning, stacklevel=2)
+        self.marks = StageMarks()
+        self.trainer: Any = None
+        self.profiler: Any = None
+        self.in_step = False
+        self.rank: int | None = None
+        self.trace_path: Path | None = None
+        self.files: list[Path] = []
+        self._undo: list[Callable[[], None]] = []
+
+    # -- the Trainer's hooks ---------------------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.disabled:
+            return
+        self.trainer = calling_trainer()
+        self.rank = args.process_index if args.world_size > 1 else None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.disabled:
+            return
+        if self.profiler is None and state.global_step == self.steps.start:
+            self._start()
+        self.in_step = self.profiler is not None
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.in_step:
+            self.marks.open("optimizer")  # optimizer.step(), then the LR scheduler and zero_grad, to on_step_end
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Nothing to do: the optimizer mark opened at ``on_pre_optimizer_step`` stays open until the step ends."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.in_step:
+            return
+        self.marks.close()
+        self.in_step = False
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*warmup.*")
+            self.profiler.step()  # ends this ProfilerStep#; after the last profiled step, the recording
+        if state.global_step >= self.steps.stop:
+            self._finish()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.profiler is not None:  # training ended inside the profiled steps: keep what was recorded
+            self.marks.close()
+            self.in_step = False
+            self._finish()
+
+    # -- profiling -------------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # a schedule makes torch record one ProfilerStep#N range per step (profparse's step windows)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*warmup.*")  # warmup=0 is meant: every step is recorded
+            schedule = torch.profiler.schedule(wait=0, warmup=0, active=len(self.steps), repeat=1)
+            self.profiler = torch.profiler.profile(
+                activities=activities, schedule=schedule, on_trace_ready=self._export, **self.options
+            )
+            self.profiler.start()
+        self._wrap_trainer()
+
+    def _wrap_trainer(self) -> None:
+        """Mark forward, backward and clipping by wrapping the Trainer's methods on this instance only."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        active = lambda: self.in_step  # noqa: E731
+        targets = [(trainer, "compute_loss", "forward")]
+        accelerator = getattr(trainer, "accelerator", None)
+        if accelerator is not None:
+            targets += [(accelerator, "backward", "backward"), (accelerator, "clip_grad_norm_", "optimizer")]
+        for owner, name, stage in targets:
+            if not callable(getattr(owner, name, None)):
+                continue
+            had_own = name in vars(owner)
+            previous = vars(owner).get(name)
+            setattr(owner, name, self.marks.around(stage, getattr(owner, name), active))
+            self._undo.append(lambda o=owner, n=name, h=had_own, p=previous: setattr(o, n, p) if h else delattr(o, n))
+
+    def _unwrap_trainer(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _base_name(self) -> str:
+        name = f"trainer_steps_{self.steps.start}-{self.steps.stop - 1}"
+        return name + (f"_rank{self.rank}" if self.rank is not None else "")
+
+    def _export(self, profiler: Any) -> None:
+        """``on_trace_ready``: the Chrome trace, gzipped, renamed into place (no half file under the name)."""
+        from profparse.capture.run import gzip_atomic
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.trace_path = self.out_dir / f"{self._base_name()}.json.gz"
+        with tempfile.TemporaryDirectory(dir=self.out_dir, prefix=".profparse-") as folder:
+            raw = Path(folder) / "trace.json"
+            profiler.export_chrome_trace(str(raw))
+            gzip_atomic(raw, self.trace_path)
+        self.files = [self.trace_path]
+
+    def _finish(self) -> None:
+        profiler, self.profiler = self.profiler, None
+        try:
+            profiler.stop()  # after the last scheduled step the recording already ended; this releases the profiler
+        finally:
+            self._unwrap_trainer()
+        if self.trace_path is not None:
+            self._write_outputs(self.trace_path)
+
+    def _write_outputs(self, trace: Path) -> None:
+        """The summary and the report beside the trace, and one line saying where they are."""
+        import profparse
+        from profparse.outputs.report import trace_payload, write_report
+        from profparse.outputs.summary import render_summary
+
+        parsed = profparse.parse(trace)
+        summary = trace.with_name(self._base_name() + ".summary.txt")
+        with atomic_file(summary, force=True, inputs=[str(trace)]) as tmp:
+            tmp.write_text(render_summary(parsed), encoding="utf-8")
+        self.files.append(summary)
+        payload = trace_payload(parsed)
+        if self.report:
+            report = trace.with_name(self._base_name() + ".report.html")
+            write_report(payload, report, force=True, inputs=[str(trace)])
+            self.files.append(report)
+        if not self.quiet:
+            print(headline_line(self.files, payload["headline"]), file=sys.stderr)
+
+
+def headline_line(files: list[Path], headline: list[dict[str, Any]]) -> str:
+    """``profparse: DIR/{a,b,c}; step time ..., biggest stage ...`` (the report's own headline items)."""
+    items = {item["key"]: item for item in headline}
+    names = ",".join(path.name for path in files)
+    step, stage = items["step_time"], items["biggest_stage"]
+    return (
+        f"profparse: {files[0].parent}/{{{names}}}; step time {step['text']} ({step['detail']}); "
+        f"biggest stage {stage['text']} ({stage['detail']})"
+    )
