@@ -284,6 +284,8 @@ def _gpu_ends(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def _last_gpu_end(events: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The last end of GPU activity inside each ``(start, end]`` (int64 min: none)."""
     _, ends = _gpu_ends(events)
+    if not len(ends):  # runtime calls and no GPU activity (a trace cut short before its kernels)
+        return np.full(len(end), NULL, dtype=np.int64)
     j = np.searchsorted(ends, end, side="right") - 1
     found = np.where(j >= 0, ends[np.maximum(j, 0)], NULL)
     return np.where(found > start, found, NULL)
