@@ -16,7 +16,7 @@ from conftest import parsed as parsed_once
 import profparse
 from profparse.analysis.stage_tracks import stage_intervals
 from profparse.cli.main import main
-from profparse.outputs.perfetto import LOAD_CATEGORY, STAGE_CATEGORY, STAGE_PROCESS_NAME, write_annotated
+from profparse.outputs.perfetto import LOAD_CATEGORY, PATH_CATEGORY, STAGE_CATEGORY, STAGE_PROCESS_NAME, write_annotated
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
@@ -88,7 +88,9 @@ def test_annotated_trace_keeps_every_original_byte_and_adds_stage_tracks(tmp_pat
     assert len(slices) == result.intervals > 0
     substeps = [e for e in added if e["ph"] == "X" and e["cat"] == LOAD_CATEGORY]
     assert len(substeps) == result.substeps
-    assert len(slices) + len(substeps) == sum(1 for e in added if e["ph"] == "X")
+    path = [e for e in added if e["ph"] == "X" and e["cat"] == PATH_CATEGORY]  # tests/test_critical_path_outputs.py
+    assert len(path) == result.path_segments == len(parsed.critical_path)
+    assert len(slices) + len(substeps) + len(path) == sum(1 for e in added if e["ph"] == "X")
     for e in slices:
         assert e["cat"] == STAGE_CATEGORY
         assert e["name"] == e["args"]["stage"]

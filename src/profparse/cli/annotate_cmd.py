@@ -36,5 +36,6 @@ def run(args: argparse.Namespace) -> int:
         cut += f" ({result.trailing_bytes:,} bytes after the input's JSON document were not copied)"
     tracks = f"{result.tracks} track" + ("s" if result.tracks != 1 else "")
     substeps = f", {result.substeps:,} loading sub-step slices" if result.substeps else ""
+    substeps += f", {result.path_segments:,} critical path slices" if result.path_segments else ""
     note(f"wrote {result.path} ({result.intervals:,} stage slices on {tracks}{substeps}){cut}", args.quiet)
     return 0

@@ -2,8 +2,8 @@
 
 :func:`write_annotated` appends the stage tracks (:func:`profparse.analysis.stage_tracks.stage_intervals`) to a copy
 of the trace as new ``X`` events on a new process named ``profparse stages`` (one thread per host thread / GPU
-stream). The original text of every event is copied through unchanged: the input is streamed, never held as Python
-objects.
+stream), and one thread ``critical path`` whose slices are the steps' critical path segments, named by bound.
+The original text of every event is copied through unchanged: the input is streamed, never held as Python objects.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 STAGE_PROCESS_NAME = "profparse stages"
 STAGE_CATEGORY = "profparse_stage"
 LOAD_CATEGORY = "profparse_load"
+PATH_CATEGORY = "profparse_critical_path"
+CRITICAL_PATH_TRACK = "critical path"
 COPY_BYTES = 16 << 20  # read size while copying
 HOLD_BYTES = 16 << 20  # tail of a trace cut short kept back until the end: it holds the last complete event
 _SPACE = b" \t\r\n"
@@ -91,10 +93,11 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
             f'"args":{{"stage":{_json(stage[i])},"rule":{_json(rule[i])},"step":{step_text},'
             f'"events":{int(count[i])},"busy_us":{_us(busy[i])}}}}}'
         )
+    yield from critical_path_events(parsed, pid, len(tid_of) + 1)
     substeps = load_substep_intervals(parsed)
     if substeps is not None and len(substeps):
         labels = {(int(r.pid), int(r.tid)): r.label for r in tracks.tracks.itertuples(index=False)}
-        next_tid = len(tid_of) + 1
+        next_tid = len(tid_of) + 2
         for (spid, stid), group in substeps.groupby(["pid", "tid"], sort=True):
             tid = next_tid
             next_tid += 1
@@ -109,6 +112,31 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
                 )
 
 
+def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[str]:
+    """The thread ``critical path``: one slice per segment of the ``critical_path`` table, named by its bound
+    (args: bound, stage, step, the event it lies in and its ``trace_index``). Nothing when no step has a path."""
+    path = parsed.table("critical_path")
+    if path.empty:
+        return
+    yield _json({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": CRITICAL_PATH_TRACK}})
+    yield _json({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    bound = path["bound"].astype(str).to_numpy()
+    stage = path["stage"].astype(str).to_numpy()
+    name = path["name"].astype(str).to_numpy()
+    step = path["step"].to_numpy()
+    start = path["start_ns"].to_numpy()
+    stop = path["end_ns"].to_numpy()
+    index = path["trace_index"].to_numpy()
+    for i in range(len(path)):
+        event = "null" if index[i] == NULL else str(int(index[i]))
+        yield (
+            f'{{"ph":"X","cat":"{PATH_CATEGORY}","name":"{bound[i]}","pid":{pid},"tid":{tid},'
+            f'"ts":{_us(start[i])},"dur":{_us(stop[i] - start[i])},'
+            f'"args":{{"bound":"{bound[i]}","stage":"{stage[i]}","step":{int(step[i])},'
+            f'"event":{_json(name[i])},"trace_index":{event}}}}}'
+        )
+
+
 @dataclass
 class AnnotateResult:
     path: Path
@@ -116,6 +144,7 @@ class AnnotateResult:
     tracks: int  # host threads and GPU streams with a stage track
     truncated_input: bool  # the input was cut short: its complete events were copied
     substeps: int = 0  # loading sub-step slices written
+    path_segments: int = 0  # critical path slices written (one per segment)
     trailing_bytes: int = 0  # bytes after the input's JSON document, not copied (parsing ignores them too)
 
 
@@ -176,6 +205,7 @@ def write_annotated(
     tracks = stage_intervals(parsed, disjoint=True)
     new_events = list(annotation_events(parsed, tracks))
     substeps = sum(1 for e in new_events if LOAD_CATEGORY in e[:60])
+    path_segments = sum(1 for e in new_events if PATH_CATEGORY in e[:60])
     new_text = ",\n".join(new_events).encode("utf-8")
     report = parsed.raw.report
     close, end = report.events_end_byte, report.document_end_byte
@@ -193,6 +223,7 @@ def write_annotated(
         tracks=len(tracks.tracks),
         truncated_input=truncated,
         substeps=substeps,
+        path_segments=path_segments,
         trailing_bytes=report.trailing_bytes if end is not None else 0,
     )
 
