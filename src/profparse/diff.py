@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from profparse.analysis.critical_path import BOUNDS
 from profparse.analysis.quality import gpu_devices
 from profparse.base.formats import display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
@@ -124,6 +125,41 @@ def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step
     return rows
 
 
+def _path_make_up(parsed: ParsedTrace, per_step: bool) -> dict[tuple[str, str], float]:
+    """{(stage, bound): ns on the critical path}, all steps summed (or their mean per step)."""
+    path = _optional(parsed, "critical_path")
+    if path is None:
+        return {}
+    ns = path["end_ns"].to_numpy() - path["start_ns"].to_numpy()
+    frame = pd.DataFrame({"stage": path["stage"].astype(str), "bound": path["bound"].astype(str), "ns": ns})
+    sums = frame.groupby(["stage", "bound"], sort=False)["ns"].sum()
+    steps = max(len(parsed.steps), 1) if per_step else 1
+    return {(str(stage), str(bound)): float(v) / steps for (stage, bound), v in sums.items()}
+
+
+def path_changes(a: ParsedTrace, b: ParsedTrace, per_step: bool = False) -> list[dict[str, Any]]:
+    """Per stage, the ns on the critical path by bound in A and B and the change; ``all`` bounds is the stage's
+    path time, the ``all`` stage sums the stages. Pairs on neither path are left out."""
+    made = [_path_make_up(x, per_step) for x in (a, b)]
+    rows = []
+    for stage in (*STAGES, "all"):
+        for bound in (*BOUNDS, "all"):
+            x, y = (sum(v for (s, bd), v in m.items() if stage in ("all", s) and bound in ("all", bd)) for m in made)
+            if x or y:
+                delta = y - x
+                rows.append(
+                    {
+                        "stage": stage,
+                        "bound": bound,
+                        "a_ns": x,
+                        "b_ns": y,
+                        "delta_ns": delta,
+                        "pct": delta / x if x else None,
+                    }
+                )
+    return rows
+
+
 def _describe(parsed: ParsedTrace) -> dict[str, Any]:
     steps = parsed.steps
     return {
@@ -164,6 +200,7 @@ def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> di
         "gpu": bool(len(a.kernels) or len(b.kernels)),
         "kernels": moved_pairs(a.kernels, b.kernels, "dur_ns", top, steps),
         "ops": moved_pairs(a.ops, b.ops, "self_ns", top, steps),
+        "critical_path": path_changes(a, b, per_step),
     }
 
 
@@ -245,7 +282,27 @@ def render_text(data: dict[str, Any]) -> str:
             for r in data[key]
         ]
         out.write(_table(["stage", "name", "A", "B", "change", "%"], rows) + "\n")
+    out.write(f"\nCritical path by stage and bound (ms on the path, {scope}; all = the stage's path)\n")
+    path = data.get("critical_path") or []
+    if path:
+        out.write(_table(["stage", "bound", "A", "B", "change", "%"], _path_cells(path)) + "\n")
+    else:
+        out.write("  (no step has a critical path in either trace)\n")
     return out.getvalue()
+
+
+def _path_cells(path: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            r["stage"],
+            r["bound"],
+            _value("x_ns", r["a_ns"]),
+            _value("x_ns", r["b_ns"]),
+            _delta("x_ns", r["delta_ns"]),
+            _pct(r["pct"]) if r["delta_ns"] else "",
+        ]
+        for r in path
+    ]
 
 
 def render_markdown(data: dict[str, Any]) -> str:
@@ -276,6 +333,9 @@ def render_markdown(data: dict[str, Any]) -> str:
                 _pct(r["pct"]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Critical path by stage and bound", "", "ms on the path; all = the stage's path.", ""]
+    lines += ["| stage | bound | A | B | change | % |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _path_cells(data.get("critical_path") or [])]
     return "\n".join(lines) + "\n"
 
 
