@@ -10,11 +10,15 @@ import numpy as np
 import pandas as pd
 
 from profparse.stages.attribute import Attribution
-from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public
+from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public, resolve
 from profparse.tables.rows import event_table, nullable
 from profparse.trace.events import RawTrace
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links
+
+#: The notebook renderers, resolved when called (outputs sit above this layer; no Jupyter import anywhere).
+NOTEBOOK_HTML = "profparse.outputs.notebook:trace_html"
+NOTEBOOK_REPORT = "profparse.outputs.notebook:trace_report"
 
 
 class TableStore(Protocol):
@@ -128,6 +132,14 @@ class ParsedTrace:
     def rules(self) -> pd.DataFrame:
         """The stage rules that were applied, highest priority first."""
         return pd.DataFrame([vars(r) for r in self.attribution.rules])
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows for a trace: the report's headline and the overview per stage."""
+        return resolve(NOTEBOOK_HTML)(self)
+
+    def report(self) -> Any:
+        """The full HTML report (``profparse report``'s page): shown inline in Jupyter, ``.save(path)`` writes it."""
+        return resolve(NOTEBOOK_REPORT)(self)
 
     def __repr__(self) -> str:
         """A few lines: path, events, steps, stages, devices, warnings and the tables."""
