@@ -56,7 +56,7 @@ def background_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, prof
     out = tmp_path_factory.mktemp("prof")
     handler = profparse.on_trace_ready(out, report=True)
     train(handler)
-    assert handler.wait(timeout=300) == [0] * CYCLES
+    assert handler.wait(timeout=300) == 0  # no cycle failed
     return out, handler
 
 
@@ -133,7 +133,7 @@ class GarbageProfiler:
 def test_a_trace_that_cannot_be_read_is_one_line_not_an_exception(tmp_path, capfd, background: bool) -> None:
     handler = profparse.on_trace_ready(tmp_path, background=background)
     handler(GarbageProfiler())
-    assert handler.wait(timeout=120) == ([1] if background else [])
+    assert handler.wait(timeout=120) == 1  # the one cycle failed
     err = capfd.readouterr().err
     assert f"profparse: {handler.cycles[0].trace}: not analysed: " in err
     assert "Traceback" not in err

@@ -160,7 +160,8 @@ class TraceHandler:
         self.worker_name, self.quiet = worker_name, quiet
         self.cycles: list[CycleFiles] = []
         self.export_seconds: list[float] = []  # what each call kept the training loop waiting
-        self._pending: list[subprocess.Popen] = []
+        self._worker: subprocess.Popen | None = None
+        self._failed = 0
 
     def __call__(self, prof: Any) -> None:
         started = time.perf_counter()
@@ -170,25 +171,38 @@ class TraceHandler:
         prof.export_chrome_trace(json_path)
         self.cycles.append(files)
         if self.background:
-            self._pending.append(self._start_worker(json_path, files))
+            self._send(json_path, files)
         else:
-            run_cycle(json_path, files, self.quiet)
+            self._failed += run_cycle(json_path, files, self.quiet)
         self.export_seconds.append(time.perf_counter() - started)
 
-    def _start_worker(self, json_path: str, files: CycleFiles) -> subprocess.Popen:
-        """A fresh Python (never a fork of the training process) that finishes the cycle and prints its line; it
-        finds this profparse even when it was not installed (its folder leads PYTHONPATH)."""
+    def _send(self, json_path: str, files: CycleFiles) -> None:
+        """Queue the cycle for the worker: one line on its stdin (a worker busy with an earlier cycle takes it next;
+        the pipe holds some hundred cycles before the loop would wait)."""
+        if self._worker is None:
+            self._worker = self._start_worker()
+        job = json.dumps({"json_path": json_path, "files": asdict(files), "quiet": self.quiet})
+        self._worker.stdin.write(job + "\n")  # type: ignore[union-attr]
+        self._worker.stdin.flush()  # type: ignore[union-attr]
+
+    def _start_worker(self) -> subprocess.Popen:
+        """One fresh Python per handler (never a fork of the training process; it pays the imports once), started at
+        the first cycle; it finds this profparse even when it was not installed (its folder leads PYTHONPATH)."""
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        job = json.dumps({"json_path": json_path, "files": asdict(files), "quiet": self.quiet})
-        command = [sys.executable, "-m", "profparse.integrations.torch_profiler", job]
-        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        command = [sys.executable, "-m", "profparse.integrations.torch_profiler"]
+        return subprocess.Popen(command, env=env, stdin=subprocess.PIPE, text=True, encoding="utf-8")
 
-    def wait(self, timeout: float | None = None) -> list[int]:
-        """Wait for the background work of every cycle so far; their exit codes (0: all files written)."""
-        codes = [proc.wait(timeout) for proc in self._pending]
-        return codes
+    def wait(self, timeout: float | None = None) -> int:
+        """Let the worker finish every cycle so far and exit (a later cycle starts a new one); the number of cycles
+        whose analysis failed (0: every file written)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stdin.close()  # type: ignore[union-attr]
+            self._failed += worker.wait(timeout)
+        failed, self._failed = self._failed, 0
+        return failed
 
 
 def on_trace_ready(
@@ -201,15 +215,20 @@ def on_trace_ready(
 ) -> TraceHandler:
     """A handler for ``torch.profiler.profile(on_trace_ready=...)``: per cycle the trace (``.json.gz``), its stage
     summary as text, with ``report`` the HTML report, and one printed line. ``background=False`` does the work in
-    the training process (the loop waits for it); call ``handler.wait()`` before reading the files."""
+    the training process (the loop waits for it); call ``handler.wait()`` before reading the files (it returns
+    how many cycles failed)."""
     return TraceHandler(dir_name, report=report, background=background, worker_name=worker_name, quiet=quiet)
 
 
-def main(argv: list[str]) -> int:
-    """The background worker: ``python -m profparse.integrations.torch_profiler JOB`` (JOB: the handler's JSON)."""
-    job = json.loads(argv[0])
-    return run_cycle(job["json_path"], CycleFiles(**job["files"]), job["quiet"])
+def main() -> int:
+    """The background worker: ``python -m profparse.integrations.torch_profiler`` reads one JSON job per line on
+    stdin until it closes; its exit code is the number of cycles that failed."""
+    failed = 0
+    for line in sys.stdin:
+        job = json.loads(line)
+        failed += run_cycle(job["json_path"], CycleFiles(**job["files"]), job["quiet"])
+    return min(failed, 125)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
