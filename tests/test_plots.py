@@ -66,6 +66,8 @@ def test_cpu_sample_trace_plots(tmp_path):
         drawn |= {"layers", "load"}
     if (parsed.flops["flops"] > 0).any():  # recorded shapes: FLOPs counted (host-time TFLOP/s on a CPU trace)
         drawn |= {"roofline"}
+    if len(parsed.critical_path):  # steps found: their critical path (tests/test_critical_path_outputs.py)
+        drawn |= {"critical_path"}
     for kind in drawn:
         r = by_kind[kind]
         assert r.skipped is None, (kind, r.skipped)
