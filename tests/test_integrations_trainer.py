@@ -6,6 +6,8 @@ every verb. Needs torch, transformers and accelerate (the Trainer's own requirem
 from __future__ import annotations
 
 import importlib.util
+import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -139,3 +141,23 @@ def test_steps_must_be_a_range() -> None:
     for steps in ((3, 3), (-1, 2), (5, 1)):
         with pytest.raises(ValueError, match="like range"):
             ProfileCallback(steps=steps)
+
+
+def docs_code(heading: str) -> str:
+    """The ``python`` code blocks under ``## heading`` of docs/integrations.md, joined."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
+
+
+def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture) -> None:
+    for module in ("torch", "transformers", "accelerate"):
+        pytest.importorskip(module, reason=f"the Trainer needs {module}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(docs_code("Hugging Face Trainer"), "docs/integrations.md", "exec"), {"__name__": "docs_example"})
+    names = ["trainer_steps_1-2.json.gz", "trainer_steps_1-2.summary.txt", "trainer_steps_1-2.report.html"]
+    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == sorted(names)
+    line = [x for x in capfd.readouterr().err.splitlines() if x.startswith("profparse: ")]
+    assert len(line) == 1 and line[0].startswith(f"profparse: prof/{{{','.join(names)}}}; step time "), line
+    assert "median of 2 steps" in line[0]
+    print(line[0], file=sys.stderr)

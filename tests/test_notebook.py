@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,16 @@ def test_chromium_draws_both(tmp_path: Path) -> None:
         assert _pixels_near(top, rgb) >= 50, f"{stage} swatch not drawn in the overview"
         assert _pixels_near(frame, rgb) >= 60, f"{stage} not drawn in the inline report"
     assert (frame.mean(axis=-1) < 0.5).sum() > 2000  # the report's text rendered inside the frame
+
+
+def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Notebooks example of docs/integrations.md, run in a folder holding ``trace.json.gz``."""
+    text = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
+    section = text.split("\n## Notebooks\n", 1)[1].split("\n## ", 1)[0]
+    code = "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
+    shutil.copyfile(CPU_MARKS, tmp_path / "trace.json.gz")
+    monkeypatch.chdir(tmp_path)
+    names: dict = {"__name__": "docs_example"}
+    exec(compile(code, "docs/integrations.md", "exec"), names)
+    assert 'class="head"' in names["trace"]._repr_html_()
+    assert (tmp_path / "report.html").read_text(encoding="utf-8") == names["trace"].report().html
