@@ -14,6 +14,7 @@ DIFF_TOP_N = 10  # profparse.diff.TOP_N
 PLOT_KINDS = (  # profparse.outputs.plots.PLOT_KINDS (the views, in order)
     "stages",
     "timeline",
+    "critical_path",
     "top_kernels",
     "top_ops",
     "top_runtime",
