@@ -176,6 +176,13 @@ TABLES: dict[str, TableSpec] = {
             "per (step, stage, device): allocated at start/end, peak, bytes allocated and freed",
         ),
         TableSpec(
+            "memory_categories",
+            "profparse.analysis.memory_categories:memory_categories",
+            (*_ROWS, "memory"),
+            "docs/memory_categories.md",
+            "one row per allocation: category (parameter, gradient, ...), the rule, where it was made and freed",
+        ),
+        TableSpec(
             "runtime_calls",
             "profparse.analysis.runtime:runtime_calls",
             (*_ROWS, "stage_summary"),

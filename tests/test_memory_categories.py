@@ -1,0 +1,239 @@
+"""Memory categories: a hand-built trace with known answers, and CPU captures checked against torch's own labels.
+
+torch labels tensors in ``torch.profiler._memory_profiler.MemoryProfileTimeline``; its allocations join the
+trace's ``[memory]`` events on (address, time): ``t`` is the event's ``ts`` in ns plus ``baseTimeNanoseconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import sample_traces
+from tracebuilder import AUTOGRAD, TraceBuilder, backward_node, forward_op, memory_event
+
+import profparse
+from profparse.analysis.memory_categories import CATEGORIES, MEMORY_RULES
+
+# torch's category -> ours. AUTOGRAD_DETAIL is what flows between autograd nodes (gradients of activations):
+# made and freed inside one backward, a temporary. UNKNOWN (None) is left out.
+TORCH_CATEGORIES = {
+    "PARAMETER": "parameter",
+    "GRADIENT": "gradient",
+    "OPTIMIZER_STATE": "optimizer_state",
+    "ACTIVATION": "activation",
+    "TEMPORARY": "temporary",
+    "INPUT": "input",
+    "AUTOGRAD_DETAIL": "temporary",
+}
+PATTERNS = ("causal_lm_adamw", "causal_lm_checkpointing", "mlp_sgd_accumulation", "from_pretrained_adamw")
+
+
+# -- a hand-built trace ------------------------------------------------------------------------------------------
+
+
+def _alloc(b: TraceBuilder, ts: float, nbytes: int, addr: int, total: int, tid: int = 100) -> None:
+    memory_event(b, ts, nbytes, total, tid=tid)["args"]["Addr"] = addr
+
+
+def _hand_built(tmp_path: Path) -> profparse.ParsedTrace:
+    """One step; each address is one allocation whose category is known (see EXPECTED)."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    _alloc(b, 1, 1000, 1, 1000)  # weights, before any forward, never freed
+    _alloc(b, 2, 64, 2, 1064)  # the batch: made before forward, freed at the end of the step
+    b.py("nn.Module: Linear_0", 9, 12)
+    forward_op(b, "aten::linear", 10, 10, seq=1)
+    _alloc(b, 11, 32, 3, 1096)  # scratch freed inside the op
+    _alloc(b, 12, -32, 3, 1064)
+    _alloc(b, 13, 128, 4, 1192)  # saved for backward
+    backward_node(b, "AddmmBackward0", 30, 8, seq=1)
+    _alloc(b, 32, 16, 5, 1208, tid=AUTOGRAD)
+    _alloc(b, 33, -16, 5, 1192, tid=AUTOGRAD)
+    _alloc(b, 35, -128, 4, 1064, tid=AUTOGRAD)
+    backward_node(b, "torch::autograd::AccumulateGrad", 40, 5, seq=2)
+    _alloc(b, 41, 1000, 6, 2064, tid=AUTOGRAD)  # .grad
+    b.annotation("Optimizer.step#AdamW.step", 70, 20)
+    b.op("aten::zeros_like", 71, 1)
+    _alloc(b, 71.5, 1000, 7, 3064)  # state
+    _alloc(b, 73, 500, 8, 3564)  # a denominator, freed before the step ends
+    _alloc(b, 80, -500, 8, 3064)
+    _alloc(b, 95, -64, 2, 3000)
+    return profparse.parse(b.write(tmp_path / "memory.json"))
+
+
+EXPECTED = {  # address -> (category, rule)
+    1: ("parameter", "load.parameter"),
+    2: ("input", "step.input"),
+    3: ("temporary", "op.temporary"),
+    4: ("activation", "forward.activation"),
+    5: ("temporary", "op.temporary"),
+    6: ("gradient", "grad.accumulate"),
+    7: ("optimizer_state", "optimizer.state"),
+    8: ("temporary", "optimizer.temporary"),
+}
+
+
+def _addresses(parsed: profparse.ParsedTrace, table: pd.DataFrame) -> np.ndarray:
+    events = parsed.raw.events
+    rows = pd.Index(events["trace_index"].to_numpy()).get_indexer(table["trace_index"].to_numpy())
+    return events["mem_addr"].to_numpy()[rows]
+
+
+def test_hand_built_categories_and_rules(tmp_path: Path) -> None:
+    parsed = _hand_built(tmp_path)
+    table = parsed.memory_categories
+    labels = zip(table["category"].astype(str), table["rule"].astype(str), strict=True)
+    found = {int(a): label for a, label in zip(_addresses(parsed, table), labels, strict=True)}
+    assert found == EXPECTED
+    row = table.set_index(pd.Index(_addresses(parsed, table)))
+    assert row.loc[4, "alloc_stage"] == "forward" and row.loc[4, "free_stage"] == "backward"
+    assert pd.isna(row.loc[1, "free_stage"]) and pd.isna(row.loc[1, "free_step"])  # alive at the end
+    assert row.loc[8, "free_ts_ns"] - row.loc[8, "ts_ns"] == 7000
+
+
+def test_every_allocation_has_one_row(sample_trace: Path) -> None:
+    parsed = profparse.load(sample_trace)
+    table, memory = parsed.memory_categories, parsed.memory
+    allocations = memory.loc[memory["bytes"] > 0, "trace_index"]
+    assert sorted(table["trace_index"]) == sorted(allocations)
+    assert table["bytes"].sum() == memory.loc[memory["bytes"] > 0, "bytes"].sum()
+    category_of = {rule.name: rule.category for rule in MEMORY_RULES}
+    assert (table["rule"].astype(str).map(category_of) == table["category"].astype(str)).all()
+    freed = table["free_ts_ns"].notna()
+    assert (table.loc[freed, "free_ts_ns"] >= table.loc[freed, "ts_ns"]).all()
+    assert set(table["category"].astype(str)) <= set(CATEGORIES)
+
+
+# -- ground truth from torch on CPU ------------------------------------------------------------------------------
+
+
+def _train(pattern: str, prof, folder: str) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    if pattern == "mlp_sgd_accumulation":
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        for _ in range(3):
+            for _ in range(2):  # two micro-batches per optimizer step
+                x, y = torch.randn(16, 32), torch.randn(16, 8)
+                (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+        return
+    if pattern == "from_pretrained_adamw":
+        model = LlamaForCausalLM.from_pretrained(folder)
+    else:
+        model = LlamaForCausalLM(_llama_config())
+    if pattern == "causal_lm_checkpointing":
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        ids = torch.randint(0, 128, (2, 16))
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        prof.step()
+
+
+def _llama_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+
+
+def _capture(pattern: str, folder: Path) -> tuple[Path, pd.DataFrame]:
+    """The trace of three steps of ``pattern`` and torch's label of each allocation: addr, t (epoch ns), label."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action, MemoryProfileTimeline, TensorKey
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    weights = tempfile.mkdtemp(dir=folder)
+    if pattern == "from_pretrained_adamw":
+        LlamaForCausalLM(_llama_config()).save_pretrained(weights)
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True)
+    with prof:
+        _train(pattern, prof, weights)
+    trace = folder / f"{pattern}.json"
+    prof.export_chrome_trace(str(trace))
+    timeline = MemoryProfileTimeline(prof._memory_profile())
+    labels = [
+        (key.storage.ptr, t, timeline.categories.get(key, version))
+        for t, action, (key, version), _ in timeline.timeline
+        if isinstance(key, TensorKey) and action == Action.CREATE
+    ]
+    truth = pd.DataFrame(
+        [(int(a), int(t), TORCH_CATEGORIES.get(c.name) if c is not None else None) for a, t, c in labels],
+        columns=["addr", "t", "truth"],
+    )
+    return trace, truth.dropna().drop_duplicates(["addr", "t"])
+
+
+def _without_python(trace: Path) -> Path:
+    document = json.loads(trace.read_text())
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("cat") != "python_function"]
+    stripped = trace.with_name(trace.stem + "_nopy.json")
+    stripped.write_text(json.dumps(document))
+    return stripped
+
+
+@pytest.fixture(scope="module", params=PATTERNS)
+def captured(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, pd.DataFrame]:
+    trace, truth = _capture(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, trace, truth
+
+
+def agreement(parsed: profparse.ParsedTrace, truth: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """Allocations joined to torch's labels (an allocation made and freed in one Optimizer.step is a temporary in
+    the truth: torch mislabels AdamW's denominators) and the byte-weighted share where both agree."""
+    table = parsed.memory_categories
+    base = int(parsed.raw.header.get("baseTimeNanoseconds", 0))
+    mine = table.assign(addr=_addresses(parsed, table), t=table["ts_ns"] + base)
+    joined = mine.merge(truth, on=["addr", "t"], how="inner")
+    in_step = joined["rule"].astype(str) == "optimizer.temporary"
+    joined.loc[in_step, "truth"] = "temporary"
+    same = joined["truth"] == joined["category"].astype(str)
+    return joined, float(joined.loc[same, "bytes"].sum() / joined["bytes"].sum())
+
+
+def test_agreement_with_torch_labels(captured) -> None:
+    pattern, trace, truth = captured
+    parsed = profparse.parse(trace)
+    joined, share = agreement(parsed, truth)
+    assert joined["bytes"].sum() >= 0.8 * parsed.memory_categories["bytes"].sum()  # the join found most bytes
+    assert set(joined["truth"]) >= {"gradient", "temporary", "activation"}
+    assert share >= 0.95, (pattern, share)
+    stripped = profparse.parse(_without_python(trace))
+    _, stripped_share = agreement(stripped, truth)
+    assert stripped_share >= 0.95, (pattern, stripped_share)
+    table = parsed.memory_categories
+    changed = stripped.memory_categories["category"] != table["category"]
+    assert table.loc[changed, "bytes"].sum() <= 0.01 * table["bytes"].sum()  # stacks hardly matter
+
+
+def test_sample_captures_have_every_training_category() -> None:
+    paths = [p for p in sample_traces() if "qwen2_tiny_cpu" in p.name]
+    if not paths:
+        pytest.skip("no sample captures")
+    for path in paths:
+        table = profparse.load(path).memory_categories
+        found = set(table["category"].astype(str))
+        assert {"parameter", "gradient", "optimizer_state", "activation", "temporary"} <= found, path.name
