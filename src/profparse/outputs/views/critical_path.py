@@ -145,7 +145,7 @@ def draw(prepared: Prepared) -> Figure:
     spans, span = prepared["spans"], prepared["span_ns"]
     bounds, colors = prepared["bounds"], prepared["colors"]
     scale, unit = time_unit(span)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 6), layout="constrained", height_ratios=(1, 2.2))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 6), layout="constrained", height_ratios=(0.7, 2.2))
     for bound, group in spans.groupby("bound", sort=False):
         start = group["start_ns"].to_numpy(float)
         width = np.maximum((group["end_ns"] - group["start_ns"]).to_numpy(float), span / 1500)
