@@ -181,7 +181,8 @@ class TraceHandler:
         the pipe holds some hundred cycles before the loop would wait)."""
         if self._worker is None:
             self._worker = self._start_worker()
-        job = json.dumps({"json_path": json_path, "files": asdict(files), "quiet": self.quiet})
+        # the paths are as the user gave them, relative to the loop's working folder at this cycle
+        job = json.dumps({"json_path": json_path, "files": asdict(files), "quiet": self.quiet, "cwd": os.getcwd()})
         self._worker.stdin.write(job + "\n")  # type: ignore[union-attr]
         self._worker.stdin.flush()  # type: ignore[union-attr]
 
@@ -226,6 +227,7 @@ def main() -> int:
     failed = 0
     for line in sys.stdin:
         job = json.loads(line)
+        os.chdir(job["cwd"])
         failed += run_cycle(job["json_path"], CycleFiles(**job["files"]), job["quiet"])
     return min(failed, 125)
 
