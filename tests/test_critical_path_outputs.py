@@ -58,7 +58,8 @@ def test_view_spans_are_the_known_path(step) -> None:
     prepared, why = view.data(step, pixels=100_000)  # a pixel of 10 ns: only same-bound runs merge
     assert why is None
     spans = prepared["spans"]
-    columns = (spans.bound, spans.start_ns, spans.end_ns, spans.segments)
+    bounds = [prepared["bounds"][code] for code in spans.bound]
+    columns = (bounds, spans.start_ns, spans.end_ns, spans.segments)
     got = [(b, s // US, e // US, n) for b, s, e, n in zip(*columns, strict=True)]
     assert got == [
         ("python", 0, 10, 1),
@@ -69,7 +70,8 @@ def test_view_spans_are_the_known_path(step) -> None:
         ("python", 905, 1000, 1),
     ]
     assert prepared["names"][spans.name[3]] == "gemm"
-    make_up = prepared["make_up"].groupby("bound")["ns"].sum().to_dict()
+    assert prepared["stages"][spans.stage[3]] == str(step.table("critical_path")["stage"].iloc[4])
+    make_up = {b: int(ns) for b, ns in prepared["per_step"].loc[1].items()}
     assert make_up == {"python": 105 * US, "cpu_op": 2 * US, "launch": 3 * US, "gpu_compute": 885 * US,
                        "sync_wait": 5 * US}  # fmt: skip
 
@@ -77,7 +79,8 @@ def test_view_spans_are_the_known_path(step) -> None:
 def test_view_merges_segments_shorter_than_a_pixel_by_their_main_bound(step) -> None:
     prepared, _ = view.data(step, pixels=2)  # a pixel of 500 us
     spans = prepared["spans"]
-    columns = (spans.bound, spans.start_ns, spans.end_ns, spans.segments)
+    bounds = [prepared["bounds"][code] for code in spans.bound]
+    columns = (bounds, spans.start_ns, spans.end_ns, spans.segments)
     got = [(b, s // US, e // US, n) for b, s, e, n in zip(*columns, strict=True)]
     # 0-15: python 10 us beats launch 3 us and cpu_op 2 us; 900-1000: python 95 us beats sync_wait 5 us
     assert got == [("python", 0, 15, 4), ("gpu_compute", 15, 900, 1), ("python", 900, 1000, 2)]
@@ -94,8 +97,10 @@ def test_view_spans_tile_the_steps_as_the_table_does(trace: Path) -> None:
     assert int((spans.end_ns - spans.start_ns).sum()) == int((path.end_ns - path.start_ns).sum())
     assert (spans.start_ns.to_numpy()[1:] >= spans.end_ns.to_numpy()[:-1]).all()  # in order, never overlapping
     assert int(spans.segments.sum()) == len(path) == prepared["segments"]
-    make_up = prepared["make_up"].groupby("bound")["ns"].sum().to_dict()
+    make_up = {b: int(ns) for b, ns in prepared["per_step"].sum().items() if ns}
     assert make_up == _ns_by_bound(parsed)
+    per_step = path.assign(ns=path.end_ns - path.start_ns).groupby("step")["ns"].sum()
+    assert prepared["per_step"].sum(axis=1).to_dict() == per_step.to_dict()  # each step's path is its window
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -185,7 +190,7 @@ def test_report_draws_the_path_on_the_timeline_and_shows_the_summarys_table(tmp_
     assert cells[("total", "all")] == 1000 * US
     row = int(re.search(r'data-path-row="(\d+)"', dom).group(1))
     assert row == len(tl["tracks"]["index"])  # the row below the tracks
-    j = cp["spans"]["cols"]["bound"].index("gpu_compute")  # the kernel, at the middle of its span
+    j = cp["spans"]["cols"]["bound"].index(cp["bounds"].index("gpu_compute"))  # the kernel, at the middle of its span
     mid = (
         cp["origin_ns"] - tl["origin_ns"] + (cp["spans"]["cols"]["start_ns"][j] + cp["spans"]["cols"]["end_ns"][j]) // 2
     )

@@ -94,14 +94,15 @@ def trace_payload(parsed: ParsedTrace) -> dict[str, Any]:
     from profparse.outputs.summary import summary_data
 
     summary = plain(summary_data(parsed), null=NULL)
-    for row in (summary.get("critical_path") or {}).get("longest") or []:  # the labels summarize shows
-        row["label"] = shorten_name(row["name"], LABEL_WIDTH, kernel=row["bound"] in GPU_BOUNDS)
+    top = (summary.get("critical_path") or {}).get("longest") or []
     return {
         "kind": "trace",
         "title": display(Path(parsed.path).name),
         "headline": trace_headline(summary),
         "summary": summary,
         "views": view_payload(parsed),
+        # the longest events on the critical path as summarize labels them (the summary keeps the full names)
+        "critical_path_labels": [shorten_name(r["name"], LABEL_WIDTH, kernel=r["bound"] in GPU_BOUNDS) for r in top],
     }
 
 

@@ -74,28 +74,18 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     )
 
 
-def _make_up(path: pd.DataFrame) -> pd.DataFrame:
-    """ns on the path per (step, stage, bound), in step, stage and bound order."""
+def _per_step(path: pd.DataFrame, bounds: list[str]) -> pd.DataFrame:
+    """ns on the path per step (index) and bound (columns, in ``bounds`` order)."""
     ns = path["end_ns"].to_numpy(np.int64) - path["start_ns"].to_numpy(np.int64)
-    frame = pd.DataFrame(
-        {
-            "step": path["step"].to_numpy(np.int64),
-            "stage": path["stage"].astype(str),
-            "bound": path["bound"].astype(str),
-        }
-    )
-    sums = frame.assign(ns=ns).groupby(["step", "stage", "bound"], sort=False)["ns"].sum().reset_index()
-    sums = sums[sums["ns"] > 0]
-    stage_order = {s: i for i, s in enumerate(STAGES)}
-    bound_order = {b: i for i, b in enumerate(BOUNDS)}
-    keys = (sums["bound"].map(bound_order), sums["stage"].map(stage_order), sums["step"])
-    return sums.iloc[np.lexsort(keys)].reset_index(drop=True).astype({"ns": "int64"})
+    frame = pd.DataFrame({"step": path["step"].to_numpy(np.int64), "bound": path["bound"].astype(str), "ns": ns})
+    wide = frame.pivot_table(index="step", columns="bound", values="ns", aggfunc="sum", fill_value=0)
+    return wide.reindex(columns=bounds, fill_value=0).astype("int64").rename_axis(index="step", columns=None)
 
 
 def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) -> tuple[Prepared | None, str | None]:
     """The path's spans over time (start/end ns since ``origin_ns``, the first step's start; bound, stage, step,
-    the code of the longest event's name in ``names``, segments merged), the ns per (step, stage, bound), the
-    steps, and the merge gap."""
+    as codes in ``bounds`` / ``stages`` / ``names``: the bound with most time, the stage and name of the longest
+    segment; segments merged), the ns on the path per step and bound, the steps, and the merge gap."""
     path = parsed.table("critical_path")
     if path.empty:
         return None, "no step has a critical path (no ProfilerStep# or optimizer step marks)"
@@ -112,6 +102,10 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
     spans["name"] = codes.astype(np.int64)
     kernel = spans.groupby("name", sort=True)["bound"].first().isin(GPU_BOUNDS).to_numpy()
     short = [shorten_name(str(n), NAME_WIDTH, kernel=bool(k)) for n, k in zip(names, kernel, strict=True)]
+    present = set(path["bound"].astype(str))
+    bounds = [b for b in BOUNDS if b in present]
+    spans["bound"] = pd.Categorical(spans["bound"], categories=bounds).codes.astype(np.int64)  # a code in bounds
+    spans["stage"] = pd.Categorical(spans["stage"], categories=list(STAGES)).codes.astype(np.int64)  # in stages
     steps = parsed.steps
     steps = steps[steps["step"].isin(path["step"].unique())]
     step_rows = pd.DataFrame(
@@ -121,14 +115,14 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
             "end_ns": (steps["end_ns"] - origin).to_numpy(np.int64),
         }
     )
-    present = set(path["bound"].astype(str))
     return {
         "title": trace_title(parsed),
         "spans": spans,
         "names": short,
-        "make_up": _make_up(path),
+        "per_step": _per_step(path, bounds),
         "steps": step_rows,
-        "bounds": [b for b in BOUNDS if b in present],
+        "bounds": bounds,
+        "stages": list(STAGES),
         "colors": {b: BOUND_COLORS[b] for b in BOUNDS},
         "origin_ns": origin,
         "span_ns": span,
@@ -146,11 +140,11 @@ def draw(prepared: Prepared) -> Figure:
     bounds, colors = prepared["bounds"], prepared["colors"]
     scale, unit = time_unit(span)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 6), layout="constrained", height_ratios=(0.7, 2.2))
-    for bound, group in spans.groupby("bound", sort=False):
+    for code, group in spans.groupby("bound", sort=False):
         start = group["start_ns"].to_numpy(float)
         width = np.maximum((group["end_ns"] - group["start_ns"]).to_numpy(float), span / 1500)
         pairs = list(zip(start / scale, width / scale, strict=True))
-        top.broken_barh(pairs, (0, 1), facecolors=colors[str(bound)], linewidth=0)
+        top.broken_barh(pairs, (0, 1), facecolors=colors[bounds[int(code)]], linewidth=0)
     for st in prepared["steps"].itertuples(index=False):
         top.axvline(st.start_ns / scale, color="#333333", linestyle="--", linewidth=0.7)
         top.text((st.start_ns + st.end_ns) / 2 / scale, 1.05, f"step {st.step}", ha="center", va="bottom", fontsize=8)
@@ -159,9 +153,7 @@ def draw(prepared: Prepared) -> Figure:
     gap = fmt_time(prepared["gap_ns"])
     top.set_xlabel(f"time since the first step ({unit}); segments shorter than {gap} drawn by their main bound")
     top.set_title(f"{TITLE}: {prepared['title']}", pad=16)
-    make_up = prepared["make_up"]
-    per_step = make_up.pivot_table(index="step", columns="bound", values="ns", aggfunc="sum", fill_value=0)
-    per_step = per_step.reindex(columns=bounds, fill_value=0)
+    per_step = prepared["per_step"]
     step_scale, step_unit = time_unit(float(per_step.sum(axis=1).max()))
     left = np.zeros(len(per_step))
     labels = [f"step {s}" for s in per_step.index]

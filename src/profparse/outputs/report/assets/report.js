@@ -188,8 +188,9 @@
     tracks.push({label: "critical path", kind: "path"});
     for (var i = 0; i < c.start_ns.length; i++) {
       var j = sp.row.length;
-      sp.row.push(row); sp.start_ns.push(c.start_ns[i] + shift); sp.end_ns.push(c.end_ns[i] + shift); sp.stage.push(c.stage[i]);
-      sp.rule.push(""); sp.events.push(c.segments[i]); sp.color[j] = cp.colors[c.bound[i]]; sp.bound[j] = c.bound[i];
+      var bound = cp.bounds[c.bound[i]];  // bound, stage and name are codes (views/critical_path.py)
+      sp.row.push(row); sp.start_ns.push(c.start_ns[i] + shift); sp.end_ns.push(c.end_ns[i] + shift); sp.stage.push(cp.stages[c.stage[i]]);
+      sp.rule.push(""); sp.events.push(c.segments[i]); sp.color[j] = cp.colors[bound]; sp.bound[j] = bound;
       sp.name[j] = cp.names[c.name[i]]; sp.step[j] = c.step[i];
     }
     return [sp, cp];
@@ -611,9 +612,9 @@
     s.appendChild(table(["bound"].concat(stages, ["total (share)"]), body, "cp"));
     // per step: one bar stacked by bound
     var steps = {}, order = [];
-    rows(d.make_up).forEach(function (r) {
-      if (!(r.step in steps)) { steps[r.step] = {total: 0}; order.push(r.step); }
-      steps[r.step][r.bound] = (steps[r.step][r.bound] || 0) + r.ns; steps[r.step].total += r.ns;
+    rows(d.per_step).forEach(function (r) {
+      steps[r._index] = {total: 0}; order.push(r._index);
+      d.bounds.forEach(function (b) { steps[r._index][b] = r[b]; steps[r._index].total += r[b]; });
     });
     var top = Math.max.apply(null, order.map(function (n) { return steps[n].total; }).concat([1])), g = el("div", {class: "hb"});
     order.forEach(function (n) {
@@ -629,9 +630,10 @@
     var longest = cp.longest || [];
     if (!longest.length) return;
     s.appendChild(el("h3", {text: "Longest events on the critical path"}));
-    var t = table(["step", "stage", "bound", "ms on path", "event"], longest.map(function (r) {
+    var labels = P.critical_path_labels || [];
+    var t = table(["step", "stage", "bound", "ms on path", "event"], longest.map(function (r, i) {
       return el("tr", {}, [el("td", {class: "l", text: "step " + r.step}), stageCell(r.stage), el("td", {class: "l", text: r.bound}), el("td", {text: fmt(r.ns)}),
-        el("td", {class: "l name", title: r.name, text: r.label || r.name})]);
+        el("td", {class: "l name", title: r.name, text: labels[i] || r.name})]);
     }), "", 3);
     t.querySelector("th:last-child").className = "l";
     s.appendChild(t);
