@@ -125,38 +125,48 @@ def host_pieces(
 ) -> HostPieces:
     """Cut each host thread at its events' starts and ends and at the extra ``cut`` points; label each piece with
     the innermost event in it: the deepest event starting at its start, else the parent of the shallowest event
-    ending there, else (an extra cut) the previous piece's."""
+    ending there, else (an extra cut) the previous piece's. The points are packed (thread, time) keys only; what
+    each one is (a start, an end, a cut, a thread's first or last) follows from its position before sorting, so no
+    column per point is built (the temporaries of a 300 MB trace stay ~60 MiB)."""
     ts = events["ts_ns"].to_numpy()
-    end = ts + events["dur_ns"].to_numpy()
+    start = ts[rows]
+    end = start + events["dur_ns"].to_numpy()[rows]
     threads = np.arange(len(links.threads), dtype=np.int64)
-    lo, hi = _extent(ts[rows], end[rows], cut_time)
+    lo, hi = _extent(start, end, cut_time)
     n, c, t = len(rows), len(cut_time), len(threads)
-    p_thread = np.concatenate([links.thread[rows], links.thread[rows], cut_thread, threads, threads]).astype(np.int64)
-    p_time = np.concatenate([ts[rows], end[rows], cut_time, np.full(t, lo), np.full(t, hi)]).astype(np.int64)
-    p_start = np.concatenate([rows, np.full(n + c + 2 * t, -1)])
-    p_end = np.concatenate([np.full(n, -1), rows, np.full(c + 2 * t, -1)])
-    p_open = np.concatenate([np.zeros(2 * n + c, dtype=bool), np.ones(t, dtype=bool), np.zeros(t, dtype=bool)])
     span = hi - lo + 1
-    key = p_thread * span + (p_time - lo)
+    row_key = links.thread[rows].astype(np.int64) * span
+    key = np.concatenate(
+        [row_key + (start - lo), row_key + (end - lo), cut_thread.astype(np.int64) * span + (cut_time - lo)]
+        + [threads * span, threads * span + (hi - lo)]
+    )
+    del row_key, start, end
     order = np.argsort(key, kind="stable")
     key = key[order]
     first = _first_of_runs(key)
-    nb = len(first)
-    depth = links.depth.astype(np.int64)
-    deepest_start = _extreme_row(first, p_start[order], depth, deepest=True)
-    shallowest_end = _extreme_row(first, p_end[order], depth, deepest=False)
-    parent = links.parent.astype(np.int64)
-    inner = np.where(deepest_start >= 0, deepest_start, np.where(shallowest_end >= 0, parent[shallowest_end], -1))
-    known = (deepest_start >= 0) | (shallowest_end >= 0) | np.logical_or.reduceat(p_open[order], first)
-    inner = inner[np.maximum.accumulate(np.where(known, np.arange(nb), 0))]
-    return HostPieces(p_thread[order][first], p_time[order][first], inner, key[first], lo, span)
+    key = key[first]
+    is_start = order < n
+    is_end = (order >= n) & (order < 2 * n)
+    opens = np.logical_or.reduceat((order >= 2 * n + c) & (order < 2 * n + c + t), first)
+    point_row = rows[np.where(is_end, order - n, np.minimum(order, n - 1))] if n else np.zeros(len(order), np.int64)
+    del order
+    depth = links.depth
+    deepest_start = _extreme_row(first, np.where(is_start, point_row, -1), depth, deepest=True)
+    shallowest_end = _extreme_row(first, np.where(is_end, point_row, -1), depth, deepest=False)
+    del point_row, is_start, is_end
+    parent = links.parent[np.maximum(shallowest_end, 0)].astype(np.int64)
+    inner = np.where(deepest_start >= 0, deepest_start, np.where(shallowest_end >= 0, parent, -1))
+    known = (deepest_start >= 0) | (shallowest_end >= 0) | opens
+    inner = inner[np.maximum.accumulate(np.where(known, np.arange(len(first)), 0))]
+    return HostPieces(key // span, key % span + lo, inner, key, lo, span)
 
 
 def _extreme_row(first: np.ndarray, row: np.ndarray, depth: np.ndarray, deepest: bool) -> np.ndarray:
     """Per boundary (its points start at ``first``), the row of greatest (``deepest``) or least depth among its
     points that carry a row (-1: none): one reduction over (depth, row) packed in an int64, no sort."""
     has = row >= 0
-    packed = (depth[np.maximum(row, 0)] << 32) | np.maximum(row, 0)
+    at = np.maximum(row, 0)
+    packed = (depth[at].astype(np.int64) << 32) | at
     if deepest:
         best = np.maximum.reduceat(np.where(has, packed, -1), first)
         return np.where(best >= 0, best & 0xFFFFFFFF, -1)
@@ -451,9 +461,20 @@ def dependency_graph(events: pd.DataFrame, links: Links, attribution: Attributio
     waits = pieces.inner[pieces.containing(main, last)]
     busy = (waits >= 0) & np.isin(kind[np.maximum(waits, 0)], [KIND_CODE[k] for k in ("cpu_op", "cuda_runtime")])
     host.pred[resume[~busy]] = pieces.containing(helper, last)[~busy]
-    nodes = Nodes(*(np.concatenate([getattr(host, f), getattr(gpu, f)]) for f in Nodes.__dataclass_fields__))
+    nodes = _joined(host, gpu)
     _drop_bad_edges(nodes, attribution.steps["start_ns"].to_numpy())
     return Graph(nodes, pieces, int(inferred.sum()))
+
+
+def _joined(host: Nodes, gpu: Nodes) -> Nodes:
+    """Host nodes then GPU nodes, one field at a time, each part let go once copied (only one field is held
+    twice at once)."""
+    fields = {}
+    for name in Nodes.__dataclass_fields__:
+        fields[name] = np.concatenate([getattr(host, name), getattr(gpu, name)])
+        setattr(host, name, None)
+        setattr(gpu, name, None)
+    return Nodes(**fields)
 
 
 def _host_nodes(events: pd.DataFrame, attribution: Attribution, pieces: HostPieces, blocking: np.ndarray) -> Nodes:
@@ -528,7 +549,7 @@ def _run_chains(jump_to: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.
     return members, owner, rank
 
 
-def _tile(start: np.ndarray, gpu: np.ndarray, window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, bool]:
+def _tile(start: np.ndarray, window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, bool]:
     """Segments of one chain (head first) clipped to ``window``: each ends where the later one starts, so that
     they tile the window; the earliest is cut at the window's start. Returns (starts, ends, whether a filler of
     idle time is needed before the earliest, which ran out of predecessors inside the window)."""
@@ -542,59 +563,94 @@ def _tile(start: np.ndarray, gpu: np.ndarray, window: tuple[int, int]) -> tuple[
 
 def path_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
     """One row per segment of each step's critical path: step, stage, bound, start_ns, end_ns, trace_index (of
-    the event; NULL for idle time), name."""
+    the event; NULL for idle time), name. The graph is let go as soon as the chains are walked: only what the
+    table needs of the nodes on the path is kept (the peak of a 300 MB trace's ``parse`` stays under 1.5x its
+    JSON)."""
     steps = attribution.steps
     main = attribution.main_thread
     if steps.empty or main < 0:
         return _frame(events, {c: np.zeros(0, dtype=np.int64) for c in COLUMNS})
     graph = dependency_graph(events, links, attribution)
-    nodes, pieces = graph.nodes, graph.pieces
+    nodes = graph.nodes
     w0, w1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
-    heads = pieces.containing(np.full(len(steps), main, dtype=np.int64), w1)
+    heads = graph.pieces.containing(np.full(len(steps), main, dtype=np.int64), w1)
+    del graph  # the host pieces
     members, owner = chains(nodes.pred, heads)
-    bounds = np.searchsorted(owner, np.arange(len(steps) + 1))
-    parts: list[tuple[np.ndarray, ...]] = []
-    for k in range(len(steps)):
+    nodes.pred = nodes.end = None  # type: ignore[assignment]
+    k, node, s, e = _segments(nodes.start, members, owner, w0, w1)
+    del members, owner
+    on_path = _on_path(nodes, node)
+    del nodes
+    return _frame(events, _columns(events, attribution, on_path, steps, k, s, e))
+
+
+def _segments(
+    start: np.ndarray, members: np.ndarray, owner: np.ndarray, w0: np.ndarray, w1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's chain tiled over its window (a filler of idle time, node -1, where it ran out), earliest first;
+    empty segments dropped. Returns (step position, node, start, end)."""
+    bounds = np.searchsorted(owner, np.arange(len(w0) + 1))
+    parts: list[list[np.ndarray]] = [[], [], [], []]
+    for k in range(len(w0)):
         chain = members[bounds[k] : bounds[k + 1]]
-        s, e, filler = _tile(nodes.start[chain], nodes.gpu[chain], (int(w0[k]), int(w1[k])))
+        s, e, filler = _tile(start[chain], (int(w0[k]), int(w1[k])))
         chain = chain[: len(s)]
         node = np.concatenate([chain, [-1]]) if filler else chain
         s, e = (np.append(s, w0[k]), np.append(e, s[-1])) if filler else (s, e)
-        parts.append((np.full(len(s), k), node[::-1], s[::-1], e[::-1]))  # earliest first
-    k, node, s, e = (np.concatenate(p) if parts else np.zeros(0, dtype=np.int64) for p in zip(*parts, strict=True))
-    keep = e > s
-    k, node, s, e = k[keep], node[keep], s[keep], e[keep]
-    return _frame(events, _columns(events, attribution, nodes, steps, k, node, s, e))
+        keep = (e > s)[::-1]
+        for column, values in zip(parts, (np.full(len(s), k), node[::-1], s[::-1], e[::-1]), strict=True):
+            column.append(values[keep])  # earliest first
+    out = []
+    for column in parts:  # one column at a time: its parts are let go as it is joined
+        out.append(np.concatenate(column) if column else np.zeros(0, dtype=np.int64))
+        column.clear()
+    k, node, s, e = out
+    return k, node, s, e
+
+
+def _on_path(nodes: Nodes, node: np.ndarray) -> Nodes:
+    """What the table needs of each segment's node (``node`` -1: idle time with no node: row and stage row -1,
+    not on a GPU, bound NULL); ``pred`` holds whether a node is there."""
+    has = node >= 0
+    at = np.maximum(node, 0)
+    none = np.zeros(0, dtype=np.int64)
+    return Nodes(
+        start=none,
+        end=none,
+        pred=has,
+        row=np.where(has, nodes.row[at], -1),
+        bound=np.where(has, nodes.bound[at], NULL).astype(np.int8),
+        gpu=has & nodes.gpu[at],
+        stage_row=np.where(has, nodes.stage_row[at], -1),
+    )
 
 
 def _columns(
     events: pd.DataFrame,
     attribution: Attribution,
-    nodes: Nodes,
+    on_path: Nodes,
     steps: pd.DataFrame,
     k: np.ndarray,
-    node: np.ndarray,
     start: np.ndarray,
     end: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """The table's columns for segments (step position ``k``, node, start, end; earliest first in each step). Idle
-    time on a stream takes the stage of the activity after it; untraced host time outside every event the stage of
-    the segments on both sides when they agree, else ``other``."""
-    has = node >= 0
-    at = np.maximum(node, 0)
-    row = np.where(has, nodes.row[at], -1)
-    stage_row = np.where(has, nodes.stage_row[at], -1)
+    """The table's columns for segments (step position ``k``, the nodes' fields ``on_path``, start, end; earliest
+    first in each step). Idle time on a stream takes the stage of the activity after it; untraced host time outside
+    every event the stage of the segments on both sides when they agree, else ``other``."""
+    has, row, stage_row, gpu = on_path.pred, on_path.row, on_path.stage_row, on_path.gpu
     stage = np.where(stage_row >= 0, attribution.stage[np.maximum(stage_row, 0)], -1).astype(np.int64)
+    del stage_row
     same_step = np.concatenate([k[1:] == k[:-1], [False]])
-    gpu = np.where(has, nodes.gpu[at], False)
     next_gpu = np.where(same_step, np.roll(gpu, -1), False)
     filler_gpu = ~has & next_gpu  # a stream's chain ran out in the step: idle time of the activity after it
+    del next_gpu
     stage[filler_gpu] = np.roll(stage, -1)[filler_gpu]
     prev_stage = np.where(np.roll(same_step, 1), np.roll(stage, 1), -1)
     between = (stage < 0) & (prev_stage == np.roll(stage, -1)) & same_step
     stage[between] = prev_stage[between]  # untraced host time between two segments of one stage: that stage
+    del prev_stage, between, same_step
     stage[stage < 0] = STAGES.index("other")  # else other
-    bound = np.where(has, nodes.bound[at], np.where(filler_gpu, BOUND_CODE["gpu_idle"], BOUND_CODE["python"]))
+    bound = np.where(has, on_path.bound, np.where(filler_gpu, BOUND_CODE["gpu_idle"], BOUND_CODE["python"]))
     gpu |= filler_gpu
     known = len(events["name"].cat.categories)  # idle time is named by two codes after the trace's names
     name = np.where(row >= 0, events["name"].cat.codes.to_numpy()[np.maximum(row, 0)], np.where(gpu, known + 1, known))
