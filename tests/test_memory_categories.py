@@ -17,7 +17,8 @@ from conftest import sample_traces
 from tracebuilder import AUTOGRAD, TraceBuilder, backward_node, forward_op, memory_event
 
 import profparse
-from profparse.analysis.memory_categories import CATEGORIES, MEMORY_RULES
+from profparse.analysis.memory_categories import CATEGORIES, MEMORY_RULES, live_by_category
+from profparse.outputs.summary import render_summary, summary_data
 
 # torch's category -> ours. AUTOGRAD_DETAIL is what flows between autograd nodes (gradients of activations):
 # made and freed inside one backward, a temporary. UNKNOWN (None) is left out.
@@ -237,3 +238,59 @@ def test_sample_captures_have_every_training_category() -> None:
         table = profparse.load(path).memory_categories
         found = set(table["category"].astype(str))
         assert {"parameter", "gradient", "optimizer_state", "activation", "temporary"} <= found, path.name
+
+
+# -- live bytes per category -------------------------------------------------------------------------------------
+
+
+def test_hand_built_peak_by_category(tmp_path: Path) -> None:
+    peak = _hand_built(tmp_path).memory_peak_categories
+    forward = peak[(peak["stage"] == "forward") & (peak["step"] == 1)].set_index("category")
+    assert forward["peak_allocated_bytes"].iloc[0] == 1192  # after the saved activation (t = 13 us)
+    expected = {"parameter": 1000, "input": 64, "activation": 128}
+    assert {str(c): int(v) for c, v in forward["live_bytes"].items()} == {c: expected.get(c, 0) for c in CATEGORIES}
+    optimizer = peak[peak["stage"] == "optimizer"].set_index("category")["live_bytes"]
+    assert optimizer["optimizer_state"] == 1000 and optimizer["temporary"] == 500 and optimizer["gradient"] == 1000
+
+
+def _categories_add_up(path: Path) -> None:
+    parsed = profparse.load(path)
+    memory = parsed.table("memory")
+    live = live_by_category(parsed.raw.events, memory, parsed.table("memory_categories"))
+    assert (live.sum(axis=1) == memory["allocated_bytes"].to_numpy()).all()
+    peak = parsed.memory_peak_categories
+    sums = peak.groupby(["step", "stage", "device"], observed=True, dropna=False)
+    assert (sums["live_bytes"].sum() == sums["peak_allocated_bytes"].first()).all()
+
+
+def test_categories_add_up_to_total_allocated_on_gpu_traces(shared_trace: Path) -> None:
+    _categories_add_up(shared_trace)
+
+
+def test_categories_add_up_to_total_allocated_on_samples(sample_trace: Path) -> None:
+    _categories_add_up(sample_trace)
+
+
+def test_summary_section_on_hand_built_trace(tmp_path: Path) -> None:
+    parsed = _hand_built(tmp_path)
+    data = summary_data(parsed)["memory_categories"]
+    (step,) = data["step_peaks"]
+    assert step["stage"] == "optimizer" and step["peak_allocated_bytes"] == 3564
+    live = {c: step[c] for c in CATEGORIES}
+    expected = {"parameter": 1000, "input": 64, "gradient": 1000, "optimizer_state": 1000, "temporary": 500}
+    assert live == {**dict.fromkeys(CATEGORIES, 0), **expected}
+    assert data["top_activations"] == []  # the only activation was freed in backward
+    text = render_summary(parsed)
+    assert "Memory at the peak, by category" in text
+    assert json.loads(render_summary(parsed, "json"))["memory_categories"]["step_peaks"][0]["gradient"] == 1000
+
+
+def test_summary_top_activations_are_live_at_the_peak() -> None:
+    path = next((p for p in sample_traces() if p.name == "qwen2_tiny_cpu_marks.json.gz"), None)
+    if path is None:
+        pytest.skip("no sample capture")
+    parsed = profparse.load(path)
+    data = summary_data(parsed)["memory_categories"]
+    highest = max(data["step_peaks"], key=lambda r: r["peak_allocated_bytes"])
+    assert sum(r["bytes"] for r in data["top_activations"]) <= highest["activation"]
+    assert data["top_activations"][0]["bytes"] >= data["top_activations"][-1]["bytes"] > 0

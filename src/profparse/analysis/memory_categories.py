@@ -70,6 +70,13 @@ MEMORY_RULES: tuple[MemoryRule, ...] = (
         "moved Total Reserved but not Total Allocated: a pool the allocator reserved, not a tensor",
     ),
     MemoryRule(
+        "no_address",
+        "other",
+        ("no_address",),
+        (),
+        "the event has no Addr (legacy traces): no free to pair with, so no lifetime to judge",
+    ),
+    MemoryRule(
         "grad.accumulate",
         "gradient",
         ("in_accumulate_grad",),
@@ -163,7 +170,8 @@ def _name_rows(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
 def pair_frees(timeline: pd.DataFrame, addresses: np.ndarray) -> np.ndarray:
     """For each row of the memory timeline: the row of the free that ends it (allocations only), else -1.
 
-    The free of an allocation is the next event on the same device and address when that event frees.
+    The free of an allocation is the next event on the same device and address when that event frees as many
+    bytes. Events without an address (legacy traces) pair with nothing.
     """
     n = len(timeline)
     device = timeline["device"].cat.codes.to_numpy()
@@ -171,7 +179,8 @@ def pair_frees(timeline: pd.DataFrame, addresses: np.ndarray) -> np.ndarray:
     nbytes = timeline["bytes"].to_numpy()
     nxt = np.full(n, -1, dtype=np.int64)
     same = (device[order[1:]] == device[order[:-1]]) & (addresses[order[1:]] == addresses[order[:-1]])
-    pairs = same & (nbytes[order[:-1]] > 0) & (nbytes[order[1:]] < 0)
+    pairs = same & (nbytes[order[:-1]] > 0) & (nbytes[order[1:]] == -nbytes[order[:-1]])
+    pairs &= addresses[order[:-1]] != NULL  # legacy traces without Addr: no lifetimes
     nxt[order[:-1][pairs]] = order[1:][pairs]
     return nxt
 
@@ -205,6 +214,7 @@ def allocation_features(
     same_step = f_step == a_step
     features = {
         "reserve_only": counted_bytes(timeline)[alloc] == 0,
+        "no_address": addresses[alloc] == NULL,
         "in_accumulate_grad": acc[a_row] >= 0,
         "in_optimizer_step": a_opt >= 0,
         "freed_in_optimizer_step": has_free & (a_opt >= 0) & (f_opt == a_opt),
@@ -272,5 +282,74 @@ def memory_categories(
             "free_stage": stage_categorical(free_stage),
             "free_step": np.where(has_free, column["step"][free_at], NULL),
             "op_name": memory["op_name"].iloc[alloc].to_numpy(),
+        }
+    )
+
+
+PEAK_COLUMNS = ("step", "stage", "device", "category", "live_bytes", "peak_allocated_bytes", "peak_ts_ns")
+
+
+def live_by_category(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """Bytes live per category after each event of the memory timeline (rows of ``memory``; one column per
+    :data:`CATEGORIES`).
+
+    An allocation adds its bytes to its category and its free takes them back; frees of memory allocated before
+    the trace and the level before a device's first event count as ``other``. Bytes are those that moved Total
+    Allocated (:func:`~profparse.analysis.memory.counted_bytes`), so the columns add up to it.
+    """
+    n = len(memory)
+    other = CATEGORIES.index("other")
+    code = np.full(n, other, dtype=np.int64)
+    if n == 0:
+        return np.zeros((0, len(CATEGORIES)), dtype=np.int64)
+    row_of = pd.Index(events["trace_index"].to_numpy()).get_indexer(memory["trace_index"].to_numpy())
+    free_of = pair_frees(memory, events["mem_addr"].to_numpy()[row_of])
+    position = pd.Index(memory["trace_index"].to_numpy()).get_indexer(table["trace_index"].to_numpy())
+    category = table["category"].cat.codes.to_numpy().astype(np.int64)
+    code[position] = category
+    freed = free_of[position]
+    code[freed[freed >= 0]] = category[freed >= 0]
+    counted = counted_bytes(memory)
+    delta = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
+    delta[np.arange(n), code] = counted
+    device = memory["device"].cat.codes.to_numpy()
+    first = np.flatnonzero(np.r_[True, device[1:] != device[:-1]])  # rows are in time order within each device
+    delta[first, other] += memory["allocated_bytes"].to_numpy()[first] - counted[first]
+    live = np.cumsum(delta, axis=0)
+    start_of_row = np.repeat(first, np.diff(np.r_[first, n]))
+    before = np.where(start_of_row[:, None] > 0, live[np.maximum(start_of_row - 1, 0)], 0)
+    return live - before
+
+
+def memory_peak_categories(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Per (step, stage, device): the bytes live in each category at the group's highest Total Allocated."""
+    if memory.empty:
+        return pd.DataFrame({c: np.array([], np.int64) for c in PEAK_COLUMNS}).assign(
+            stage=stage_categorical(np.array([], np.int8)),
+            device=pd.Categorical([]),
+            category=pd.Categorical([], categories=list(CATEGORIES)),
+        )
+    live = live_by_category(events, memory, table)
+    keys = pd.DataFrame(
+        {
+            "step": memory["step"].to_numpy(),
+            "stage": memory["stage"].cat.codes.to_numpy(),
+            "device": memory["device"].cat.codes.to_numpy(),
+            "allocated": memory["allocated_bytes"].to_numpy(),
+        }
+    )
+    peaks = keys.groupby(["step", "stage", "device"], sort=True)["allocated"].idxmax().to_numpy()
+    groups, width = len(peaks), len(CATEGORIES)
+    return pd.DataFrame(
+        {
+            "step": np.repeat(keys["step"].to_numpy()[peaks], width),
+            "stage": stage_categorical(np.repeat(keys["stage"].to_numpy()[peaks], width)),
+            "device": pd.Categorical.from_codes(
+                np.repeat(keys["device"].to_numpy()[peaks], width), dtype=memory["device"].dtype
+            ),
+            "category": pd.Categorical.from_codes(np.tile(np.arange(width), groups), categories=list(CATEGORIES)),
+            "live_bytes": live[peaks].reshape(-1),
+            "peak_allocated_bytes": np.repeat(keys["allocated"].to_numpy()[peaks], width),
+            "peak_ts_ns": np.repeat(memory["ts_ns"].to_numpy()[peaks], width),
         }
     )

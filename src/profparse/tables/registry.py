@@ -183,6 +183,13 @@ TABLES: dict[str, TableSpec] = {
             "one row per allocation: category (parameter, gradient, ...), the rule, where it was made and freed",
         ),
         TableSpec(
+            "memory_peak_categories",
+            "profparse.analysis.memory_categories:memory_peak_categories",
+            ("raw", "memory", "memory_categories"),
+            "docs/memory_categories.md",
+            "per (step, stage, device, category): bytes live at the group's highest Total Allocated",
+        ),
+        TableSpec(
             "runtime_calls",
             "profparse.analysis.runtime:runtime_calls",
             (*_ROWS, "stage_summary"),

@@ -34,6 +34,7 @@ from profparse.outputs.summary import analyses
 from profparse.outputs.summary.communication import communication_data, communication_tables
 from profparse.outputs.summary.critical_path import critical_path_data, critical_path_tables
 from profparse.outputs.summary.efficiency import efficiency_data, efficiency_tables
+from profparse.outputs.summary.memory_categories import memory_categories_data, memory_categories_tables
 from profparse.outputs.summary.runtime import runtime_calls_tables, top_calls
 from profparse.outputs.summary.top import stage_top_table
 from profparse.trace.kinds import NULL
@@ -155,6 +156,9 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analyses.summary_sections(parsed),
         "efficiency": efficiency_data(parsed),
+        "memory_categories": memory_categories_data(
+            parsed.table("memory_peak_categories"), parsed.table("memory_categories")
+        ),
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),
@@ -273,6 +277,7 @@ SECTIONS = (
     _top_tables("top_kernels", "Top kernels", kernel=True),
     _top_tables("top_ops", "Top ops", kernel=False),
     lambda data: analyses.tables(data.get("analyses")),
+    memory_categories_tables,
     efficiency_tables,
     runtime_calls_tables,
     communication_tables,
