@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from profparse.analysis.memory_categories import CATEGORIES
 from profparse.base.files import atomic_file
 from profparse.base.formats import LONE_SURROGATE, display, plain
 from profparse.base.marks import STAGES
@@ -26,6 +27,7 @@ from profparse.outputs.report.headline import ranks_headline, trace_headline
 from profparse.outputs.summary.critical_path import GPU_BOUNDS, LABEL_WIDTH
 from profparse.outputs.views import VIEWS
 from profparse.outputs.views._common import STAGE_COLORS
+from profparse.outputs.views.memory import CATEGORY_COLORS
 from profparse.trace.kinds import NULL
 
 if TYPE_CHECKING:
@@ -125,7 +127,13 @@ def _asset(name: str) -> str:
 
 def render_html(payload: dict[str, Any]) -> str:
     """The page: inlined CSS, the JSON payload (every ``<`` escaped, so no string can end the script) and the JS."""
-    meta = {"version": __version__, "stages": list(STAGES), "colors": STAGE_COLORS}
+    meta = {
+        "version": __version__,
+        "stages": list(STAGES),
+        "colors": STAGE_COLORS,
+        "categories": list(CATEGORIES),
+        "category_colors": CATEGORY_COLORS,
+    }
     body = json.dumps({**payload, "meta": meta}, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     body = body.replace("<", "\\u003c")  # no trace text can close the script or open a comment
     # a lone surrogate (a file name that is not UTF-8, a "\\ud800" escape in a name) cannot be written as UTF-8;

@@ -372,13 +372,51 @@
       bands.forEach(function (b) { svg.appendChild(svgEl("rect", {x: X(b.start_ns), y: 0, width: Math.max(X(b.end_ns) - X(b.start_ns), 0.5), height: H, fill: COLORS[b.stage], "fill-opacity": 0.2})); });
       var pts = [];
       for (var i = 0; i < ts.length; i++) { if (i) pts.push(X(ts[i]).toFixed(1) + "," + Y(ys[i - 1]).toFixed(1)); pts.push(X(ts[i]).toFixed(1) + "," + Y(ys[i]).toFixed(1)); }
+      stackCategories(svg, ts, dev.categories || {}, X, Y);
       svg.appendChild(svgEl("polyline", {points: pts.join(" "), fill: "none", stroke: "#222", "stroke-width": 1.3}));
       var t1 = svgEl("text", {x: 4, y: 14}); t1.textContent = bytes(top); svg.appendChild(t1);
       var t2 = svgEl("text", {x: 4, y: H - 4}); t2.textContent = bytes(low); svg.appendChild(t2);
       for (var q = 0; q <= 4; q++) { var tx = svgEl("text", {x: X(q * span / 4), y: H + 16, "text-anchor": q ? (q === 4 ? "end" : "middle") : "start"}); tx.textContent = (q * span / 4 / u[0]).toFixed(2) + " " + u[1]; svg.appendChild(tx); }
       s.appendChild(el("h3", {text: dev.label + ": allocated, peak " + bytes(top)}));
+      if (dev.categories) s.appendChild(categoryLegend(Object.keys(dev.categories)));
       s.appendChild(svg);
     });
+    memoryPeakTables(s, (P.summary.memory_categories || {}).step_peaks || []);
+  }
+  var CATEGORY_LABELS = {optimizer_state: "optim state", activation: "activations", temporary: "temporaries"};
+  function categoryLegend(names) {
+    return el("div", {class: "legend"}, names.map(function (c) {
+      return el("span", {}, [el("span", {class: "chip", style: "background:" + (P.meta.category_colors[c] || "#777")}), c]);
+    }));
+  }
+  function stackCategories(svg, ts, categories, X, Y) {  // one step-shaped band per category, stacked in order
+    var base = ts.map(function () { return 0; });
+    Object.keys(categories).forEach(function (c) {
+      var ys = categories[c], upper = [], lower = [];
+      for (var i = 0; i < ts.length; i++) {
+        var top = base[i] + ys[i], x0 = X(ts[i]).toFixed(1), x1 = X(i + 1 < ts.length ? ts[i + 1] : ts[i]).toFixed(1);
+        upper.push(x0 + "," + Y(top).toFixed(1), x1 + "," + Y(top).toFixed(1));
+        lower.push(x1 + "," + Y(base[i]).toFixed(1), x0 + "," + Y(base[i]).toFixed(1));
+        base[i] = top;
+      }
+      svg.appendChild(svgEl("polygon", {points: upper.concat(lower.reverse()).join(" "), fill: P.meta.category_colors[c] || "#777",
+        "fill-opacity": 0.9, stroke: "none", "data-category": c}));
+    });
+  }
+  function memoryPeakTables(s, steps) {  // the summary's "Memory at the peak, by category", one table per device
+    if (!steps.some(function (r) { return r.peak_allocated_bytes; })) return;
+    var devices = [];
+    steps.forEach(function (r) { if (devices.indexOf(r.device) < 0) devices.push(r.device); });
+    devices.forEach(function (d) {
+      var mine = steps.filter(function (r) { return r.device === d; });
+      var shown = P.meta.categories.filter(function (c) { return mine.some(function (r) { return r[c]; }); });
+      s.appendChild(el("h3", {text: "Memory at the peak, by category (" + d + ")"}));
+      s.appendChild(table(["step", "at", "peak"].concat(shown.map(function (c) { return CATEGORY_LABELS[c] || c; })), mine.map(function (r) {
+        return el("tr", {"data-device": d}, [el("td", {class: "l", text: r.step == null ? "outside" : String(r.step)}), stageCell(r.stage),
+          el("td", {text: bytes(r.peak_allocated_bytes)})].concat(shown.map(function (c) { return el("td", {"data-category": c, text: r[c] ? bytes(r[c]) : "-"}); })));
+      }), "memory-peaks", 2));
+    });
+    s.appendChild(el("p", {class: "note", text: "bytes live in each category at each step's highest Total Allocated (at: its stage); see docs/memory_categories.md"}));
   }
 
   function genericCell(column, x) {  // times in ms/µs/s, shares as %, stages with their colour, numbers grouped
