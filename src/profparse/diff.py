@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
+from profparse.analysis.memory_categories import CATEGORIES
 from profparse.analysis.quality import gpu_devices
-from profparse.base.formats import display, md_code, render_as, text_table
+from profparse.base.formats import bytes_text, display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
 
 if TYPE_CHECKING:
@@ -160,6 +161,45 @@ def path_changes(a: ParsedTrace, b: ParsedTrace, per_step: bool = False) -> list
     return rows
 
 
+def _peak_categories(parsed: ParsedTrace) -> dict[str, dict[str, int]]:
+    """{device: {category: bytes live at the device's highest Total Allocated (its first), "all": that peak}}."""
+    peak = _optional(parsed, "memory_peak_categories")
+    if peak is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for device, group in peak.groupby("device", observed=True, sort=True):
+        highest = group["peak_allocated_bytes"].max()
+        first = group.loc[group["peak_allocated_bytes"] == highest, "peak_ts_ns"].min()
+        at = group[(group["peak_ts_ns"] == first) & (group["peak_allocated_bytes"] == highest)]
+        live = {str(c): int(b) for c, b in zip(at["category"], at["live_bytes"], strict=True)}
+        out[str(device)] = {**live, "all": int(highest)}
+    return out
+
+
+def memory_peak_changes(a: ParsedTrace, b: ParsedTrace) -> list[dict[str, Any]]:
+    """Per device, the bytes live in each category at the device's highest Total Allocated in A and in B, and the
+    change; ``all`` is that peak (the categories add up to it). A peak is no sum, so per step or not it is the
+    same. Categories empty in both are left out."""
+    peaks = [_peak_categories(x) for x in (a, b)]
+    rows = []
+    for device in sorted(set(peaks[0]) | set(peaks[1])):
+        for category in (*CATEGORIES, "all"):
+            x, y = (p.get(device, {}).get(category, 0) for p in peaks)
+            if x or y:
+                delta = y - x
+                rows.append(
+                    {
+                        "device": device,
+                        "category": category,
+                        "a_bytes": x,
+                        "b_bytes": y,
+                        "delta_bytes": delta,
+                        "pct": delta / x if x else None,
+                    }
+                )
+    return rows
+
+
 def _describe(parsed: ParsedTrace) -> dict[str, Any]:
     steps = parsed.steps
     return {
@@ -201,6 +241,7 @@ def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> di
         "kernels": moved_pairs(a.kernels, b.kernels, "dur_ns", top, steps),
         "ops": moved_pairs(a.ops, b.ops, "self_ns", top, steps),
         "critical_path": path_changes(a, b, per_step),
+        "memory_peak_categories": memory_peak_changes(a, b),
     }
 
 
@@ -288,7 +329,34 @@ def render_text(data: dict[str, Any]) -> str:
         out.write(_table(["stage", "bound", "A", "B", "change", "%"], _path_cells(path)) + "\n")
     else:
         out.write("  (no step has a critical path in either trace)\n")
+    out.write(f"\n{_MEMORY_TITLE} ({_MEMORY_NOTE})\n")
+    memory = data.get("memory_peak_categories") or []
+    if memory:
+        out.write(_table(["device", "category", "A", "B", "change", "%"], _memory_cells(memory)) + "\n")
+    else:
+        out.write("  (no [memory] events in either trace)\n")
     return out.getvalue()
+
+
+_MEMORY_TITLE = "Memory at the peak by category"
+_MEMORY_NOTE = "per device: bytes live at its highest Total Allocated; all = the peak"
+
+
+def _memory_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    def signed(v: int) -> str:
+        return ("+" if v > 0 else " " if v == 0 else "") + bytes_text(v)
+
+    return [
+        [
+            r["device"],
+            r["category"],
+            bytes_text(r["a_bytes"]),
+            bytes_text(r["b_bytes"]),
+            signed(r["delta_bytes"]),
+            _pct(r["pct"]) if r["delta_bytes"] else "",
+        ]
+        for r in rows
+    ]
 
 
 def _path_cells(path: list[dict[str, Any]]) -> list[list[str]]:
@@ -336,6 +404,10 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines += ["", "## Critical path by stage and bound", "", "ms on the path; all = the stage's path.", ""]
     lines += ["| stage | bound | A | B | change | % |", "|---|---|---:|---:|---:|---:|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in _path_cells(data.get("critical_path") or [])]
+    lines += ["", f"## {_MEMORY_TITLE}", "", _MEMORY_NOTE[0].upper() + _MEMORY_NOTE[1:] + ".", ""]
+    lines += ["| device | category | A | B | change | % |", "|---|---|---:|---:|---:|---:|"]
+    memory = data.get("memory_peak_categories") or []
+    lines += ["| " + " | ".join(cells) + " |" for cells in _memory_cells(memory)]
     return "\n".join(lines) + "\n"
 
 
