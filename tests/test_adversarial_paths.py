@@ -13,9 +13,9 @@ import pytest
 from adversarial import assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import MAIN, PID, STREAM, TraceBuilder
 
-from profparse.outputs.summary.analyses import _nested_in_same_class
 from profparse.base.formats import display, md_cell, md_code, terminal_safe
 from profparse.base.names import shorten_name
+from profparse.outputs.summary.analyses import _nested_in_same_class
 
 UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
@@ -92,7 +92,10 @@ def test_annotate_cut_trace_is_linear(tmp_path):
     assert out_whole[: len(original)] == original
     assert out_cut[: len(original) - 1] == original[:-1]  # every complete event, the cut one left out
     added = out_cut[len(original) - 1 :]
-    assert added and all(e.get("cat") in ("profparse_stage", "profparse_load") or e["ph"] == "M" for e in added)
+    assert added and all(
+        e.get("cat") in ("profparse_stage", "profparse_load", "profparse_critical_path") or e["ph"] == "M"
+        for e in added
+    )
 
 
 # -- terminal injection ------------------------------------------------------------------------------------------------

@@ -8,8 +8,10 @@ optimizer and scheduler run as they are. The stages are marked with profparse's 
 
 - forward: the Trainer's ``compute_loss`` (the model's forward and its loss);
 - backward: its accelerator's ``backward(loss)``;
-- optimizer: gradient clipping (the accelerator's ``clip_grad_norm_``), then from ``on_pre_optimizer_step``
-  through ``optimizer.step()`` (``on_optimizer_step``), the LR scheduler and ``zero_grad`` to ``on_step_end``.
+- optimizer: from the end of the step's last backward (the accelerator's ``sync_gradients``), so the Trainer's
+  loss checks and gradient clipping there, through ``on_pre_optimizer_step``, ``optimizer.step()``, the LR
+  scheduler and ``zero_grad`` to ``on_step_end``: what profparse's rules call ``optimizer.before_step`` and
+  ``optimizer`` (docs/stages.md).
 
 Callbacks are not handed the Trainer, so the callback finds it on the call stack of ``on_train_begin`` and wraps
 those three methods on that instance only while a profiled step runs (undone afterwards). Where it cannot (a
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from profparse.base import marks
+from profparse.base.errors import install_hint
 from profparse.base.files import atomic_file
 
 try:
@@ -36,7 +39,7 @@ try:
     from transformers import TrainerCallback
 except ImportError as error:  # pragma: no cover - the module is only imported by Trainer users
     raise ImportError(
-        "profparse.integrations.transformers needs transformers and torch: pip install 'profparse[capture]'"
+        f"profparse.integrations.transformers needs transformers and torch: {install_hint('trainer')}"
     ) from error
 
 #: The ``TrainerCallback`` hooks the callback relies on (``on_pre_optimizer_step``: transformers 4.47 and later).
@@ -74,30 +77,46 @@ class StageMarks:
 
     def __init__(self) -> None:
         self.current: Any = None
+        self.stage: str | None = None
 
     def open(self, stage: str) -> None:
+        """Open ``stage``'s mark; one already open for the same stage stays (one range, not two)."""
         import torch
 
+        if self.stage == stage:
+            return
         self.close()
         self.current = torch.autograd.profiler.record_function(marks.stage_mark(stage))
         self.current.__enter__()
+        self.stage = stage
 
     def close(self) -> None:
         if self.current is not None:
-            current, self.current = self.current, None
+            current, self.current, self.stage = self.current, None, None
             current.__exit__(None, None, None)
 
-    def around(self, stage: str, function: Callable[..., Any], active: Callable[[], bool]) -> Callable[..., Any]:
-        """``function`` run inside the ``stage`` mark while ``active()``, else as it is."""
+    def around(
+        self,
+        stage: str,
+        function: Callable[..., Any],
+        active: Callable[[], bool],
+        then: Callable[[], str | None] = lambda: None,
+    ) -> Callable[..., Any]:
+        """``function`` run inside the ``stage`` mark while ``active()``, else as it is; afterwards the mark of
+        the stage ``then()`` names is opened (None: closed). Inside a mark of the same stage it just runs."""
 
         def marked(*args: Any, **kwargs: Any) -> Any:
-            if not active():
+            if not active() or self.stage == stage:
                 return function(*args, **kwargs)
             self.open(stage)
             try:
                 return function(*args, **kwargs)
             finally:
-                self.close()
+                following = then()
+                if following is None:
+                    self.close()
+                else:
+                    self.open(following)
 
         marked.__wrapped__ = function  # type: ignore[attr-defined]
         return marked
@@ -210,6 +229,7 @@ class ProfileCallback(TrainerCallback):
         active = lambda: self.in_step  # noqa: E731
         targets = [(trainer, "compute_loss", "forward")]
         accelerator = getattr(trainer, "accelerator", None)
+        after_backward = lambda: "optimizer" if getattr(accelerator, "sync_gradients", False) else None  # noqa: E731
         if accelerator is not None:
             targets += [(accelerator, "backward", "backward"), (accelerator, "clip_grad_norm_", "optimizer")]
         for owner, name, stage in targets:
@@ -217,7 +237,8 @@ class ProfileCallback(TrainerCallback):
                 continue
             had_own = name in vars(owner)
             previous = vars(owner).get(name)
-            setattr(owner, name, self.marks.around(stage, getattr(owner, name), active))
+            then = after_backward if name == "backward" else lambda: None
+            setattr(owner, name, self.marks.around(stage, getattr(owner, name), active, then))
             self._undo.append(lambda o=owner, n=name, h=had_own, p=previous: setattr(o, n, p) if h else delattr(o, n))
 
     def _unwrap_trainer(self) -> None:
