@@ -28,8 +28,8 @@ from profparse.capture import (  # noqa: E402
     run_capture,
     summary_text,
 )
-from profparse.cli.options import int_option  # noqa: E402
 from profparse.cli.main import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, OneLineParser, report_error  # noqa: E402
+from profparse.cli.options import int_option  # noqa: E402
 
 NEEDS_EXTRA = f"capture: needs the 'capture' extra: {EXTRA_HINT}"
 

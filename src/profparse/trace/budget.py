@@ -108,7 +108,6 @@ def release_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-
 ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
