@@ -310,6 +310,23 @@ def test_segments_tile_every_step_of_random_traces(tmp_path, seed: int) -> None:
     assert {"gpu_compute", "cpu_op", "launch"} <= set(path["bound"].astype(str))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_edges_checked_in_blocks_give_the_table_of_one_block(tmp_path, seed: int, monkeypatch) -> None:
+    """The graph's edges are checked a block of nodes at a time (bounded temporaries on big traces): blocks of a
+    few nodes, so that edges cross blocks, give the same table as one block holding every node."""
+    from profparse.analysis import critical_path as module
+
+    parsed = _parse(_random_trace(seed), tmp_path)
+    events, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
+    monkeypatch.setattr(module, "EDGE_BLOCK", 1 << 40)
+    whole = path_table(events, links, attribution)
+    monkeypatch.setattr(module, "EDGE_BLOCK", 3)
+    pd.testing.assert_frame_equal(path_table(events, links, attribution), whole)
+    nodes = dependency_graph(events, links, attribution).nodes
+    assert nodes.pred.dtype == np.int32 and nodes.row.dtype == np.int32  # node and event numbers narrowed
+    assert len(whole) > 10
+
+
 def _traces() -> list[Path]:
     found = sorted((REPO / "sample_traces").rglob("*.json.gz"))
     if SHARED.is_dir():

@@ -33,6 +33,7 @@ import pandas as pd
 from profparse.analysis.comm import COMM_KERNEL
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
+from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL
 from profparse.trace.link import Links, kind_mask
 
@@ -85,12 +86,20 @@ class HostPieces:
     """Every host thread's time cut at event boundaries: piece ``i`` is ``[time[i], time[i + 1]]`` of its thread
     (the last boundary of each thread starts no piece); ``inner`` is the innermost event in it (-1: none)."""
 
-    thread: np.ndarray
-    time: np.ndarray
     inner: np.ndarray
     key: np.ndarray  # (thread, time) packed on one line, sorted: searchsorted finds a thread's piece at a time
     base: int
     span: int
+
+    @property
+    def thread(self) -> np.ndarray:
+        """Each piece's thread (unpacked from the key when asked: not held beside it)."""
+        return self.key // self.span
+
+    @property
+    def time(self) -> np.ndarray:
+        """Each piece's start."""
+        return self.key % self.span + self.base
 
     def containing(self, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
         """The piece of ``thread`` that holds the instant just before ``t`` (the piece that ends at ``t`` when
@@ -128,51 +137,66 @@ def host_pieces(
     ending there, else (an extra cut) the previous piece's. The points are packed (thread, time) keys only; what
     each one is (a start, an end, a cut, a thread's first or last) follows from its position before sorting, so no
     column per point is built (the temporaries of a 300 MB trace stay ~60 MiB)."""
-    ts = events["ts_ns"].to_numpy()
-    start = ts[rows]
-    end = start + events["dur_ns"].to_numpy()[rows]
+    start = events["ts_ns"].to_numpy()[rows]
+    dur = events["dur_ns"].to_numpy()[rows]
     threads = np.arange(len(links.threads), dtype=np.int64)
-    lo, hi = _extent(start, end, cut_time)
+    lo, hi = _extent(start, start + dur if len(rows) else start, cut_time)
     n, c, t = len(rows), len(cut_time), len(threads)
     span = hi - lo + 1
-    row_key = links.thread[rows].astype(np.int64) * span
-    key = np.concatenate(
-        [row_key + (start - lo), row_key + (end - lo), cut_thread.astype(np.int64) * span + (cut_time - lo)]
-        + [threads * span, threads * span + (hi - lo)]
-    )
-    del row_key, start, end
+    key = np.empty(2 * n + c + 2 * t, dtype=np.int64)  # filled in place: no temporary per part
+    starts, ends = key[:n], key[n : 2 * n]
+    starts[:] = links.thread[rows]
+    starts *= span
+    starts += start
+    starts -= lo
+    del start
+    np.add(starts, dur, out=ends)
+    del dur
+    key[2 * n : 2 * n + c] = cut_thread.astype(np.int64) * span + (cut_time - lo)
+    key[2 * n + c : 2 * n + c + t] = threads * span
+    key[2 * n + c + t :] = threads * span + (hi - lo)
     order = np.argsort(key, kind="stable")
-    key = key[order]
+    key.sort()  # in place: no third array of points (the order of equal keys does not matter here)
     first = _first_of_runs(key)
     key = key[first]
     is_start = order < n
     is_end = (order >= n) & (order < 2 * n)
     opens = np.logical_or.reduceat((order >= 2 * n + c) & (order < 2 * n + c + t), first)
-    point_row = rows[np.where(is_end, order - n, np.minimum(order, n - 1))] if n else np.zeros(len(order), np.int64)
+    np.subtract(order, n, out=order, where=is_end)  # in place: a start's or an end's position in rows
+    np.minimum(order, max(n - 1, 0), out=order)
+    point_row = np.take(rows, order, out=order, mode="clip") if n else np.zeros_like(order)  # in place
     del order
     depth = links.depth
-    deepest_start = _extreme_row(first, np.where(is_start, point_row, -1), depth, deepest=True)
-    shallowest_end = _extreme_row(first, np.where(is_end, point_row, -1), depth, deepest=False)
-    del point_row, is_start, is_end
-    parent = links.parent[np.maximum(shallowest_end, 0)].astype(np.int64)
-    inner = np.where(deepest_start >= 0, deepest_start, np.where(shallowest_end >= 0, parent, -1))
+    deepest_start = _extreme_row(first, point_row, is_start, depth, deepest=True)
+    del is_start
+    shallowest_end = _extreme_row(first, point_row, is_end, depth, deepest=False)
+    del point_row, is_end
+    del first
     known = (deepest_start >= 0) | (shallowest_end >= 0) | opens
-    inner = inner[np.maximum.accumulate(np.where(known, np.arange(len(first)), 0))]
-    return HostPieces(key // span, key % span + lo, inner, key, lo, span)
+    inner = deepest_start  # in place: else the parent of the shallowest event ending there, else none
+    by_end = (inner < 0) & (shallowest_end >= 0)
+    inner[by_end] = links.parent[shallowest_end[by_end]]
+    del shallowest_end, by_end
+    latest = np.arange(len(inner))
+    latest[~known] = 0
+    np.maximum.accumulate(latest, out=latest)  # an extra cut: the previous piece's label
+    return HostPieces(inner[latest], key, lo, span)
 
 
-def _extreme_row(first: np.ndarray, row: np.ndarray, depth: np.ndarray, deepest: bool) -> np.ndarray:
+def _extreme_row(first: np.ndarray, row: np.ndarray, has: np.ndarray, depth: np.ndarray, deepest: bool) -> np.ndarray:
     """Per boundary (its points start at ``first``), the row of greatest (``deepest``) or least depth among its
-    points that carry a row (-1: none): one reduction over (depth, row) packed in an int64, no sort."""
-    has = row >= 0
-    at = np.maximum(row, 0)
-    packed = (depth[at].astype(np.int64) << 32) | at
-    if deepest:
-        best = np.maximum.reduceat(np.where(has, packed, -1), first)
-        return np.where(best >= 0, best & 0xFFFFFFFF, -1)
-    none = np.iinfo(np.int64).max
-    best = np.minimum.reduceat(np.where(has, packed, none), first)
-    return np.where(best != none, best & 0xFFFFFFFF, -1)
+    points where ``has`` (-1: none): one reduction over (depth, row) packed in an int64, no sort."""
+    packed = depth[row].astype(np.int64)
+    packed <<= 32
+    packed |= row
+    none = -1 if deepest else np.iinfo(np.int64).max
+    packed[~has] = none
+    best = (np.maximum if deepest else np.minimum).reduceat(packed, first)
+    del packed
+    missing = best == none
+    best &= 0xFFFFFFFF
+    best[missing] = -1
+    return best
 
 
 @dataclass
@@ -385,9 +409,11 @@ def _host_bounds(events: pd.DataFrame, attribution: Attribution, inner: np.ndarr
     bound = np.full(len(inner), BOUND_CODE["python"], dtype=np.int8)
     bound[kind == KIND_CODE["cpu_op"]] = BOUND_CODE["cpu_op"]
     bound[(kind == KIND_CODE["cuda_runtime"]) | (kind == KIND_CODE["cuda_driver"])] = BOUND_CODE["launch"]
+    del kind
     data_rules = np.array([name.startswith(_DATA_RULE) for name in attribution.rule_names], dtype=bool)
-    rule = attribution.rule[row].astype(np.int64)
+    rule = attribution.rule[row]
     bound[(rule >= 0) & data_rules[np.maximum(rule, 0)]] = BOUND_CODE["data"]
+    del rule
     bound[blocking[row]] = BOUND_CODE["sync_wait"]
     bound[inner < 0] = BOUND_CODE["python"]
     return bound
@@ -440,20 +466,28 @@ def dependency_graph(events: pd.DataFrame, links: Links, attribution: Attributio
     blocking, inferred = blocking_calls(events, links)
     calls, targets = sync_waits(events, links, blocking)
     joins = thread_joins(events, links, attribution, rows)
-    end = events["ts_ns"].to_numpy() + events["dur_ns"].to_numpy()
+    target_end = events["ts_ns"].to_numpy()[targets] + events["dur_ns"].to_numpy()[targets]
     main = np.full(len(joins), attribution.main_thread, dtype=np.int64)
     first, last = joins["first"].to_numpy(), joins["last"].to_numpy()
     cut_thread = np.concatenate([links.thread[calls].astype(np.int64), main, main])
-    cut_time = np.concatenate([end[targets], first, last])
+    cut_time = np.concatenate([target_end, first, last])
+    release_memory()  # the edges' temporaries: freed memory glibc keeps would add to the pieces' peak
     pieces = host_pieces(events, links, rows, cut_thread, cut_time)
+    del rows, cut_thread, cut_time
+    release_memory()
     host = _host_nodes(events, attribution, pieces, blocking)
+    del blocking
+    release_memory()
     nh = len(host.start)
     work = _gpu_work(events, links)
     gpu = _gpu_nodes(events, links, work, pieces, nh)
     position = np.full(len(events), -1, dtype=np.int64)
     position[work.rows] = np.arange(len(work.rows))
-    waiting = pieces.starting(links.thread[calls].astype(np.int64), end[targets])
-    host.pred[waiting] = nh + 2 * position[targets] + 1
+    target_position = position[targets]
+    del position, work
+    release_memory()
+    waiting = pieces.starting(links.thread[calls].astype(np.int64), target_end)
+    host.pred[waiting] = nh + 2 * target_position + 1
     helper = joins["thread"].to_numpy()
     host.pred[pieces.starting(helper, first)] = pieces.containing(main, first)
     resume = pieces.starting(main, last)
@@ -466,39 +500,70 @@ def dependency_graph(events: pd.DataFrame, links: Links, attribution: Attributio
     return Graph(nodes, pieces, int(inferred.sum()))
 
 
+#: fields of :class:`Nodes` that hold node or event numbers (int32 once joined, while both stay under 2**31)
+_INDEX_FIELDS = ("pred", "row", "stage_row")
+
+
+def _fits_int32(parts: list[np.ndarray]) -> bool:
+    limit = np.iinfo(np.int32).max
+    return all(not len(p) or int(p.max()) <= limit for p in parts)
+
+
 def _joined(host: Nodes, gpu: Nodes) -> Nodes:
     """Host nodes then GPU nodes, one field at a time, each part let go once copied (only one field is held
     twice at once)."""
     fields = {}
     for name in Nodes.__dataclass_fields__:
-        fields[name] = np.concatenate([getattr(host, name), getattr(gpu, name)])
+        parts = [getattr(host, name), getattr(gpu, name)]
+        narrow = np.int32 if name in _INDEX_FIELDS and _fits_int32(parts) else None  # int32 halves them
+        fields[name] = np.concatenate(parts, dtype=narrow)
+        del parts
         setattr(host, name, None)
         setattr(gpu, name, None)
+        release_memory()  # the parts just let go, before the next field is made
     return Nodes(**fields)
 
 
 def _host_nodes(events: pd.DataFrame, attribution: Attribution, pieces: HostPieces, blocking: np.ndarray) -> Nodes:
-    n = len(pieces.time)
-    same_next = np.concatenate([pieces.thread[1:] == pieces.thread[:-1], [False]])
-    end = np.where(same_next, np.roll(pieces.time, -1), pieces.time)
-    pred = np.where(np.concatenate([[False], same_next[:-1]]), np.arange(n) - 1, -1)
-    bound = _host_bounds(events, attribution, pieces.inner, blocking)
-    return Nodes(pieces.time.copy(), end, pred, pieces.inner, bound, np.zeros(n, dtype=bool), pieces.inner)
+    n = len(pieces.key)
+    bound = _host_bounds(events, attribution, pieces.inner, blocking)  # first: its temporaries come before the rest
+    thread = pieces.thread
+    same_next = np.concatenate([thread[1:] == thread[:-1], [False]])
+    del thread
+    start = pieces.time
+    end = start.copy()
+    end[:-1][same_next[:-1]] = start[1:][same_next[:-1]]
+    pred = np.arange(-1, n - 1, dtype=np.int64)
+    pred[1:][~same_next[:-1]] = -1
+    if n:
+        pred[0] = -1
+    return Nodes(start, end, pred, pieces.inner, bound, np.zeros(n, dtype=bool), pieces.inner)
+
+
+#: nodes checked at once for bad edges: the checks' temporaries stay a few MiB whatever the trace's size
+EDGE_BLOCK = 1 << 18
 
 
 def _drop_bad_edges(nodes: Nodes, step_starts: np.ndarray) -> None:
     """No edge unless its predecessor comes first in (start, end, node number), which keeps the forest acyclic
-    whatever the clocks say; no edge into a node that holds a step's start (a step's path ends there)."""
-    pred = nodes.pred
-    index = np.arange(len(pred))
-    i = np.flatnonzero((pred >= 0) & ((pred != index - 1) | nodes.gpu))  # a thread's pieces come in order already
-    p = pred[i]
-    s, e, ps, pe = nodes.start[i], nodes.end[i], nodes.start[p], nodes.end[p]
-    before = (ps < s) | ((ps == s) & ((pe < e) | ((pe == e) & (p < i))))
-    pred[i[~before]] = -1
+    whatever the clocks say; no edge into a node that holds a step's start (a step's path ends there). A node's
+    verdict reads only its own edge, so the nodes are checked in blocks of :data:`EDGE_BLOCK`."""
     starts = np.sort(step_starts)
-    j = np.searchsorted(starts, nodes.start, side="left")
-    crosses = (j < len(starts)) & (starts[np.minimum(j, len(starts) - 1)] < nodes.end)
+    for lo in range(0, len(nodes.pred), EDGE_BLOCK):
+        _drop_bad_edges_in(nodes, starts, lo, min(lo + EDGE_BLOCK, len(nodes.pred)))
+
+
+def _drop_bad_edges_in(nodes: Nodes, starts: np.ndarray, lo: int, hi: int) -> None:
+    pred = nodes.pred[lo:hi]  # a view: edges are dropped in place
+    index = np.arange(lo, hi)
+    i = np.flatnonzero((pred >= 0) & ((pred != index - 1) | nodes.gpu[lo:hi]))  # a thread's pieces come in order
+    p = pred[i]
+    s, e, ps, pe = nodes.start[lo + i], nodes.end[lo + i], nodes.start[p], nodes.end[p]
+    before = (ps < s) | ((ps == s) & ((pe < e) | ((pe == e) & (p < lo + i))))
+    pred[i[~before]] = -1
+    start, end = nodes.start[lo:hi], nodes.end[lo:hi]
+    j = np.searchsorted(starts, start, side="left")
+    crosses = (j < len(starts)) & (starts[np.minimum(j, len(starts) - 1)] < end)
     pred[crosses] = -1
 
 
@@ -509,8 +574,8 @@ def chains(pred: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     numpy passes over runs, not nodes) lists each chain's runs; the nodes follow by ranges. Returns (members,
     head position of each member), each chain from its head back to its root."""
     n = len(pred)
-    index = np.arange(n, dtype=np.int64)
-    opens = (pred != index - 1) | (pred < 0)  # node 0 without a predecessor opens a run too
+    opens = pred < 0  # node 0 without a predecessor opens a run too
+    opens[1:] |= pred[1:] != np.arange(n - 1)
     run_of = np.cumsum(opens) - 1  # the run each node lies in
     firsts = np.flatnonzero(opens)  # each run's first node
     exit_to = pred[firsts]  # where a chain goes on after a run (-1: it ends)
@@ -549,18 +614,6 @@ def _run_chains(jump_to: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.
     return members, owner, rank
 
 
-def _tile(start: np.ndarray, window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Segments of one chain (head first) clipped to ``window``: each ends where the later one starts, so that
-    they tile the window; the earliest is cut at the window's start. Returns (starts, ends, whether a filler of
-    idle time is needed before the earliest, which ran out of predecessors inside the window)."""
-    w0, w1 = window
-    seg_start = np.minimum.accumulate(np.minimum(start, w1))
-    seg_end = np.concatenate([[w1], seg_start[:-1]])
-    inside = seg_end > w0
-    seg_start, seg_end = np.maximum(seg_start[inside], w0), seg_end[inside]
-    return seg_start, seg_end, bool(len(seg_start)) and seg_start[-1] > w0
-
-
 def path_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
     """One row per segment of each step's critical path: step, stage, bound, start_ns, end_ns, trace_index (of
     the event; NULL for idle time), name. The graph is let go as soon as the chains are walked: only what the
@@ -575,54 +628,89 @@ def path_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> 
     w0, w1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     heads = graph.pieces.containing(np.full(len(steps), main, dtype=np.int64), w1)
     del graph  # the host pieces
-    members, owner = chains(nodes.pred, heads)
+    release_memory()  # what the graph's building freed: glibc would keep it resident under what comes next
+    chain = [*chains(nodes.pred, heads)]
     nodes.pred = nodes.end = None  # type: ignore[assignment]
-    k, node, s, e = _segments(nodes.start, members, owner, w0, w1)
-    del members, owner
+    release_memory()
+    k, node, s, e = _segments(nodes.start, chain, w0, w1)  # takes the chains: lets them go as it can
+    nodes.start = None  # type: ignore[assignment]
+    release_memory()
     on_path = _on_path(nodes, node)
-    del nodes
-    return _frame(events, _columns(events, attribution, on_path, steps, k, s, e))
+    del nodes, node
+    columns = _columns(events, attribution, on_path, steps, k, s, e)
+    del on_path, k, s, e
+    release_memory()
+    return _frame(events, columns)
 
 
 def _segments(
-    start: np.ndarray, members: np.ndarray, owner: np.ndarray, w0: np.ndarray, w1: np.ndarray
+    start: np.ndarray, chain: list[np.ndarray], w0: np.ndarray, w1: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each step's chain tiled over its window (a filler of idle time, node -1, where it ran out), earliest first;
-    empty segments dropped. Returns (step position, node, start, end)."""
+    """Each step's chain (head first) tiled over its window, earliest first: each segment ends where the later one
+    starts and the earliest is cut at the window's start; where a chain ran out of predecessors inside its window,
+    a filler of idle time (node -1) from the window's start. Empty segments are dropped. Every chain at once: a
+    running minimum over all of them, each shifted below the ones before so that the minimum starts afresh.
+    ``chain``: [members, owner] from :func:`chains`, emptied here. Returns (step position, node, start, end)."""
+    members, owner = chain
+    chain.clear()
     bounds = np.searchsorted(owner, np.arange(len(w0) + 1))
-    parts: list[list[np.ndarray]] = [[], [], [], []]
-    for k in range(len(w0)):
-        chain = members[bounds[k] : bounds[k + 1]]
-        s, e, filler = _tile(start[chain], (int(w0[k]), int(w1[k])))
-        chain = chain[: len(s)]
-        node = np.concatenate([chain, [-1]]) if filler else chain
-        s, e = (np.append(s, w0[k]), np.append(e, s[-1])) if filler else (s, e)
-        keep = (e > s)[::-1]
-        for column, values in zip(parts, (np.full(len(s), k), node[::-1], s[::-1], e[::-1]), strict=True):
-            column.append(values[keep])  # earliest first
-    out = []
-    for column in parts:  # one column at a time: its parts are let go as it is joined
-        out.append(np.concatenate(column) if column else np.zeros(0, dtype=np.int64))
-        column.clear()
-    k, node, s, e = out
-    return k, node, s, e
+    owner = owner.astype(np.int64, copy=False)
+    seg_start = start[members]
+    np.minimum(seg_start, w1[owner], out=seg_start)
+    base = int(min(seg_start.min(), w0.min())) if len(seg_start) else 0
+    shift = int(seg_start.max()) - base + 1 if len(seg_start) else 1
+    seg_start -= base
+    seg_start -= shift * owner
+    np.minimum.accumulate(seg_start, out=seg_start)
+    seg_start += shift * owner
+    seg_start += base
+    seg_end = np.empty_like(seg_start)
+    seg_end[1:] = seg_start[:-1]
+    present = np.flatnonzero(bounds[1:] > bounds[:-1])
+    seg_end[bounds[present]] = w1[present]
+    inside = seg_end > w0[owner]  # a prefix of each chain: the ends only fall along it
+    np.maximum(seg_start, w0[owner], out=seg_start)
+    count = np.bincount(owner[inside], minlength=len(w0))
+    last = np.maximum(bounds[:-1] + count - 1, 0)
+    filler = (count > 0) & (seg_start[last] > w0)
+    inside &= seg_end > seg_start  # empty segments are dropped
+    at = np.flatnonzero(inside)
+    del inside
+    kept = np.bincount(owner[at], minlength=len(w0))
+    length = kept + filler
+    out_first = np.cumsum(length) - length
+    k_at = owner[at]
+    del owner
+    rank = np.arange(len(at)) - (np.cumsum(kept) - kept)[k_at]
+    position = out_first[k_at] + filler[k_at] + (kept[k_at] - 1 - rank)  # reversed: earliest first
+    del k_at, rank
+    release_memory()
+    node = np.full(int(length.sum()), -1, dtype=np.int64)
+    node[position] = members[at]
+    del members
+    s = np.empty(len(node), dtype=np.int64)
+    s[position] = seg_start[at]
+    s[out_first[filler]] = w0[filler]
+    e = np.empty(len(node), dtype=np.int64)
+    e[position] = seg_end[at]
+    e[out_first[filler]] = seg_start[last[filler]]
+    return np.repeat(np.arange(len(w0), dtype=np.int64), length), node, s, e
 
 
 def _on_path(nodes: Nodes, node: np.ndarray) -> Nodes:
     """What the table needs of each segment's node (``node`` -1: idle time with no node: row and stage row -1,
-    not on a GPU, bound NULL); ``pred`` holds whether a node is there."""
+    not on a GPU, bound unused); ``pred`` holds whether a node is there. Each field of ``nodes`` is let go once
+    gathered."""
     has = node >= 0
     at = np.maximum(node, 0)
     none = np.zeros(0, dtype=np.int64)
-    return Nodes(
-        start=none,
-        end=none,
-        pred=has,
-        row=np.where(has, nodes.row[at], -1),
-        bound=np.where(has, nodes.bound[at], NULL).astype(np.int8),
-        gpu=has & nodes.gpu[at],
-        stage_row=np.where(has, nodes.stage_row[at], -1),
-    )
+    picked = {}
+    for name, missing in (("row", -1), ("bound", 0), ("gpu", False), ("stage_row", -1)):
+        values = getattr(nodes, name)[at]
+        setattr(nodes, name, None)
+        values[~has] = missing
+        picked[name] = values
+    return Nodes(start=none, end=none, pred=has, **picked)
 
 
 def _columns(
@@ -667,17 +755,20 @@ def _columns(
 
 
 def _frame(events: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The table from its columns, which it takes (``columns`` is emptied: each is let go once it is in)."""
     names = pd.Index([*events["name"].cat.categories, IDLE_HOST, IDLE_GPU]).astype(object)
-    used = np.bincount(columns["name"].astype(np.int64), minlength=len(names)) > 0  # only the names on the path
+    name = columns.pop("name").astype(np.int64, copy=False)
+    used = np.bincount(name, minlength=len(names)) > 0  # only the names on the path
     code = np.cumsum(used) - 1
-    return pd.DataFrame(
-        {
-            "step": columns["step"].astype(np.int64),
-            "stage": pd.Categorical.from_codes(columns["stage"].astype(np.int8), categories=list(STAGES)),
-            "bound": pd.Categorical.from_codes(columns["bound"].astype(np.int8), categories=list(BOUNDS)),
-            "start_ns": columns["start_ns"].astype(np.int64),
-            "end_ns": columns["end_ns"].astype(np.int64),
-            "trace_index": columns["trace_index"].astype(np.int64),
-            "name": pd.Categorical.from_codes(code[columns["name"].astype(np.int64)], categories=names[used]),
-        }
-    )
+    coded = {
+        "stage": pd.Categorical.from_codes(columns.pop("stage").astype(np.int8), categories=list(STAGES)),
+        "bound": pd.Categorical.from_codes(columns.pop("bound").astype(np.int8), categories=list(BOUNDS)),
+        "name": pd.Categorical.from_codes(code[name], categories=names[used]),
+    }
+    del name
+    frame = pd.DataFrame({c: columns.pop(c).astype(np.int64, copy=False) for c in ("step", "start_ns", "end_ns")})
+    frame.insert(1, "stage", coded.pop("stage"))
+    frame.insert(2, "bound", coded.pop("bound"))
+    frame["trace_index"] = columns.pop("trace_index").astype(np.int64, copy=False)
+    frame["name"] = coded.pop("name")
+    return frame
