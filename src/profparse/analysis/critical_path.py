@@ -155,16 +155,18 @@ def host_pieces(
     key[2 * n : 2 * n + c] = cut_thread.astype(np.int64) * span + (cut_time - lo)
     key[2 * n + c : 2 * n + c + t] = threads * span
     key[2 * n + c + t :] = threads * span + (hi - lo)
-    order = np.argsort(key, kind="stable")
+    narrow = np.int32 if max(len(key), len(events)) < 2**31 else np.int64  # point and row numbers
+    order = np.argsort(key, kind="stable").astype(narrow)
     key.sort()  # in place: no third array of points (the order of equal keys does not matter here)
-    first = _first_of_runs(key)
+    first = _first_of_runs(key).astype(narrow)
     key = key[first]
+    release_memory()
     is_start = order < n
     is_end = (order >= n) & (order < 2 * n)
     opens = np.logical_or.reduceat((order >= 2 * n + c) & (order < 2 * n + c + t), first)
     np.subtract(order, n, out=order, where=is_end)  # in place: a start's or an end's position in rows
     np.minimum(order, max(n - 1, 0), out=order)
-    point_row = np.take(rows, order, out=order, mode="clip") if n else np.zeros_like(order)  # in place
+    point_row = np.take(rows.astype(narrow), order, out=order, mode="clip") if n else np.zeros_like(order)
     del order
     depth = links.depth
     deepest_start = _extreme_row(first, point_row, is_start, depth, deepest=True)
