@@ -15,6 +15,7 @@ import pandas as pd
 from profparse.base.intervals import group_running_max, group_start_order, line_union, on_one_line
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution, step_window
+from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask
 
@@ -141,6 +142,7 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     del before, reach, last
     seg_end = np.concatenate([np.minimum(c_start, end_par), ts[tail] + dur[tail], ts[leaf] + dur[leaf]])
     del par, c_start, end_par, tail, leaf
+    release_memory()  # the freed temporaries above stay resident in the heap otherwise, under the pieces below
     keep = np.flatnonzero(counted[seg_owner] & (seg_end > seg_start))
     seg_owner, seg_start, seg_end = seg_owner[keep], seg_start[keep], seg_end[keep]
     del keep
@@ -219,7 +221,10 @@ def host_levels(segments: HostSegments, key: np.ndarray, groups: int) -> dict[st
     below = np.zeros(groups, dtype=np.int64)
     order = group_start_order(key, segments.start) if len(key) else np.zeros(0, dtype=np.int64)
     key = key[order]
-    segments.start, segments.end, segments.level = segments.start[order], segments.end[order], segments.level[order]
+    segments.stage = segments.step_index = None  # not read here: what the caller no longer holds goes now
+    segments.start = segments.start[order]  # one array at a time: each unsorted one goes as its sorted copy comes
+    segments.end = segments.end[order]
+    segments.level = segments.level[order]
     del order
     start, end, level = segments.start, segments.end, segments.level
     present = np.bincount(level, minlength=len(HOST_LEVELS)) > 0

@@ -12,6 +12,7 @@ import pandas as pd
 from profparse.stages.attribute import Attribution
 from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public, resolve
 from profparse.tables.rows import event_table, nullable
+from profparse.trace.budget import release_memory
 from profparse.trace.events import RawTrace
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links
@@ -83,6 +84,7 @@ class ParsedTrace:
         if name not in self._internal:
             spec = VALUES[name]
             self._internal[name] = spec.function()(*self._arguments(spec.needs))
+            release_memory()  # its temporaries, freed in the heap, would stay resident under the tables that read it
         return self._internal[name]
 
     def public(self, name: str) -> pd.DataFrame:
