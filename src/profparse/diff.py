@@ -80,6 +80,12 @@ def _change(a: float, b: float) -> dict[str, Any]:
     return {"a": a, "b": b, "delta": delta, "pct": (delta / a) if a else None}
 
 
+def _change_in(a: int, b: int, unit: str) -> dict[str, Any]:
+    """A's and B's value, the change and its share of A (None where A is 0), keyed ``a_<unit>`` and so on."""
+    change = _change(a, b)
+    return {f"a_{unit}": a, f"b_{unit}": b, f"delta_{unit}": change["delta"], "pct": change["pct"]}
+
+
 def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step: tuple[int, int] | None) -> list[dict]:
     """The (stage, name) pairs whose total ``value`` changed most, by absolute change."""
 
@@ -147,17 +153,7 @@ def path_changes(a: ParsedTrace, b: ParsedTrace, per_step: bool = False) -> list
         for bound in (*BOUNDS, "all"):
             x, y = (sum(v for (s, bd), v in m.items() if stage in ("all", s) and bound in ("all", bd)) for m in made)
             if x or y:
-                delta = y - x
-                rows.append(
-                    {
-                        "stage": stage,
-                        "bound": bound,
-                        "a_ns": x,
-                        "b_ns": y,
-                        "delta_ns": delta,
-                        "pct": delta / x if x else None,
-                    }
-                )
+                rows.append({"stage": stage, "bound": bound, **_change_in(x, y, "ns")})
     return rows
 
 
@@ -186,17 +182,7 @@ def memory_peak_changes(a: ParsedTrace, b: ParsedTrace) -> list[dict[str, Any]]:
         for category in (*CATEGORIES, "all"):
             x, y = (p.get(device, {}).get(category, 0) for p in peaks)
             if x or y:
-                delta = y - x
-                rows.append(
-                    {
-                        "device": device,
-                        "category": category,
-                        "a_bytes": x,
-                        "b_bytes": y,
-                        "delta_bytes": delta,
-                        "pct": delta / x if x else None,
-                    }
-                )
+                rows.append({"device": device, "category": category, **_change_in(x, y, "bytes")})
     return rows
 
 

@@ -156,3 +156,14 @@ def stage_bands(ax: Any, bands: pd.DataFrame, origin: int, scale: float) -> list
             ax.axvspan((s - origin) / scale, (e - origin) / scale, color=STAGE_COLORS[str(stage)], alpha=0.18, lw=0)
         present.append(str(stage))
     return [s for s in STAGES if s in present]
+
+
+def step_windows(steps: pd.DataFrame, origin: int) -> pd.DataFrame:
+    """The step windows (``step``, ``start_ns``, ``end_ns``) relative to ``origin``, as the timelines draw them."""
+    return pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(np.int64),
+            "start_ns": (steps["start_ns"] - origin).to_numpy(np.int64),
+            "end_ns": (steps["end_ns"] - origin).to_numpy(np.int64),
+        }
+    )

@@ -17,7 +17,7 @@ import pandas as pd
 from profparse.analysis.critical_path import BOUNDS
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
-from profparse.outputs.views._common import Figure, Prepared, fmt_time, time_unit, trace_title
+from profparse.outputs.views._common import Figure, Prepared, fmt_time, step_windows, time_unit, trace_title
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -107,14 +107,7 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
     spans["bound"] = pd.Categorical(spans["bound"], categories=bounds).codes.astype(np.int64)  # a code in bounds
     spans["stage"] = pd.Categorical(spans["stage"], categories=list(STAGES)).codes.astype(np.int64)  # in stages
     steps = parsed.steps
-    steps = steps[steps["step"].isin(path["step"].unique())]
-    step_rows = pd.DataFrame(
-        {
-            "step": steps["step"].to_numpy(np.int64),
-            "start_ns": (steps["start_ns"] - origin).to_numpy(np.int64),
-            "end_ns": (steps["end_ns"] - origin).to_numpy(np.int64),
-        }
-    )
+    step_rows = step_windows(steps[steps["step"].isin(path["step"].unique())], origin)
     return {
         "title": trace_title(parsed),
         "spans": spans,

@@ -21,6 +21,7 @@ from profparse.outputs.views._common import (
     Prepared,
     fmt_time,
     stage_legend,
+    step_windows,
     time_unit,
     trace_title,
 )
@@ -69,14 +70,7 @@ def data(
             "events": mine["events"].to_numpy(np.int64) if "events" in mine.columns else 1,
         }
     )
-    steps = parsed.steps
-    step_rows = pd.DataFrame(
-        {
-            "step": steps["step"].to_numpy(np.int64),
-            "start_ns": (steps["start_ns"] - origin).to_numpy(np.int64),
-            "end_ns": (steps["end_ns"] - origin).to_numpy(np.int64),
-        }
-    )
+    step_rows = step_windows(parsed.steps, origin)
     return {
         "title": trace_title(parsed),
         "tracks": pd.DataFrame({"label": labels, "kind": table["kind"].astype(str).to_numpy()}),
