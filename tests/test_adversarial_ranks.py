@@ -139,12 +139,21 @@ def test_interrupted_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, sig):
     folder = slow_rank_folder(tmp_path / "in")
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    env = {"TMPDIR": str(tmpdir), "PROFPARSE_FORCE_JOBS": "1"}
-    argv = ("parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache")
-    run = run_cli(*argv, env=env, signal_after=(3.0, sig), timeout=60)
-    assert run.code == (130 if sig == signal.SIGINT else 143), f"not still running when signalled: {run.stderr}"
-    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
-    assert not run.leftover_pids and not (tmp_path / "out").exists()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TMPDIR=str(tmpdir), PROFPARSE_FORCE_JOBS="1")
+    argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache"]
+    proc = start_pool_run(argv, env)  # signalled once its pool is starting, not after a fixed time
+    assert proc.poll() is None, "the run ended before its worker pool started"
+    proc.send_signal(sig)
+    try:
+        err = proc.communicate(timeout=60)[1].decode()
+    finally:
+        time.sleep(1.0)
+        left = [p for p in _session_pids(proc.pid) if p != proc.pid]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert left == [] and not (tmp_path / "out").exists()
     assert list(tmpdir.iterdir()) == []
 
 
