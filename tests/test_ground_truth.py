@@ -2,9 +2,8 @@
 attributed like the marks say (>= 99.5% of CPU op self time), and the agreement measure itself is exact.
 
 The captures need torch and transformers (the ``capture`` extra). Each runs once per session, on first use, into
-a temporary folder. Slow cases (compiled, DDP, and with_stack except zero_grad_first) run in CI (``CI`` set) and
-with ``PROFPARSE_SLOW_TESTS=1`` (all 16: about 80 s on an idle 2-core machine, 270 s on a busy one); the compiled
-pattern runs there with ``backend="aot_eager"`` (inductor compiles for minutes on two cores).
+a temporary folder; all 16 take about 30-80 s on an idle 2-core machine. The compiled pattern runs with
+``backend="aot_eager"`` (inductor compiles for minutes on two cores).
 """
 
 from __future__ import annotations
@@ -27,9 +26,6 @@ from profparse.capture.patterns import PATTERNS, capture_pattern, rank_path, str
 TARGET = 0.995
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "patterns.py"
-SLOW = pytest.mark.skipif(
-    not (os.environ.get("PROFPARSE_SLOW_TESTS") or os.environ.get("CI")), reason="slow capture: PROFPARSE_SLOW_TESTS=1"
-)
 
 
 # -- the measure on hand-built traces ----------------------------------------------------------------------------
@@ -167,8 +163,6 @@ def test_strip_marks_removes_marks_only(handbuilt: tuple[Path, Path], tmp_path: 
 # construction's collectives load->other). Every case now passes; XFAIL lists a case that is known to fail, with
 # the measured figure, should one regress on purpose.
 XFAIL: dict[tuple[str, bool], str] = {}
-# With stacks every trace is parsed in ~15 s here; zero_grad_first_stack (a failing class) stays in the quick set.
-SLOW_CASES = {(name, True) for name in PATTERNS if name != "zero_grad_first"} | {("compiled", False), ("ddp", False)}
 
 
 def _cases() -> list:
@@ -176,8 +170,6 @@ def _cases() -> list:
     for name in PATTERNS:
         for with_stack in (True, False):
             case_marks = []
-            if (name, with_stack) in SLOW_CASES:
-                case_marks.append(SLOW)
             if (name, with_stack) in XFAIL:
                 case_marks.append(pytest.mark.xfail(strict=False, reason=XFAIL[(name, with_stack)]))
             out.append(pytest.param(name, with_stack, marks=case_marks, id=trace_name(name, with_stack)[:-8]))
