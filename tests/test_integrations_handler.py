@@ -201,3 +201,23 @@ def test_two_gloo_ranks_write_one_file_set_each_and_summarize_reads_them(tmp_pat
     assert main(["summarize", str(folder), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert sorted(r["rank"] for r in data["ranks"] if r["status"] == "ok") == [0, 1]
+
+
+def test_a_cycle_never_writes_over_a_file_it_did_not_make(tmp_path: Path) -> None:
+    """A file (or a dangling link) of one of the cycle's names in step-N/ moves the cycle to step-N-2/ and stays."""
+    from profparse.base.errors import ProfparseError
+    from profparse.integrations.torch_profiler import cycle_files, write_text
+
+    first = tmp_path / "step-3"
+    first.mkdir()
+    (first / "rank0.summary.txt").write_text("the user's notes")
+    (first / "rank0.report.html").symlink_to(tmp_path / "nowhere")
+    files = cycle_files(tmp_path, 3, "rank0", report=True)
+    assert Path(files.folder) == tmp_path / "step-3-2" and Path(files.folder).is_dir()
+    write_text(Path(files.summary), "summary")
+    assert (first / "rank0.summary.txt").read_text() == "the user's notes"
+    assert (first / "rank0.report.html").is_symlink() and not (tmp_path / "nowhere").exists()
+    assert Path(files.summary).read_text() == "summary"
+    with pytest.raises(ProfparseError):  # and a second write of the same name is refused, not overwritten
+        write_text(Path(files.summary), "again")
+    assert Path(files.summary).read_text() == "summary"

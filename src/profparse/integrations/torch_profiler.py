@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from profparse.base.errors import ProfparseError
+from profparse.base.files import atomic_file
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 
@@ -60,42 +61,38 @@ def file_stem(worker_name: str | None, rank: int | None) -> str:
 
 
 def cycle_files(dir_name: str | os.PathLike[str], step: int, stem: str, report: bool) -> CycleFiles:
-    """Where this cycle's files go: ``DIR/step-N/``, or ``DIR/step-N-2/``... when that one already has this trace
-    (a second profiling session in the same folder); the folder is created."""
+    """Where this cycle's files go: ``DIR/step-N/``, or ``DIR/step-N-2/``... when that one already holds a file of
+    one of this cycle's names (a second profiling session in the same folder: nothing is overwritten); the folder
+    is created."""
     base = Path(dir_name) / f"step-{step}"
-    folder, attempt = base, 1
-    while (folder / f"{stem}{TRACE_SUFFIX}").exists():
+    attempt = 1
+    while True:
+        folder = base if attempt == 1 else base.with_name(f"{base.name}-{attempt}")
+        files = CycleFiles(
+            folder=str(folder),
+            trace=str(folder / f"{stem}{TRACE_SUFFIX}"),
+            summary=str(folder / f"{stem}.summary.txt"),
+            report=str(folder / f"{stem}.report.html") if report else None,
+        )
+        names = (files.trace, files.summary, files.report)
+        if not any(name is not None and os.path.lexists(name) for name in names):
+            folder.mkdir(parents=True, exist_ok=True)
+            return files
         attempt += 1
-        folder = base.with_name(f"{base.name}-{attempt}")
-    folder.mkdir(parents=True, exist_ok=True)
-    return CycleFiles(
-        folder=str(folder),
-        trace=str(folder / f"{stem}{TRACE_SUFFIX}"),
-        summary=str(folder / f"{stem}.summary.txt"),
-        report=str(folder / f"{stem}.report.html") if report else None,
-    )
 
 
 def gzip_into_place(json_path: Path, target: Path) -> None:
-    """Compress ``json_path`` to ``target`` through a hidden temporary name (a reader never sees half a file), then
-    remove the plain JSON. Level 6: a fifth of level 9's time for a file about 5% larger."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open(json_path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    json_path.unlink(missing_ok=True)
+    """Compress ``json_path`` (the export this handler made) to ``target`` atomically, never over an existing file,
+    then remove the plain JSON. Level 6: a fifth of level 9's time for a file about 5% larger."""
+    with atomic_file(target) as tmp, open(json_path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    json_path.unlink(missing_ok=True)  # only once the trace is in place: a failure keeps the plain export
 
 
 def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    """``text`` into ``path`` atomically, never over an existing file."""
+    with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def headline_line(files: CycleFiles, summary: dict[str, Any]) -> str:
@@ -127,7 +124,7 @@ def finish_cycle(json_path: str, files: CycleFiles) -> str:
     if files.report:
         from profparse.outputs.report import trace_payload, write_report
 
-        write_report(trace_payload(parsed), files.report, force=True, inputs=[files.trace])
+        write_report(trace_payload(parsed), files.report, inputs=[files.trace])
     return headline_line(files, plain(data, null=NULL))
 
 
