@@ -161,3 +161,11 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capf
     assert len(line) == 1 and line[0].startswith(f"profparse: prof/{{{','.join(names)}}}; step time "), line
     assert "median of 2 steps" in line[0]
     print(line[0], file=sys.stderr)
+
+
+def test_a_second_run_into_the_same_folder_writes_beside_the_first(run: SimpleNamespace) -> None:
+    """The names of an earlier run's files (or the user's) are never written over: the next run takes ``-2``."""
+    callback = run.callback
+    first = list(callback.files)
+    assert callback.free_name() == f"{callback.name}-2"
+    assert all(path.exists() for path in first)

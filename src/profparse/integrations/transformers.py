@@ -22,7 +22,10 @@ decides the forward/backward split. Data loading and logging between steps stay 
 
 from __future__ import annotations
 
+import gzip
 import inspect
+import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -41,6 +44,9 @@ except ImportError as error:  # pragma: no cover - the module is only imported b
     raise ImportError(
         f"profparse.integrations.transformers needs transformers and torch: {install_hint('trainer')}"
     ) from error
+
+#: The files of one run, after its base name: the trace, the summary, the report.
+OUTPUT_SUFFIXES = (".json.gz", ".summary.txt", ".report.html")
 
 #: The ``TrainerCallback`` hooks the callback relies on (``on_pre_optimizer_step``: transformers 4.47 and later).
 REQUIRED_HOOKS: tuple[str, ...] = (
@@ -161,6 +167,7 @@ class ProfileCallback(TrainerCallback):
         self.in_step = False
         self.rank: int | None = None
         self.trace_path: Path | None = None
+        self.name = ""
         self.files: list[Path] = []
         self._undo: list[Callable[[], None]] = []
 
@@ -245,20 +252,31 @@ class ProfileCallback(TrainerCallback):
         while self._undo:
             self._undo.pop()()
 
-    def _base_name(self) -> str:
-        name = f"trainer_steps_{self.steps.start}-{self.steps.stop - 1}"
-        return name + (f"_rank{self.rank}" if self.rank is not None else "")
+    def free_name(self) -> str:
+        """``trainer_steps_A-B[_rankR]``, or with ``-2``, ``-3``... when ``out_dir`` already holds a file (or link)
+        of one of this run's names: an earlier run's files, or the user's, are never written over."""
+        base = f"trainer_steps_{self.steps.start}-{self.steps.stop - 1}"
+        base += f"_rank{self.rank}" if self.rank is not None else ""
+        name, attempt = base, 1
+        while any(os.path.lexists(self.out_dir / f"{name}{suffix}") for suffix in OUTPUT_SUFFIXES):
+            attempt += 1
+            name = f"{base}-{attempt}"
+        return name
 
     def _export(self, profiler: Any) -> None:
-        """``on_trace_ready``: the Chrome trace, gzipped, renamed into place (no half file under the name)."""
-        from profparse.capture.run import gzip_atomic
-
+        """``on_trace_ready``: the Chrome trace, gzipped into place atomically (no half file under the name)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.trace_path = self.out_dir / f"{self._base_name()}.json.gz"
+        self.name = self.free_name()
+        self.trace_path = self.out_dir / f"{self.name}{OUTPUT_SUFFIXES[0]}"
         with tempfile.TemporaryDirectory(dir=self.out_dir, prefix=".profparse-") as folder:
             raw = Path(folder) / "trace.json"
             profiler.export_chrome_trace(str(raw))
-            gzip_atomic(raw, self.trace_path)
+            with (
+                atomic_file(self.trace_path) as tmp,
+                open(raw, "rb") as src,
+                gzip.open(tmp, "wb", compresslevel=6) as dst,
+            ):
+                shutil.copyfileobj(src, dst, 1 << 20)
         self.files = [self.trace_path]
 
     def _finish(self) -> None:
@@ -277,14 +295,14 @@ class ProfileCallback(TrainerCallback):
         from profparse.outputs.summary import render_summary
 
         parsed = profparse.parse(trace)
-        summary = trace.with_name(self._base_name() + ".summary.txt")
-        with atomic_file(summary, force=True, inputs=[str(trace)]) as tmp:
+        summary = trace.with_name(self.name + OUTPUT_SUFFIXES[1])
+        with atomic_file(summary, inputs=[str(trace)]) as tmp:
             tmp.write_text(render_summary(parsed), encoding="utf-8")
         self.files.append(summary)
         payload = trace_payload(parsed)
         if self.report:
-            report = trace.with_name(self._base_name() + ".report.html")
-            write_report(payload, report, force=True, inputs=[str(trace)])
+            report = trace.with_name(self.name + OUTPUT_SUFFIXES[2])
+            write_report(payload, report, inputs=[str(trace)])
             self.files.append(report)
         if not self.quiet:
             print(headline_line(self.files, payload["headline"]), file=sys.stderr)
