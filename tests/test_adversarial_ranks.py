@@ -133,15 +133,16 @@ def test_parallel_ranks_under_a_tmpdir_too_long_for_a_socket(tmp_path):
     assert list(tmpdir.iterdir()) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, sig):
-    """Ctrl-C or SIGTERM while the workers parse: exit 130/143, one line, no pymp folder and no process left."""
+def interrupt_pool_run(tmp_path: Path, sig: int) -> tuple[int, str, list[int], Path]:
+    """Parse a slow rank folder with -j 2, send ``sig`` to profparse alone once its worker pool is starting (not
+    after a fixed time: on a quiet machine the run can end first); return its exit code, stderr, the processes of
+    its session still alive a second later (killed) and its $TMPDIR."""
     folder = slow_rank_folder(tmp_path / "in")
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TMPDIR=str(tmpdir), PROFPARSE_FORCE_JOBS="1")
     argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache"]
-    proc = start_pool_run(argv, env)  # signalled once its pool is starting, not after a fixed time
+    proc = start_pool_run(argv, env)
     assert proc.poll() is None, "the run ended before its worker pool started"
     proc.send_signal(sig)
     try:
@@ -151,7 +152,14 @@ def test_interrupted_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, sig):
         left = [p for p in _session_pids(proc.pid) if p != proc.pid]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err
+    return proc.returncode, err, left, tmpdir
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_parallel_ranks_leave_nothing_in_tmpdir(tmp_path, sig):
+    """Ctrl-C or SIGTERM while the workers parse: exit 130/143, one line, no pymp folder and no process left."""
+    code, err, left, tmpdir = interrupt_pool_run(tmp_path, sig)
+    assert code == (130 if sig == signal.SIGINT else 143), err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert left == [] and not (tmp_path / "out").exists()
     assert list(tmpdir.iterdir()) == []
@@ -161,21 +169,8 @@ def test_sigterm_while_the_pool_starts(tmp_path):
     """SIGTERM (to profparse alone, as ``kill PID``) while the pool's first worker is being forked: that worker,
     not yet known to the pool, looked for the pool's semaphores after the parent had let go of them and printed a
     traceback. The pool now starts with SIGTERM held, as it held Ctrl-C: exit 143, one line, nothing left."""
-    folder = slow_rank_folder(tmp_path / "in")
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TMPDIR=str(tmpdir), PROFPARSE_FORCE_JOBS="1")
-    argv = ["parse", str(folder), "-o", str(tmp_path / "out"), "-j", "2", "-q", "--no-cache"]
-    proc = start_pool_run(argv, env)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        err = proc.communicate(timeout=60)[1].decode()
-    finally:
-        time.sleep(1.0)
-        left = [p for p in _session_pids(proc.pid) if p != proc.pid]
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 143, err
+    code, err, left, tmpdir = interrupt_pool_run(tmp_path, signal.SIGTERM)
+    assert code == 143, err
     assert err.strip().splitlines() == ["profparse: terminated (SIGTERM); nothing was left half-written"], err
     assert left == []
     assert list(tmpdir.iterdir()) == [] and not (tmp_path / "out").exists()
