@@ -74,8 +74,7 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
         tid = int(row.order) + 1
         tid_of[int(row.track)] = tid
         label = f"stages: {row.label}"
-        yield _json({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
-        yield _json({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        yield from _thread_metadata(pid, tid, label)
     intervals = tracks.intervals
     track_tid = intervals["track"].map(tid_of).to_numpy()
     stage = intervals["stage"].astype(str).to_numpy()
@@ -102,8 +101,7 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
             tid = next_tid
             next_tid += 1
             label = f"load sub-steps: {labels.get((spid, stid), f'pid {spid} tid {stid}')}"
-            yield _json({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
-            yield _json({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+            yield from _thread_metadata(pid, tid, label)
             for r in group.itertuples(index=False):
                 yield (
                     f'{{"ph":"X","cat":"{LOAD_CATEGORY}","name":{_json(r.substep)},"pid":{pid},"tid":{tid},'
@@ -112,14 +110,19 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
                 )
 
 
+def _thread_metadata(pid: int, tid: int, name: str) -> Iterator[str]:
+    """A track's name and its place in the list (its tid), as Perfetto reads them."""
+    yield _json({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+    yield _json({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+
+
 def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[str]:
     """The thread ``critical path``: one slice per segment of the ``critical_path`` table, named by its bound
     (args: bound, stage, step, the event it lies in and its ``trace_index``). Nothing when no step has a path."""
     path = parsed.table("critical_path")
     if path.empty:
         return
-    yield _json({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": CRITICAL_PATH_TRACK}})
-    yield _json({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    yield from _thread_metadata(pid, tid, CRITICAL_PATH_TRACK)
     bound = path["bound"].astype(str).to_numpy()
     stage = path["stage"].astype(str).to_numpy()
     name = path["name"].astype(str).to_numpy()
