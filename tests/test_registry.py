@@ -56,7 +56,7 @@ def parsed_samples() -> list[ParsedTrace]:
 
 
 def test_every_public_table_is_an_attribute_and_its_columns_are_documented(parsed_samples) -> None:
-    for spec in registry.public():
+    for spec in registry.public_tables():
         doc = (REPO / spec.doc).read_text()
         headings = [line for line in doc.splitlines() if line.startswith("#")]
         assert any(re.search(rf"\b{spec.name}\b", h) for h in headings), f"no heading names {spec.name} in {spec.doc}"
@@ -101,7 +101,7 @@ def test_public_tables_have_nulls_not_sentinels(parsed_samples) -> None:
     from profparse.trace.kinds import NULL
 
     for parsed in parsed_samples:
-        for spec in registry.public():
+        for spec in registry.public_tables():
             frame = getattr(parsed, spec.name)
             for column in frame.columns:
                 dtype = frame[column].dtype

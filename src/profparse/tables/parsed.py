@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.stages.attribute import Attribution
-from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public, resolve
+from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public_tables, resolve
 from profparse.tables.rows import event_table, nullable
 from profparse.trace.budget import release_memory
 from profparse.trace.events import RawTrace
@@ -158,7 +158,7 @@ class ParsedTrace:
         summary = self.table("stage_summary")
         totals = summary[summary["scope"] == "total"]
         present = [f"{r.stage} {r.host_wall_ns / 1e6:,.2f} ms" for r in totals.itertuples() if r.host_wall_ns > 0]
-        names = [f".{spec.name}" for spec in public()]
+        names = [f".{spec.name}" for spec in public_tables()]
         lines = [
             f"ParsedTrace({self.path!r})",
             f"  events:   {len(events):,} ({int(kinds.get('cpu_op', 0)):,} CPU ops, {int(gpu.sum()):,} GPU activities)",
@@ -180,7 +180,7 @@ def _table_property(spec: TableSpec) -> property:
     return property(get)
 
 
-for _spec in public():
+for _spec in public_tables():
     setattr(ParsedTrace, _spec.name, _table_property(_spec))
 
 

@@ -254,6 +254,6 @@ def needed() -> set[str]:
     return {need for spec in (*TABLES.values(), *VALUES.values()) for need in spec.needs}
 
 
-def public() -> list[TableSpec]:
+def public_tables() -> list[TableSpec]:
     """The tables a ParsedTrace offers as attributes."""
     return [spec for spec in TABLES.values() if spec.public]
