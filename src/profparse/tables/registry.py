@@ -240,6 +240,13 @@ TABLES: dict[str, TableSpec] = {
             "docs/efficiency.md",
             "matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak",
         ),
+        TableSpec(
+            "findings",
+            "profparse.analysis.advice:findings",
+            ("parsed",),
+            "docs/advice.md",
+            "what to change: kind, stage, steps, saving per step (time on the critical path the fix removes), fix",
+        ),
     )
 }
 

@@ -1,0 +1,33 @@
+"""Findings: what to change next, and what it will save per step.
+
+Each detector (one module per family, listed in :data:`DETECTORS`) reads the parsed trace and its critical path
+and returns :class:`Finding` objects of the kinds in :mod:`profparse.analysis.advice.kinds`. A finding's saving is
+the time on the critical path that its fix removes, per step, not the total time of the pattern: work that other
+work hides saves nothing. Findings below :data:`MIN_SHARE` of a step are dropped (noise on a clean run).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from profparse.analysis.advice.context import AdviceContext
+from profparse.analysis.advice.detectors import DETECTORS
+from profparse.analysis.advice.finding import COLUMNS, MIN_SHARE, Finding, frame
+from profparse.analysis.advice.kinds import KINDS
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
+__all__ = ["COLUMNS", "KINDS", "MIN_SHARE", "Finding", "findings"]
+
+
+def findings(parsed: ParsedTrace) -> pd.DataFrame:
+    """One row per finding, the biggest saving first (columns: :data:`COLUMNS`)."""
+    ctx = AdviceContext.of(parsed)
+    found: list[Finding] = []
+    if ctx is not None:
+        for detect in DETECTORS:
+            found.extend(detect(ctx))
+    return frame([f for f in found if f.saving_share >= MIN_SHARE])

@@ -1,0 +1,103 @@
+"""A finding and the table of findings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from profparse.analysis.advice.kinds import KINDS
+
+COLUMNS = (
+    "kind",
+    "stage",
+    "steps",
+    "step_count",
+    "saving_ns_per_step",
+    "saving_share",
+    "confidence",
+    "message",
+    "fix",
+    "evidence",
+)
+#: a finding that would save less than this share of a step is not reported
+MIN_SHARE = 0.01
+CONFIDENCES = ("high", "medium", "low")
+
+
+@dataclass
+class Finding:
+    """One thing to change: its kind, where, what it saves per step, and the numbers that show it."""
+
+    kind: str
+    stage: str  # the stage it concerns; several joined by ","
+    steps: list[int]
+    saving_ns_per_step: float
+    step_ns: float  # mean step time the share is taken of
+    confidence: str
+    message: str  # what was found, with its numbers, in a line
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown finding kind {self.kind!r}")
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"unknown confidence {self.confidence!r}")
+        self.fix = self.fix or KINDS[self.kind].fix
+
+    @property
+    def saving_share(self) -> float:
+        return self.saving_ns_per_step / self.step_ns if self.step_ns > 0 else 0.0
+
+
+def steps_text(steps: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3,5"``."""
+    parts: list[str] = []
+    for s in sorted(set(steps)):
+        if parts and "-" not in parts[-1].split(",")[-1] and int(parts[-1]) == s - 1:
+            parts[-1] = f"{parts[-1]}-{s}"
+        elif parts and "-" in parts[-1] and int(parts[-1].rsplit("-", 1)[1]) == s - 1:
+            parts[-1] = f"{parts[-1].rsplit('-', 1)[0]}-{s}"
+        else:
+            parts.append(str(s))
+    return ",".join(parts)
+
+
+def parse_steps(text: str) -> list[int]:
+    """The inverse of :func:`steps_text`."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def frame(found: list[Finding]) -> pd.DataFrame:
+    """The findings table, biggest saving first. ``steps`` is text (``"1-3,5"``); ``evidence`` is a JSON object."""
+    found = sorted(found, key=lambda f: (-f.saving_ns_per_step, f.kind, f.stage))
+    rows = {
+        "kind": [f.kind for f in found],
+        "stage": [f.stage for f in found],
+        "steps": [steps_text(f.steps) for f in found],
+        "step_count": pd.array([len(set(f.steps)) for f in found], dtype="int64"),
+        "saving_ns_per_step": pd.array([round(f.saving_ns_per_step) for f in found], dtype="int64"),
+        "saving_share": pd.array([f.saving_share for f in found], dtype="float64"),
+        "confidence": [f.confidence for f in found],
+        "message": [f.message for f in found],
+        "fix": [f.fix for f in found],
+        "evidence": [json.dumps(f.evidence, sort_keys=True, default=_plain) for f in found],
+    }
+    out = pd.DataFrame(rows, columns=list(COLUMNS))
+    for column in ("kind", "stage", "steps", "confidence", "message", "fix", "evidence"):
+        out[column] = out[column].astype(object)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays as JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON: {type(value).__name__}")
