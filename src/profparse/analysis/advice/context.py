@@ -1,27 +1,197 @@
-"""What every detector reads: the trace's rows, the steps, and the critical path by event."""
+"""What every detector reads: the trace's rows, the steady steps, and the critical path by event.
+
+The first step of a trace with three or more is left out as warm-up (lazy initialisation, allocator growth, the
+profiler starting): a finding is about the steady steps a training run repeats.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
+
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS
+from profparse.trace.link import kind_mask
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
+#: with this many steps or more, the first is warm-up and left out
+WARM_UP_FROM = 3
+TOP_EVENTS = 5
+
 
 @dataclass
 class AdviceContext:
-    """The parsed trace plus the step windows and the critical path, read once for all detectors."""
+    """The parsed trace plus its steady steps and their critical path, read once for all detectors."""
 
     parsed: ParsedTrace
-    steps: pd.DataFrame
-    path: pd.DataFrame
+    steps: pd.DataFrame  # the steady steps: step, start_ns, end_ns
+    path: pd.DataFrame  # critical-path segments of those steps, with ``ns``
+    warm_up: list[int]  # steps left out
+    _segment_rows: np.ndarray | None = None
 
     @classmethod
     def of(cls, parsed: ParsedTrace) -> AdviceContext | None:
         steps = parsed.attribution.steps
         if steps.empty:
             return None
-        return cls(parsed, steps, parsed.table("critical_path"))
+        warm_up = [int(steps["step"].iloc[0])] if len(steps) >= WARM_UP_FROM else []
+        steady = steps[~steps["step"].isin(warm_up)].reset_index(drop=True)
+        path = parsed.table("critical_path")
+        path = path[path["step"].isin(steady["step"])].reset_index(drop=True)
+        path = path.assign(ns=path["end_ns"] - path["start_ns"])
+        return cls(parsed, steady, path, warm_up)
+
+    # -- the trace ------------------------------------------------------------------------------------------------
+
+    @property
+    def events(self) -> pd.DataFrame:
+        return self.parsed.raw.events
+
+    @property
+    def step_ns(self) -> float:
+        """The mean duration of a steady step."""
+        return float((self.steps["end_ns"] - self.steps["start_ns"]).mean())
+
+    @property
+    def step_numbers(self) -> list[int]:
+        return [int(s) for s in self.steps["step"]]
+
+    def names(self, pattern: re.Pattern[str]) -> np.ndarray:
+        """Boolean per row: does its name match ``pattern`` (``search``)? Tested once per distinct name."""
+        names = self.events["name"]
+        cats = names.cat.categories
+        hit = np.fromiter((pattern.search(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
+        codes = names.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+
+    def in_steps(self) -> np.ndarray:
+        """Boolean per row: the event starts inside a steady step."""
+        step = self.parsed.attribution.step
+        return np.isin(step, self.steps["step"].to_numpy())
+
+    def stage_of(self, rows: np.ndarray) -> np.ndarray:
+        """Stage names of rows."""
+        from profparse.base.marks import STAGES
+
+        return np.asarray(STAGES, dtype=object)[self.parsed.attribution.stage[rows]]
+
+    # -- the tree -------------------------------------------------------------------------------------------------
+
+    def under(self, flag: np.ndarray) -> np.ndarray:
+        """Boolean per row: the row or one of its ancestors is flagged; GPU activity follows its launching call."""
+        links = self.parsed.links
+        parent = links.parent.astype(np.int64)
+        out = flag.copy()
+        up = parent.copy()
+        while True:
+            has = up >= 0
+            if not has.any():
+                break
+            out[has] |= flag[up[has]]
+            up[has] = parent[up[has]]
+            up[~has] = -1
+        gpu = kind_mask(self.events, GPU_ACTIVITY_KINDS)
+        launch = links.launch.astype(np.int64)
+        linked = gpu & (launch >= 0)
+        out[linked] |= out[launch[linked]]
+        return out
+
+    def owner(self, flag: np.ndarray) -> np.ndarray:
+        """Per row: the outermost flagged row at or above it (-1 if none); GPU activity follows its launching call."""
+        links = self.parsed.links
+        parent = links.parent.astype(np.int64)
+        n = len(flag)
+        out = np.where(flag, np.arange(n), -1)
+        up = parent.copy()
+        while True:
+            has = up >= 0
+            if not has.any():
+                break
+            hit = has.copy()
+            hit[has] = flag[up[has]]
+            out[hit] = up[hit]
+            up[has] = parent[up[has]]
+        gpu = kind_mask(self.events, GPU_ACTIVITY_KINDS)
+        launch = links.launch.astype(np.int64)
+        linked = gpu & (launch >= 0)
+        out[linked] = np.where(out[launch[linked]] >= 0, out[launch[linked]], out[linked])
+        return out
+
+    # -- the path -------------------------------------------------------------------------------------------------
+
+    def segments_of(self, rows_flag: np.ndarray) -> np.ndarray:
+        """Boolean per path segment: its event is flagged."""
+        rows = self.segment_rows
+        ok = rows >= 0
+        out = np.zeros(len(rows), dtype=bool)
+        out[ok] = rows_flag[rows[ok]]
+        return out
+
+    @property
+    def segment_rows(self) -> np.ndarray:
+        """Per path segment: the row of its event (-1 for idle time). Rows are in trace_index order."""
+        if self._segment_rows is None:
+            raw_index = self.events["trace_index"].to_numpy()
+            index = self.path["trace_index"].to_numpy()
+            pos = np.clip(np.searchsorted(raw_index, index), 0, max(len(raw_index) - 1, 0))
+            found = (index >= 0) & (len(raw_index) > 0)
+            found &= raw_index[pos] == index if len(raw_index) else found
+            self._segment_rows = np.where(found, pos, -1)
+        return self._segment_rows
+
+    def per_step(self, segment_mask: np.ndarray) -> pd.Series:
+        """Path ns per steady step of the segments in ``segment_mask`` (0 where none)."""
+        sums = self.path.loc[segment_mask].groupby("step")["ns"].sum()
+        return sums.reindex(self.steps["step"], fill_value=0).astype(np.int64)
+
+    def top(self, segment_mask: np.ndarray, key: np.ndarray | None = None, n: int = TOP_EVENTS) -> list[dict[str, Any]]:
+        """The events with the most path time among the segments in ``segment_mask``, in ms per steady step.
+
+        ``key`` (per segment, a row) groups pieces under an outer event (e.g. the op a kernel belongs to)."""
+        seg = self.path.loc[segment_mask]
+        if seg.empty:
+            return []
+        if key is None:
+            names = seg["name"].astype(str).to_numpy()
+        else:
+            rows = key[segment_mask]
+            own = seg["name"].astype(str).to_numpy()
+            names = np.where(rows >= 0, self.events["name"].astype(str).to_numpy()[np.maximum(rows, 0)], own)
+        totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
+        count = len(self.steps)
+        return [{"name": name, "ms_per_step": round(ns / count / 1e6, 3)} for name, ns in totals.items()]
+
+
+def user_frame(ctx: AdviceContext, rows: np.ndarray) -> list[str]:
+    """The innermost Python frame of the user's code above each row, where the trace has stacks (else empty).
+
+    A frame is the user's when its file is not torch's, transformers' or the interpreter's own."""
+    events = ctx.events
+    python = kind_mask(events, {"python_function"})
+    if not python.any() or not len(rows):
+        return []
+    own = python & ~ctx.names(_LIBRARY_FRAME)
+    parent = ctx.parsed.links.parent.astype(np.int64)
+    found = np.full(len(rows), -1, dtype=np.int64)
+    up = parent[rows].copy()
+    while True:
+        live = (found < 0) & (up >= 0)
+        if not live.any():
+            break
+        hit = live.copy()
+        hit[live] = own[up[live]]
+        found[hit] = up[hit]
+        up[live] = parent[up[live]]
+    names = events["name"].astype(str).to_numpy()
+    return [names[r] for r in found if r >= 0]
+
+
+_LIBRARY_FRAME = re.compile(
+    r"^(torch|transformers|accelerate|threading|multiprocessing|contextlib|functools|<built-in|<frozen|nn\.Module"
+    r"|runpy|profparse|importlib|typing|abc|site-packages|.*/site-packages/|.*/lib/python3)"
+)

@@ -1,0 +1,156 @@
+"""Findings about the device: exposed communication, launch-bound stages, fp32 matmuls, pageable copies."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profparse.analysis.advice.build import from_path, ms, share
+from profparse.analysis.advice.context import AdviceContext
+from profparse.analysis.advice.finding import Finding
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS
+from profparse.trace.link import kind_mask
+
+PAGEABLE_H2D = re.compile(r"HtoD.*Pageable|Pageable.*Device")
+#: a stage is launch bound when host work holds at least this share of its path and its kernels are this short
+LAUNCH_HOST_SHARE = 0.5
+SMALL_KERNEL_NS = 20_000
+_HOST_BOUNDS = ("python", "cpu_op", "launch")
+_ON_DEVICE = ("gpu_compute", "gpu_comm", "memcpy", "gpu_idle")
+
+
+def exposed_communication(ctx: AdviceContext) -> list[Finding]:
+    """Collectives on the path that no other GPU work overlaps: overlap could hide them, up to their exposed time
+    (``comm_exposure``)."""
+    path = ctx.path
+    segments = (path["bound"] == "gpu_comm").to_numpy()
+    if not segments.any():
+        return []
+    exposure = ctx.parsed.table("comm_exposure")
+    exposure = exposure[(exposure["scope"] == "step") & exposure["step"].isin(ctx.steps["step"])]
+    exposed = exposure.groupby("step")["exposed_ns"].sum().reindex(ctx.steps["step"], fill_value=0)
+    on_path = ctx.per_step(segments)
+    scale = float(np.minimum(exposed, on_path).sum() / on_path.sum()) if on_path.sum() else 0.0
+    evidence = {
+        "exposed_ms_per_step": round(float(exposed.mean()) / 1e6, 3),
+        "collective_ms_per_step": round(float(exposure["comm_ns"].sum()) / len(ctx.steps) / 1e6, 3),
+    }
+    return from_path(
+        ctx,
+        "exposed_communication",
+        segments,
+        "medium",
+        "collectives that nothing overlaps hold the critical path for {saving} per step ({share})",
+        evidence,
+        scale=scale,
+    )
+
+
+def launch_bound(ctx: AdviceContext) -> list[Finding]:
+    """Stages whose path is mostly host work (Python, dispatch, launches) while their kernels are short: with the
+    launches gone (CUDA graphs, torch.compile) the stage would take its GPU busy time."""
+    kernels = kind_mask(ctx.events, GPU_ACTIVITY_KINDS) & ctx.in_steps()
+    if not kernels.any():
+        return []
+    path = ctx.path
+    host = path["bound"].isin(_HOST_BOUNDS).to_numpy() & (path["stage"] != "other").to_numpy()
+    counted = host | (path["bound"].isin(_ON_DEVICE) & (path["stage"] != "other")).to_numpy()
+    keys = ["step", "stage"]
+    total = path[counted].groupby(keys, observed=True)["ns"].sum()
+    on_host = path[host].groupby(keys, observed=True)["ns"].sum().reindex(total.index, fill_value=0)
+    summary = ctx.parsed.table("stage_summary")
+    summary = summary[summary["scope"] == "step"].set_index(keys)
+    busy = summary["gpu_busy_ns"].reindex(total.index, fill_value=0)
+    stage_of_kernel = ctx.stage_of(np.flatnonzero(kernels))
+    durations = pd.Series(ctx.events["dur_ns"].to_numpy()[kernels], index=stage_of_kernel)
+    median = durations.groupby(level=0).median()
+    small = np.array([median.get(stage, np.inf) <= SMALL_KERNEL_NS for _, stage in total.index])
+    bound = (on_host >= LAUNCH_HOST_SHARE * total) & (busy > 0) & small
+    saving = (total - busy).where(bound, 0).clip(lower=0)
+    per_stage = saving.groupby(level="stage", observed=True).sum() / len(ctx.steps)
+    found = []
+    for stage, mean in per_stage.items():
+        if mean <= 0:
+            continue
+        rows = saving.xs(stage, level="stage")
+        steps = [int(s) for s, v in rows.items() if v > 0]
+        idle = float((total - busy).xs(stage, level="stage").clip(lower=0).sum()) / len(ctx.steps)
+        text = (
+            f"{stage}: the GPU waits for the host to launch short kernels (median {median[stage] / 1e3:.1f} us);"
+            f" without the launches it would save {ms(mean)} per step ({share(mean, ctx.step_ns)})"
+        )
+        evidence = {
+            "median_kernel_us": round(float(median[stage]) / 1e3, 2),
+            "kernels_per_step": round(int((stage_of_kernel == stage).sum()) / len(ctx.steps), 1),
+            "host_bound_ms_per_step": round(float(on_host.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
+            "gpu_busy_ms_per_step": round(float(busy.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
+            "gpu_waiting_ms_per_step": round(idle / 1e6, 3),
+        }
+        found.append(Finding("launch_bound", str(stage), steps, float(mean), ctx.step_ns, "medium", text, evidence))
+    return found
+
+
+def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
+    """fp32 matmuls (no TF32) on a GPU whose TF32 is faster: each would take the longer of its time scaled by the
+    ratio of the two peaks and the time to move its bytes at the memory bandwidth."""
+    peak = ctx.parsed.peak
+    row = getattr(peak, "row", None)
+    if row is None:
+        return []
+    fp32, tf32 = row.tflops.get("fp32", 0.0), row.tflops.get("tf32", 0.0)
+    if not fp32 or tf32 <= fp32:
+        return []
+    flops = ctx.parsed.table("flops")
+    fp32_ops = flops[
+        (flops["math_mode"] == "fp32") & (flops["family"] == "matmul") & flops["step"].isin(ctx.steps["step"])
+    ]
+    if fp32_ops.empty:
+        return []
+    rows = np.searchsorted(ctx.events["trace_index"].to_numpy(), fp32_ops["trace_index"].to_numpy())
+    flag = np.zeros(len(ctx.events), dtype=bool)
+    flag[rows] = True
+    segments = ctx.segments_of(ctx.under(flag)) & ctx.path["bound"].isin(("gpu_compute",)).to_numpy()
+    gpu_ns = fp32_ops["gpu_ns"].to_numpy(dtype=np.float64)
+    floor = fp32_ops["bytes"].to_numpy(dtype=np.float64) / (row.memory_gbps * 1e9) * 1e9 if row.memory_gbps else 0
+    after = np.maximum(gpu_ns * fp32 / tf32, floor)
+    scale = float(1 - after.sum() / gpu_ns.sum()) if gpu_ns.sum() else 0.0
+    evidence = {
+        "fp32_tflops": fp32,
+        "tf32_tflops": tf32,
+        "fp32_matmul_gpu_ms_per_step": round(float(gpu_ns.sum()) / len(ctx.steps) / 1e6, 3),
+        "device": peak.device,
+    }
+    return from_path(
+        ctx,
+        "fp32_matmul",
+        segments,
+        "low",
+        f"matmuls run in plain fp32 on {peak.device}, whose TF32 peak is {tf32 / fp32:.0f}x higher: about {{saving}}"
+        " per step ({share})",
+        evidence,
+        scale=scale,
+    )
+
+
+def unpinned_copy(ctx: AdviceContext) -> list[Finding]:
+    """Host-to-device copies from pageable memory on the path (the copy, and the host call that waits for it)."""
+    copies = ctx.names(PAGEABLE_H2D) & kind_mask(ctx.events, {"gpu_memcpy"})
+    if not (copies & ctx.in_steps()).any():
+        return []
+    launch = ctx.parsed.links.launch.astype(np.int64)
+    flag = copies.copy()
+    calls = launch[copies]
+    flag[calls[calls >= 0]] = True
+    segments = ctx.segments_of(flag)
+    count = int((copies & ctx.in_steps()).sum()) / len(ctx.steps)
+    return from_path(
+        ctx,
+        "unpinned_copy",
+        segments,
+        "medium",
+        f"{count:,.0f} host-to-device copies per step from pageable memory hold the critical path for {{saving}}"
+        " per step ({share})",
+        {"copies_per_step": round(count, 1)},
+    )
