@@ -472,3 +472,75 @@ def test_host_share_agrees_with_hta_on_a_trace_with_sync_events(tmp_path) -> Non
     ns = path["end_ns"] - path["start_ns"]
     share = 100 * ns[path["bound"].astype(str).isin(HOST_BOUNDS)].sum() / ns.sum()
     assert abs(share - hta_share) <= 10
+
+
+@pytest.fixture(scope="module")
+def thread_sleep_capture(tmp_path_factory) -> ParsedTrace:
+    """Four CPU steps whose forward keeps the main thread busy ``1.5 * SLEEP_S`` (a time-bound loop of matmuls,
+    so the steps last alike whatever the load): step 1 also starts a background thread that runs a matmul and
+    sleeps ``SLEEP_S`` inside a ``record_function`` range (a logger: off the path); step 2 sleeps ``SLEEP_S`` on
+    the main thread instead; steps 0 and 3 do neither. ``profile_all_threads`` makes torch record that thread."""
+    torch = pytest.importorskip("torch")
+    import threading
+    import time
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+
+    def busy(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            torch.mm(x, x.T)
+
+    def log_in_background() -> None:
+        with record_function("background log"):
+            total = torch.mm(x, x.T).sum()
+            time.sleep(SLEEP_S)
+            float(total)
+
+    config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+        for step, sleeper in enumerate(["none", "background", "main", "none"]):
+            logger = threading.Thread(target=log_in_background) if sleeper == "background" else None
+            with record_function(f"ProfilerStep#{step}"):
+                with record_function("profparse.stage:forward"):
+                    if logger is not None:
+                        logger.start()
+                    busy(1.5 * SLEEP_S)
+                    if sleeper == "main":
+                        time.sleep(SLEEP_S)
+                    loss = model(x).sum()
+                with record_function("profparse.stage:backward"):
+                    loss.backward()
+                with record_function("profparse.stage:optimizer"):
+                    optimizer.step()
+                    optimizer.zero_grad()
+            if logger is not None:
+                logger.join()
+    path = tmp_path_factory.mktemp("thread_sleep") / "thread_sleep.json"
+    prof.export_chrome_trace(str(path))
+    return profparse.load(path, cache=False)
+
+
+def test_a_recorded_sleep_on_a_background_thread_adds_nothing_to_the_path(thread_sleep_capture) -> None:
+    parsed = thread_sleep_capture
+    events = parsed.raw.events
+    logged = events[events["name"] == "background log"]
+    assert len(logged) == 1, "torch recorded no background thread"
+    log = logged.iloc[0]
+    main_tid = events[events["name"] == "ProfilerStep#1"]["tid"].iloc[0]
+    assert log["tid"] != main_tid and log["dur_ns"] >= SLEEP_S * 1e9
+    on_thread = events[(events["tid"] == log["tid"]) & (events["name"] == "aten::mm")]
+    assert len(on_thread) == 1  # its torch op is in the trace too
+    step1 = parsed.steps.set_index("step").loc[1]
+    assert step1["start_ns"] <= log["ts_ns"] <= step1["end_ns"]  # the range starts inside step 1
+    path = _path(parsed)
+    assert not (path["trace_index"] == log["trace_index"]).any()
+    forward = path[path["stage"] == "forward"]
+    per_step = (forward["end_ns"] - forward["start_ns"]).groupby(forward["step"]).sum()
+    baseline = per_step[[0, 3]].mean()
+    assert abs(per_step[1] - baseline) < 0.1 * SLEEP_S * 1e9, per_step.tolist()  # the background sleep: ~0
+    assert per_step[2] - baseline == pytest.approx(SLEEP_S * 1e9, rel=0.1), per_step.tolist()  # the main one: all

@@ -14,6 +14,7 @@ from profparse.base.formats import display, md_cell, md_code, ms_text, plain, re
 from profparse.base.formats import text_table as _table
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
+from profparse.ranks import critical_path as rank_paths
 from profparse.ranks import late
 from profparse.ranks.discovery import RankFile, describe_sources
 from profparse.ranks.results import RankResult
@@ -44,6 +45,7 @@ def ranks_summary_data(
     totals = [(r.rank, r.stage_names) for r in results if r.ok]
     late_ranks = late.late_data(matches, match_warnings, totals, top)
     _stage_times(late_ranks, per_rank, METRICS[metric][0])
+    late_ranks["path_waits"] = rank_paths.summary_waits(results, matches, folder)  # the late rank on the path
     return {
         "folder": str(folder) if folder is not None else None,
         "metric": metric,
@@ -184,7 +186,21 @@ def _late_text(late_ranks: dict[str, Any]) -> list[str]:
             lines.append(_table(["", "more", f"rank {s['late_rank']}", "median", "name"], rows, last_left=True))
         else:
             lines.append("  (no kernel or op time differs)")
+    if late_ranks.get("path_waits"):
+        lines += ["", f"  {PATH_WAITS_TITLE}:", _table(PATH_WAIT_HEADERS, _path_wait_rows(late_ranks))]
     return lines
+
+
+PATH_WAITS_TITLE = "On each rank's critical path: waiting for a later rank (ms; per step: over the steps it waited)"
+PATH_WAIT_HEADERS = ["rank", "stage", "waited for rank", "on path", "steps", "per step"]
+
+
+def _path_wait_rows(late_ranks: dict[str, Any]) -> list[list[str]]:
+    return [
+        [str(w["rank"]), w["stage"], str(w["waited_rank"]), ms_text(w["wait_ns"]), str(w["steps"]),
+         ms_text(w["per_step_ns"])]
+        for w in late_ranks["path_waits"]
+    ]  # fmt: skip
 
 
 def _late_markdown(late_ranks: dict[str, Any]) -> list[str]:
@@ -202,6 +218,10 @@ def _late_markdown(late_ranks: dict[str, Any]) -> list[str]:
             name = md_code(shorten_name(d["name"]))
             rank, median = ms_text(d["rank_ns"]), ms_text(d["median_ns"])
             lines.append(f"| {kind} | {_signed_ms(d['delta_ns'])} | {rank} | {median} | {name} |")
+    if late_ranks.get("path_waits"):
+        lines += ["", f"### {PATH_WAITS_TITLE}", "", "| " + " | ".join(PATH_WAIT_HEADERS) + " |"]
+        lines += ["|" + "---|" * len(PATH_WAIT_HEADERS)]
+        lines += ["| " + " | ".join(row) + " |" for row in _path_wait_rows(late_ranks)]
     return lines
 
 

@@ -41,3 +41,4 @@ class RankResult:
     devices: list[str] = field(default_factory=list)  # deviceProperties names, else GPU <id> of GPU work
     collectives: pd.DataFrame | None = None  # late.collective_rows: one row per collective, matched in the parent
     stage_names: pd.DataFrame | None = None  # late.stage_name_totals: per stage, time per kernel and op name
+    path_segments: pd.DataFrame | None = None  # critical_path.waiting_segments: the path inside collectives

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from profparse.base.errors import ProfparseError, from_oserror
 from profparse.base.formats import path_text
+from profparse.ranks import critical_path as rank_paths
 from profparse.ranks import late
 from profparse.ranks.dataset import write_rank_tables
 from profparse.ranks.results import RankResult, RankTask
@@ -55,6 +56,7 @@ def run_rank(task: RankTask) -> RankResult:
             )
         result.stage_summary = parsed.stage_summary
         result.collectives = late.collective_rows(parsed)
+        result.path_segments = rank_paths.waiting_segments(parsed.critical_path, result.collectives)
         if task.out_root is None:  # summarize: sent back; a written dataset has them in its kernels and ops tables
             result.stage_names = late.stage_name_totals(parsed.kernels, parsed.ops)
         if task.out_root is not None:
