@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from profparse.analysis.advice import gpu, host
+from profparse.analysis.advice import gpu, host, waits
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
 
 DETECTORS: tuple[Callable[[AdviceContext], list[Finding]], ...] = (
     host.data_loading,
     host.between_steps,
-    host.sync_in_step,
+    waits.sync_in_step,
     host.allocator_churn,
     gpu.exposed_communication,
     gpu.launch_bound,
     gpu.fp32_matmul,
-    gpu.unpinned_copy,
+    waits.unpinned_copy,
 )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -13,7 +11,6 @@ from profparse.analysis.advice.finding import Finding
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
 
-PAGEABLE_H2D = re.compile(r"HtoD.*Pageable|Pageable.*Device")
 #: a stage is launch bound when host work holds at least this share of its path and its kernels are this short
 LAUNCH_HOST_SHARE = 0.5
 SMALL_KERNEL_NS = 20_000
@@ -131,26 +128,4 @@ def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
         " per step ({share})",
         evidence,
         scale=scale,
-    )
-
-
-def unpinned_copy(ctx: AdviceContext) -> list[Finding]:
-    """Host-to-device copies from pageable memory on the path (the copy, and the host call that waits for it)."""
-    copies = ctx.names(PAGEABLE_H2D) & kind_mask(ctx.events, {"gpu_memcpy"})
-    if not (copies & ctx.in_steps()).any():
-        return []
-    launch = ctx.parsed.links.launch.astype(np.int64)
-    flag = copies.copy()
-    calls = launch[copies]
-    flag[calls[calls >= 0]] = True
-    segments = ctx.segments_of(flag)
-    count = int((copies & ctx.in_steps()).sum()) / len(ctx.steps)
-    return from_path(
-        ctx,
-        "unpinned_copy",
-        segments,
-        "medium",
-        f"{count:,.0f} host-to-device copies per step from pageable memory hold the critical path for {{saving}}"
-        " per step ({share})",
-        {"copies_per_step": round(count, 1)},
     )
