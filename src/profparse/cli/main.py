@@ -44,6 +44,7 @@ from profparse.base.errors import OutputWriteError, ProfparseError, UsageError, 
 from profparse.base.formats import display  # noqa: E402
 from profparse.base.version import __version__  # noqa: E402
 from profparse.cli import (  # noqa: E402
+    advise_cmd,
     annotate_cmd,
     common,
     diff_cmd,
@@ -54,7 +55,7 @@ from profparse.cli import (  # noqa: E402
     summarize_cmd,
 )
 
-VERBS = (parse_cmd, summarize_cmd, plot_cmd, report_cmd, annotate_cmd, diff_cmd, hta_cmd)
+VERBS = (parse_cmd, summarize_cmd, advise_cmd, plot_cmd, report_cmd, annotate_cmd, diff_cmd, hta_cmd)
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130

@@ -14,8 +14,16 @@ from profparse.base.formats import display, md_cell, md_code, ms_text, plain, re
 from profparse.base.formats import text_table as _table
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
+from profparse.outputs.summary.findings import (
+    NONE_LINE,
+    SUMMARY_FINDINGS,
+    advise_pointer,
+    findings_data,
+    findings_text,
+)
 from profparse.ranks import critical_path as rank_paths
 from profparse.ranks import late
+from profparse.ranks.advice import ranks_findings
 from profparse.ranks.discovery import RankFile, describe_sources
 from profparse.ranks.results import RankResult
 from profparse.ranks.stragglers import DEFAULT_METRIC, METRICS, per_rank_totals, stragglers
@@ -46,6 +54,7 @@ def ranks_summary_data(
     late_ranks = late.late_data(matches, match_warnings, totals, top)
     _stage_times(late_ranks, per_rank, METRICS[metric][0])
     late_ranks["path_waits"] = rank_paths.summary_waits(results, matches, folder)  # the late rank on the path
+    findings = findings_data(ranks_findings(results, matches, folder, late_ranks))
     return {
         "folder": str(folder) if folder is not None else None,
         "metric": metric,
@@ -72,6 +81,7 @@ def ranks_summary_data(
             if not r.ok
         ],
         "late_ranks": late_ranks,
+        "findings": findings,  # each rank's and the late ranks', biggest saving first (profparse advise DIR)
     }
 
 
@@ -240,6 +250,7 @@ def render_ranks_text(data: dict[str, Any]) -> str:
         "",
         f"{label[0].upper()}{label[1:]} per rank and stage (ms)",
     ]
+    lines[3:3] = _findings_text(data.get("findings") or [], data["folder"])  # on top, after the header
     ranks, cells = _matrix(data)
     rows = [[str(r)] + [ms_text(cells.get((r, s))) for s in STAGES] for r in ranks]
     lines.append(_table(["rank", *STAGES], rows))
@@ -250,6 +261,15 @@ def render_ranks_text(data: dict[str, Any]) -> str:
         lines += ["", "Failed ranks (not in the tables above)"]
         lines += [f"  rank {f['rank']}: {display(f['error'])}" for f in data["failed_ranks"]]
     return "\n".join(lines) + "\n"
+
+
+def _findings_text(findings: list[dict[str, Any]], folder: Any) -> list[str]:
+    """The first findings of all ranks (``profparse advise DIR`` lists them all, with their evidence)."""
+    if not findings:
+        return ["", NONE_LINE]
+    body = findings_text(findings, SUMMARY_FINDINGS, evidence=False, margin="  ").rstrip("\n")
+    lines = ["", f"Findings ({len(findings)} over all ranks, biggest saving first)", *body.split("\n")]
+    return [line.rstrip() for line in lines] + [advise_pointer(len(findings) - SUMMARY_FINDINGS, folder, "DIR")]
 
 
 def render_ranks_markdown(data: dict[str, Any]) -> str:

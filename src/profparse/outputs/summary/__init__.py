@@ -34,6 +34,7 @@ from profparse.outputs.summary import analyses
 from profparse.outputs.summary.communication import communication_data, communication_tables
 from profparse.outputs.summary.critical_path import critical_path_data, critical_path_tables
 from profparse.outputs.summary.efficiency import efficiency_data, efficiency_tables
+from profparse.outputs.summary.findings import findings_data, findings_markdown, findings_tables, summary_findings_text
 from profparse.outputs.summary.memory_categories import memory_categories_data, memory_categories_tables
 from profparse.outputs.summary.runtime import runtime_calls_tables, top_calls
 from profparse.outputs.summary.top import stage_top_table
@@ -142,6 +143,7 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         },
         "devices": gpu_devices(parsed),
         "rank": parsed.rank,
+        "findings": findings_data(parsed.table("findings")),  # what to change first (profparse advise)
         "gpu_activity_ns": gpu_total,
         "totals": total_rows,
         "per_step": records(per_step),
@@ -300,6 +302,7 @@ def render_text(data: dict[str, Any]) -> str:
     out.write(f"profparse summary: {display(data['trace'])}\n  {data['events']:,} events, {where}, {devices}{rank}\n")
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
+    out.write(summary_findings_text(data))
     out.write(tables_text(summary_tables(data)))
     return out.getvalue()
 
@@ -308,13 +311,14 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines = [f"# profparse summary: {md_code(Path(data['trace']).name)}"]
     if data["report"]["truncated"]:
         lines += ["", "**The trace is truncated**: the summary covers the events before the cut."]
+    lines += findings_markdown(data)
     lines += tables_markdown(summary_tables(data))
     return "\n".join(lines) + "\n"
 
 
 def render_csv(data: dict[str, Any]) -> str:
     """Every section as one long csv (``step,stage,section,name,column,value``: raw numbers, exact names)."""
-    return tables_csv(summary_tables(data))
+    return tables_csv(findings_tables(data) + summary_tables(data))
 
 
 def render(data: dict[str, Any], fmt: str = "text") -> str:
