@@ -544,3 +544,65 @@ def test_a_recorded_sleep_on_a_background_thread_adds_nothing_to_the_path(thread
     baseline = per_step[[0, 3]].mean()
     assert abs(per_step[1] - baseline) < 0.1 * SLEEP_S * 1e9, per_step.tolist()  # the background sleep: ~0
     assert per_step[2] - baseline == pytest.approx(SLEEP_S * 1e9, rel=0.1), per_step.tolist()  # the main one: all
+
+
+# -- newer Kineto's cuda_sync args: which stream (and which event record) a wait is for ----------------------------
+
+
+def _cuda_sync(b: TraceBuilder, name: str, call: dict, stream: int, on: int, record: dict, args: bool) -> None:
+    """A ``cuda_sync`` event for ``call``; with ``args``, the ``wait_on_*`` args newer Kineto writes."""
+    extra = {"wait_on_stream": on, "wait_on_cuda_event_record_corr_id": record["args"]["correlation"]} if args else {}
+    b.events.append(
+        {"ph": "X", "cat": "cuda_sync", "name": name, "pid": GPU_PID, "tid": stream, "ts": call["ts"], "dur": 1,
+         "args": {"correlation": call["args"]["correlation"], "stream": stream, "device": 0, **extra}}
+    )  # fmt: skip
+
+
+def _stream_wait_trace(args: bool) -> TraceBuilder:
+    """Stream 9's kernel waits (cudaStreamWaitEvent) for the event recorded after stream 7's gemm [20, 480]; stream
+    8's kernel, launched after the record, ends at 495: closer to the waiter's start (500), so timing picks it."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.launch(12, 20, 460, name="gemm")
+    record = _sync(b, "cudaEventRecord", 14, 1)
+    _on_stream(b.launch(16, 30, 465, name="unrelated")[1], 8)
+    wait = _sync(b, "cudaStreamWaitEvent", 18, 1)
+    _cuda_sync(b, "Stream Wait Event", wait, 9, STREAM, record, args)
+    _on_stream(b.launch(30, 500, 287, name="waiter")[1], 9)
+    _sync(b, "cudaDeviceSynchronize", 40, 760)
+    return b
+
+
+def test_a_stream_wait_event_follows_its_args_not_the_closest_end(tmp_path) -> None:
+    guessed = _path(_parse(_stream_wait_trace(args=False), tmp_path, "guess.json"))
+    assert "unrelated" in set(guessed["name"].astype(str))  # the timing guess: the wrong stream
+    parsed = _parse(_stream_wait_trace(args=True), tmp_path, "args.json")
+    assert int(parsed.raw.events["wait_on_stream"].max()) == STREAM
+    assert _segments(parsed)[-6:] == [
+        ("launch", 13, 20),
+        ("gpu_compute", 20, 480),
+        ("gpu_idle", 480, 500),  # the waiter's wait for the recorded event
+        ("gpu_compute", 500, 787),
+        ("sync_wait", 787, 800),
+        ("python", 800, 1000),
+    ]
+
+
+def _event_sync_trace(args: bool) -> TraceBuilder:
+    """cudaEventSynchronize [100, 605] waits for the event recorded after stream 7's gemm (ends 600); stream 8's
+    kernel, launched after the record, ends at 603 inside the call: the last end, which timing picks."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 1000)
+    b.launch(12, 20, 580, name="gemm")
+    record = _sync(b, "cudaEventRecord", 14, 1)
+    _on_stream(b.launch(30, 40, 563, name="unrelated")[1], 8)
+    call = _sync(b, "cudaEventSynchronize", 100, 505)
+    _cuda_sync(b, "Event Sync", call, -1, STREAM, record, args)
+    return b
+
+
+def test_an_event_sync_follows_its_args_not_the_last_end(tmp_path) -> None:
+    guessed = _segments(_parse(_event_sync_trace(args=False), tmp_path, "guess.json"))
+    assert ("gpu_compute", 40, 603) in guessed and ("sync_wait", 603, 605) in guessed
+    segments = _segments(_parse(_event_sync_trace(args=True), tmp_path, "args.json"))
+    assert segments[-3:] == [("gpu_compute", 20, 600), ("sync_wait", 600, 605), ("python", 605, 1000)]

@@ -226,7 +226,9 @@ def _gpu_work(events: pd.DataFrame, links: Links) -> GpuWork:
     prev = np.where(same, np.arange(len(rows)) - 1, -1)
     launch = links.launch[rows].astype(np.int64)
     work = GpuWork(rows, start, end, prev, launch, np.full(len(rows), -1, dtype=np.int64))
-    if _has_stream_waits(events):
+    if _has_recorded_waits(events, "Stream Wait Event"):
+        work.wait = _recorded_stream_waits(work, device, stream, events)
+    elif _has_stream_waits(events):
         work.wait = _stream_waits(work, device, stream, events)
     return work
 
@@ -268,6 +270,88 @@ def _stream_waits(work: GpuWork, device: np.ndarray, stream: np.ndarray, events:
     ok = (j >= 0) & (codes[cand] == codes) & (stream[cand] != stream)
     ok &= (work.end[cand] > np.maximum(launch_end, prev_end)) & (work.start - work.end[cand] <= STREAM_WAIT_NS)
     wait[ok] = cand[ok]
+    return wait
+
+
+def _has_recorded_waits(events: pd.DataFrame, name: str) -> bool:
+    """The trace's ``cuda_sync`` events called ``name`` say which stream they wait on (newer Kineto's
+    ``wait_on_stream``)."""
+    return bool(len(_recorded_waits(events, name)))
+
+
+def _recorded_waits(events: pd.DataFrame, name: str) -> np.ndarray:
+    """Rows of the ``cuda_sync`` events called ``name`` that name the stream they wait on."""
+    if "wait_on_stream" not in events.columns:
+        return np.zeros(0, dtype=np.int64)
+    named = kind_mask(events, {"cuda_sync"}) & _name_flags(events, re.compile(f"^{name}$"))
+    on = events["wait_on_stream"].to_numpy()
+    return np.flatnonzero(named & (on != NULL) & (on >= 0) & (events["correlation"].to_numpy() != NULL))
+
+
+def _record_correlation(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The correlation of the ``cudaEventRecord`` each wait waits for (NULL: not recorded)."""
+    if "wait_on_event_correlation" not in events.columns:
+        return np.full(len(rows), NULL, dtype=np.int64)
+    corr = events["wait_on_event_correlation"].to_numpy()[rows]
+    return np.where(corr >= 0, corr, NULL)
+
+
+@dataclass
+class StreamOrder:
+    """GPU activity sorted by (device, stream, correlation): which activity a stream ran before or after a call."""
+
+    rows: np.ndarray
+    key: np.ndarray
+    codes: pd.Index
+    base: int
+    span: int
+
+    @classmethod
+    def of(cls, events: pd.DataFrame, rows: np.ndarray) -> StreamOrder:
+        pairs = pd.MultiIndex.from_arrays([_device(events, rows), events["stream"].to_numpy()[rows]])
+        codes, uniques = pd.factorize(pairs)
+        corr = events["correlation"].to_numpy()[rows]
+        lo, hi = _extent(corr)
+        key = codes.astype(np.int64) * (hi - lo + 1) + (corr - lo)
+        order = np.argsort(key, kind="stable")
+        return cls(rows[order], key[order], pd.Index(uniques), lo, hi - lo + 1)
+
+    def find(self, device: np.ndarray, stream: np.ndarray, corr: np.ndarray, after: bool) -> np.ndarray:
+        """Per query, the position (in ``rows``) of the last activity on (device, stream) launched before ``corr``
+        or (``after``) the first launched after it; -1: none."""
+        wanted = self.codes.get_indexer(pd.MultiIndex.from_arrays([device, stream]))
+        query = wanted.astype(np.int64) * self.span + (np.clip(corr, self.base, self.base + self.span - 1) - self.base)
+        j = np.searchsorted(self.key, query, side="right") if after else np.searchsorted(self.key, query) - 1
+        at = np.clip(j, 0, max(len(self.key) - 1, 0))
+        ok = (wanted >= 0) & (j >= 0) & (j < len(self.key)) & (corr != NULL)
+        if len(self.key):
+            ok &= self.key[at] // self.span == wanted
+        return np.where(ok, at, -1)
+
+
+def _recorded_stream_waits(work: GpuWork, device: np.ndarray, stream: np.ndarray, events: pd.DataFrame) -> np.ndarray:
+    """The activities that ``Stream Wait Event`` args join (not timing): the first activity launched on the
+    waiting stream after the wait call waits for the last one launched on ``wait_on_stream`` before the
+    ``cudaEventRecord`` it names (before the wait call when the record is not named), when that one ended after
+    the activity's launch and its stream predecessor."""
+    wait = np.full(len(work.rows), -1, dtype=np.int64)
+    calls = _recorded_waits(events, "Stream Wait Event")
+    if not len(work.rows) or not len(calls):
+        return wait
+    order = StreamOrder.of(events, work.rows)
+    position = np.full(len(events), -1, dtype=np.int64)
+    position[work.rows] = np.arange(len(work.rows))
+    call_device = _device(events, calls)
+    corr = events["correlation"].to_numpy()[calls]
+    record = _record_correlation(events, calls)
+    waiter = order.find(call_device, events["stream"].to_numpy()[calls], corr, after=True)
+    waited = order.find(call_device, events["wait_on_stream"].to_numpy()[calls], np.where(record != NULL, record, corr),
+                        after=False)  # fmt: skip
+    ok = (waiter >= 0) & (waited >= 0)
+    i, k = position[order.rows[waiter[ok]]], position[order.rows[waited[ok]]]
+    launch_end, prev_end = _ends(work, events)
+    explains = work.end[k] > np.maximum(launch_end[i], prev_end[i])
+    wait[i[explains]] = k[explains]
     return wait
 
 
@@ -342,12 +426,58 @@ def sync_waits(events: pd.DataFrame, links: Links, blocking: np.ndarray) -> tupl
     named = stream != NULL
     if named.any():
         found[named] = _last_on_stream(events, rows, ends, stream[named], end[calls[named]])
+    if _has_recorded_waits(events, "Event Sync"):
+        found = _recorded_event_waits(events, calls, found)
     ok = found >= 0
     ok[ok] = end[found[ok]] > ts[calls[ok]]
     return calls[ok], found[ok]
 
 
+def _same_correlation(events: pd.DataFrame, syncs: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """Per call, the row of ``syncs`` with its correlation (-1: none)."""
+    corr = events["correlation"].to_numpy()
+    if not len(syncs) or not len(calls):
+        return np.full(len(calls), -1, dtype=np.int64)
+    order = np.argsort(corr[syncs], kind="stable")
+    keys = corr[syncs][order]
+    at = np.minimum(np.searchsorted(keys, corr[calls]), len(keys) - 1)
+    return np.where(keys[at] == corr[calls], syncs[order][at], -1)
+
+
+def _recorded_event_waits(events: pd.DataFrame, calls: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """``found`` where an ``Event Sync`` names what its call waited for: the last activity launched on its
+    ``wait_on_stream`` before the ``cudaEventRecord`` it names, when that one ended inside the call (a newer
+    Kineto's args; the timing guess stays for the other calls)."""
+    sync = _same_correlation(events, _recorded_waits(events, "Event Sync"), calls)
+    record = np.where(sync >= 0, _record_correlation(events, np.maximum(sync, 0)), NULL)
+    has = np.flatnonzero(record != NULL)
+    if not len(has):
+        return found
+    rows = np.flatnonzero(kind_mask(events, {"kernel", "gpu_memcpy", "gpu_memset"}))
+    order = StreamOrder.of(events, rows)
+    waited_stream = events["wait_on_stream"].to_numpy()[sync[has]]
+    at = order.find(_device(events, sync[has]), waited_stream, record[has], after=False)
+    target = np.where(at >= 0, order.rows[np.maximum(at, 0)], -1)
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    call = calls[has]
+    inside = (target >= 0) & (end[np.maximum(target, 0)] > ts[call]) & (end[np.maximum(target, 0)] <= end[call])
+    out = found.copy()
+    out[has[inside]] = target[inside]
+    return out
+
+
 def _synced_stream(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
+    """The stream each call synchronises, from its ``Stream Sync`` event (same correlation), else the
+    ``wait_on_stream`` of its ``Event Sync`` (newer Kineto); NULL: unknown."""
+    out = _synced_stream_of(events, calls)
+    sync = _same_correlation(events, _recorded_waits(events, "Event Sync"), calls)
+    use = (out == NULL) & (sync >= 0)
+    out[use] = events["wait_on_stream"].to_numpy()[sync[use]] if use.any() else out[use]
+    return out
+
+
+def _synced_stream_of(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
     """The stream each call synchronises, from its ``Stream Sync`` event (same correlation); NULL: unknown."""
     out = np.full(len(calls), NULL, dtype=np.int64)
     syncs = np.flatnonzero(kind_mask(events, {"cuda_sync"}) & _name_flags(events, re.compile(r"^Stream Sync$")))

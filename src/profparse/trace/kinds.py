@@ -79,7 +79,12 @@ INT_ARG_COLUMNS: tuple[tuple[str, str], ...] = (
     ("comm_out_nelems", "comm_out_nelems"),
     ("comm_group_size", "comm_group_size"),
     ("comm_seq", "comm_seq"),
+    ("wait_on_stream", "wait_on_stream"),
+    ("wait_on_event_correlation", "wait_on_event_correlation"),
 )
+#: args columns in the event table only when the trace has a value (newer Kineto's ``cuda_sync`` events): the
+#: tables of every other trace keep their columns
+OPTIONAL_ARG_COLUMNS = frozenset({"wait_on_stream", "wait_on_event_correlation"})
 #: ``args`` kept as text (schema.TEXT_ARG_FIELDS): categorical string columns of the same names, NaN where absent
 TEXT_ARG_COLUMNS: tuple[str, ...] = TEXT_ARG_FIELDS
 _LEGACY_RANGE = re.compile(r"^(ProfilerStep#\d+|Optimizer\.(step|zero_grad)#|enumerate\(DataLoader\)#|##)")

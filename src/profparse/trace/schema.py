@@ -41,6 +41,7 @@ class Args(
         "pg_name": "Process Group Name",
         "pg_desc": "Process Group Description",
         "pg_ranks": "Process Group Ranks",
+        "wait_on_event_correlation": "wait_on_cuda_event_record_corr_id",
     },
 ):
     """The ``args`` keys profparse reads; all others are skipped without being materialised.
@@ -72,6 +73,8 @@ class Args(
     comm_out_nelems: int | str | None = ABSENT
     comm_group_size: int | str | None = ABSENT
     comm_seq: int | str | None = ABSENT
+    wait_on_stream: int | str | None = ABSENT  # cuda_sync Event Sync / Stream Wait Event (newer Kineto)
+    wait_on_event_correlation: int | str | None = ABSENT
     name: str | None = None
     # kept as the JSON text as written (msgspec.Raw: a slice of the input, no Python objects built), None when
     # absent; turned into categorical string columns by columns.chunk_columns (shapes repeat: few distinct values)

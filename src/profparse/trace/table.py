@@ -9,7 +9,15 @@ import pandas as pd
 from pandas.arrays import SparseArray
 
 from profparse.trace.columns import ChunkColumns, Interner, chunk_columns
-from profparse.trace.kinds import INT_ARG_COLUMNS, KIND_CODE, KINDS, NULL, TEXT_ARG_COLUMNS, kind_codes
+from profparse.trace.kinds import (
+    INT_ARG_COLUMNS,
+    KIND_CODE,
+    KINDS,
+    NULL,
+    OPTIONAL_ARG_COLUMNS,
+    TEXT_ARG_COLUMNS,
+    kind_codes,
+)
 from profparse.trace.schema import TEXT_ARG_FIELDS, Event, FastEvent
 
 _INITIAL_ROWS = 1 << 12  # the first chunk's rows or the size hint usually decide; this is the floor
@@ -190,6 +198,8 @@ class EventTableBuilder:
             "tid": merged.pop("tid"),
         }
         for column, _ in INT_ARG_COLUMNS:
+            if column in OPTIONAL_ARG_COLUMNS and column not in self.seen:
+                continue
             # an args key absent from the whole trace (memory, Python ids in most traces): one NULL repeated
             # (read-only, no memory) instead of 8 bytes per row; one on few rows: sparse
             columns[column] = args_column(merged.pop(column)) if column in self.seen else _all_null(self.rows)
