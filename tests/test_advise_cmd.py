@@ -82,7 +82,7 @@ def test_text_lists_the_findings_biggest_saving_first_with_fix_and_evidence(trac
     window = mean_window(load(trace, cache=False))
     first, second = out.index("1. data_loading"), out.index("2. grad_zeroing")
     assert first < second and "launch_bound" not in out  # under 1% of a step: not a finding
-    assert f"saves {ms_text(round(0.30 * window))} ms per step ({share_text(0.30)} of a step), confidence high" in out
+    assert f"saves {ms_text(round(0.30 * window))} ms per step ({share_text(0.30)}), confidence high" in out
     assert "data_loading · load · steps 1-2" in out and f"grad_zeroing · optimizer · steps 0-{STEPS - 1}" in out
     for kind in ("data_loading", "grad_zeroing"):
         assert KINDS[kind].fix.split(":")[0] in out and f"planted {kind}" in out

@@ -3,7 +3,8 @@
 
 A late rank's saving is what the other ranks wait for it, per step: the sum over the collectives of that stage
 where it arrived last of its delay (its start minus the median start of the others, :mod:`profparse.ranks.late`),
-divided by the steps of the run. Every finding is one row with a ``rank`` column; all are sorted by saving.
+divided by the steps of the run; steady steps only, as the detectors count them (the first of three or more is
+warm-up). Every finding is one row with a ``rank`` column; all are sorted by saving.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.advice import MIN_SHARE, Finding
+from profparse.analysis.advice.context import WARM_UP_FROM
 from profparse.analysis.advice.finding import COLUMNS, frame
 from profparse.ranks import late
 from profparse.ranks.dataset import is_rank_dataset, read_table
@@ -81,12 +83,13 @@ def _from_dataset(folder: str | Path) -> tuple[list[pd.DataFrame | None], dict[i
 # -- late_rank -------------------------------------------------------------------------------------------------------
 
 
-def _step_numbers(steps: pd.DataFrame | None) -> tuple[int, float]:
-    """(number of steps, mean step window in ns) of one rank; (0, 0.0) without steps."""
+def steady_steps(steps: pd.DataFrame | None) -> pd.DataFrame | None:
+    """A rank's steady steps, as the detectors count them: the first of three or more is warm-up
+    (:data:`profparse.analysis.advice.context.WARM_UP_FROM`)."""
     if steps is None or not len(steps):
-        return 0, 0.0
-    windows = steps["end_ns"].to_numpy(dtype=np.int64) - steps["start_ns"].to_numpy(dtype=np.int64)
-    return int(len(steps)), float(windows.mean())
+        return None
+    ordered = steps.sort_values("start_ns", kind="stable")
+    return ordered.iloc[1:] if len(ordered) >= WARM_UP_FROM else ordered
 
 
 def late_rank_findings(
@@ -102,7 +105,13 @@ def late_rank_findings(
             continue
         rank, stage = int(row["late_rank"]), str(row["stage"])
         lasts = matches[(matches["match_stage"] == stage) & matches["is_last"] & (matches["rank"] == rank)]
-        n_steps, step_ns = _step_numbers(steps.get(rank))
+        steady = steady_steps(steps.get(rank))
+        if steady is not None:  # the waits in the steady steps, per steady step (the late rank's steps)
+            lasts = lasts[lasts["step"].isin(steady["step"]).fillna(False).to_numpy(dtype=bool)]
+        if not len(lasts):
+            continue
+        n_steps = len(steady) if steady is not None else 0
+        step_ns = float((steady["end_ns"] - steady["start_ns"]).mean()) if steady is not None else 0.0
         found_steps = sorted({int(s) for s in lasts["step"].dropna()})
         per_step = float(lasts["delay_ns"].sum()) / max(n_steps or len(found_steps), 1)
         finding = Finding(

@@ -73,7 +73,7 @@ def heading(n: int, f: dict[str, Any]) -> str:
     where = f"rank {f['rank']} · " if f.get("rank") is not None else ""
     return (
         f"{n}. {where}{f['kind']} · {f['stage']} · {steps_label(f['steps'])}: saves "
-        f"{ms_text(f['saving_ns_per_step'])} ms per step ({share_text(f['saving_share'])} of a step), "
+        f"{ms_text(f['saving_ns_per_step'])} ms per step ({share_text(f['saving_share'])}), "
         f"confidence {f['confidence']}"
     )
 
@@ -86,19 +86,23 @@ def _wrapped(label: str, text: str, indent: str, hang: str = "  ") -> list[str]:
     ) or [first.rstrip()]
 
 
-def _name_and_ns(item: Any) -> tuple[str, Any, Any]:
-    """(name, ns, count) of a top event however a detector wrote it: a dict, a [name, ns] pair, or a name."""
+def _event_parts(item: Any) -> tuple[str, str, Any]:
+    """(name, its time as text, count) of a top event however a detector wrote it: a dict (its time under one of
+    :data:`TIME_KEYS`, any ``*_ns``, or ``ms_per_step``), a [name, ns] pair, or a name."""
     if isinstance(item, dict):
         name = next((item[k] for k in ("name", "label", "event", "op", "kernel") if k in item), "")
         numbers = [k for k, v in item.items() if isinstance(v, int | float) and not isinstance(v, bool)]
-        ns_key = next((k for k in TIME_KEYS if k in numbers), None) or next(
-            (k for k in numbers if k.endswith("_ns")), None
-        )
-        return str(name), item.get(ns_key) if ns_key else None, item.get("count")
+        ns_key = next((k for k in (*TIME_KEYS, *numbers) if k in numbers and (k == "ns" or k.endswith("_ns"))), None)
+        if ns_key:
+            return str(name), f"{ms_text(item[ns_key]):>9} ms", item.get("count")
+        if "ms_per_step" in numbers:
+            return str(name), f"{item['ms_per_step']:>9,.2f} ms/step", item.get("count")
+        return str(name), "", item.get("count")
     if isinstance(item, list | tuple) and item:
         numbers = [v for v in item[1:] if isinstance(v, int | float) and not isinstance(v, bool)]
-        return str(item[0]), numbers[0] if numbers else None, numbers[1] if len(numbers) > 1 else None
-    return str(item), None, None
+        count = numbers[1] if len(numbers) > 1 else None
+        return str(item[0]), f"{ms_text(numbers[0]):>9} ms" if numbers else "", count
+    return str(item), "", None
 
 
 def _frame_text(item: Any) -> str:
@@ -111,6 +115,10 @@ def _frame_text(item: Any) -> str:
     return str(item)
 
 
+def _scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
+
+
 def evidence_lines(evidence: dict[str, Any], indent: str, limit: int = EVIDENCE_LINES) -> list[str]:
     """The evidence worth reading first: the top events (time, name, count) and the Python frames."""
     lines: list[str] = []
@@ -118,10 +126,13 @@ def evidence_lines(evidence: dict[str, Any], indent: str, limit: int = EVIDENCE_
     if isinstance(events, list) and events:
         lines.append(f"{indent}top events:")
         for item in events[:limit]:
-            name, ns, count = _name_and_ns(item)
-            times = f"{ms_text(ns):>9} ms  " if isinstance(ns, int | float) else ""
+            name, time, count = _event_parts(item)
+            times = f"{time}  " if time else ""
             more = f"  (x{count:,})" if isinstance(count, int) and count > 1 else ""
             lines.append(f"{indent}  {times}{display(shorten_name(name, NAME_WIDTH, kernel=False))}{more}")
+    scalars = [f"{k}={v:,}" if isinstance(v, int | float) else f"{k}={v}" for k, v in evidence.items() if _scalar(v)]
+    if scalars:
+        lines += _wrapped("numbers: ", ", ".join(scalars), indent)
     frames = evidence.get("frames")
     if isinstance(frames, list) and frames:
         lines.append(f"{indent}Python frames:")

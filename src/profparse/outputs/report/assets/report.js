@@ -451,6 +451,52 @@
   }
 
 
+  // -- Findings: what to change first (the summary's ``findings``, profparse advise), the biggest saving first --------
+  function evidenceItems(ev) {  // the top events (time, name) and Python frames of a finding, as list items
+    var out = [], TIME = ["ns", "total_ns", "path_ns", "saving_ns", "extra_ns", "delta_ns", "delay_ns", "dur_ns"];
+    (Array.isArray(ev.top_events) ? ev.top_events : []).slice(0, 5).forEach(function (e) {
+      var name = e, ns = null, perStep = "";
+      if (Array.isArray(e)) { name = e[0]; ns = typeof e[1] === "number" ? e[1] : null; }
+      else if (e && typeof e === "object") {
+        name = e.name || e.label || e.event || e.op || e.kernel || "";
+        var key = TIME.concat(Object.keys(e).filter(function (k) { return /_ns$/.test(k); })).filter(function (k) { return typeof e[k] === "number"; })[0];
+        ns = key ? e[key] : typeof e.ms_per_step === "number" ? e.ms_per_step * 1e6 : null;
+        if (!key && ns != null) perStep = " per step";
+      }
+      out.push(el("li", {class: "ev-event"}, [ns == null ? "" : fmt(ns) + perStep + "  ", el("code", {text: String(name)})]));
+    });
+    Object.keys(ev).forEach(function (k) {  // the numbers behind the estimate
+      var v = ev[k];
+      if (typeof v === "number" || typeof v === "string") out.push(el("li", {class: "ev-number", text: words(k) + ": " + (typeof v === "number" ? num(v) : v)}));
+    });
+    (Array.isArray(ev.frames) ? ev.frames : []).slice(0, 5).forEach(function (f) {
+      var text = f && typeof f === "object" ? (f.file || f.filename || "") + "(" + (f.line || f.lineno || "") + "): " + (f.name || f.function || "") : String(f);
+      out.push(el("li", {class: "ev-frame"}, [el("code", {text: text})]));
+    });
+    return out;
+  }
+  function stepRanges(steps) {  // [1, 2, 3, 5] -> "1-3,5" (profparse.analysis.advice.finding.steps_text)
+    var parts = [];
+    steps.forEach(function (n, i) {
+      if (i && n === steps[i - 1] + 1) parts[parts.length - 1][1] = n; else parts.push([n, n]);
+    });
+    return parts.map(function (p) { return p[0] === p[1] ? String(p[0]) : p[0] + "-" + p[1]; }).join(",");
+  }
+  function findingsSection(s, findings) {
+    if (!findings || !findings.length) { s.appendChild(el("p", {class: "note", text: "No finding saves 1% of a step or more."})); return; }
+    s.appendChild(el("p", {class: "note", text: findings.length + " findings, the biggest saving first; saving: the time on the step's critical path the fix removes, per step (docs/advice.md; profparse advise lists them with their evidence)."}));
+    s.appendChild(el("ol", {class: "findings"}, findings.map(function (f) {
+      var steps = f.steps.length ? (f.steps.length > 1 ? "steps " : "step ") + stepRanges(f.steps) : "all steps";
+      var ev = evidenceItems(f.evidence || {});
+      return el("li", {class: "finding", "data-kind": f.kind, "data-saving": String(f.saving_ns_per_step)}, [
+        el("div", {class: "f-head"}, [f.rank != null ? el("b", {text: "rank " + f.rank + " · "}) : null, el("b", {text: f.kind}), " · ", chip(f.stage.split(",")[0]), f.stage, " · " + steps,
+          el("span", {class: "f-save", text: "saves " + fmt(f.saving_ns_per_step) + " per step (" + pct(f.saving_share) + " of a step)"}), el("span", {class: "f-conf", text: "confidence " + f.confidence})]),
+        el("div", {class: "f-msg", text: f.message}),
+        el("div", {class: "f-fix"}, [el("b", {text: "fix: "}), f.fix]),
+        ev.length ? el("details", {open: params.get("evidence") === "open"}, [el("summary", {text: "evidence"}), el("ul", {}, ev)]) : null]);
+    })));
+  }
+
   // -- the first screen: the headline (profparse.outputs.report.headline), each item a link to its section ------------
   function headline(app, items) {
     var nav = el("nav", {id: "headline", class: "headline"});
@@ -689,6 +735,7 @@
       (sm.rank != null ? " · rank " + sm.rank : "") + " · profparse " + P.meta.version}));
     if (P.headline) headline(app, P.headline);
     app.appendChild(toc);
+    findingsSection(section(app, "findings", "Findings", toc), sm.findings);
     overview(section(app, "overview", "Overview per stage and step", toc), sm);
     efficiency(section(app, "efficiency", "Efficiency / MFU", toc), sm.efficiency);
     var absent = [];
@@ -714,6 +761,7 @@
     app.appendChild(el("p", {class: "sub", text: "Metric: " + words(col) + "; ranks from " + d.rank_sources + " · profparse " + P.meta.version}));
     if (P.headline) headline(app, P.headline);
     app.appendChild(toc);
+    if (d.findings) findingsSection(section(app, "findings", "Findings", toc), d.findings);
     var s = section(app, "heatmap", "Rank x stage", toc);
     var stages = STAGES.filter(function (st) { return d.per_rank.some(function (r) { return r.stage === st; }); });
     var cell = {}, maxOf = {}, minOf = {};
