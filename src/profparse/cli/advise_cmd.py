@@ -39,14 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profparse.outputs.summary.findings import findings_data, render_advice
-
     if resolve_input(args):  # a capture's run folder is its one trace
         return run_ranks(args)
     options = text_options(args)
     stored = stored_text(args, options)
     if stored is not None:  # this trace, these options, this code: print what the first run printed
         return replay_text(args, stored)
+    from profparse.outputs.summary.findings import findings_data, render_advice
+
     parsed = parse_input(args)
     text = render_advice(findings_data(parsed.table("findings")), args.trace, args.format)
     emit(text)
