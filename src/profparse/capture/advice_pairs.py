@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import json
 import math
 import tempfile
@@ -57,7 +58,7 @@ TOKENS_PER_WORD = 4  # data_loading: words of the synthetic text line per token 
 #: reads, a checkpoint) is a large share of it and the shared machine's noise a small one; ``wide``: big
 #: gradients (large vocabulary), so memory traffic (zeroing, accumulating) is.
 MODELS: dict[str, dict[str, Any]] = {
-    "deep": {"num_hidden_layers": 40},
+    "deep": {"num_hidden_layers": 56},
     "mid": {"num_hidden_layers": 12},
     "wide": {"vocab_size": 32768, "hidden_size": 256, "intermediate_size": 512},
 }
@@ -297,6 +298,19 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Collect, then freeze what is alive (torch, transformers, the model) out of the garbage collector's reach:
+    else a full collection of that heap (over a second) lands in whichever profiled step crosses the collector's
+    threshold (with checkpointing's many small objects, the sixth) and swamps the pair's difference."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _profiler(with_stack: bool, steps: int) -> Any:
     import torch
 
@@ -324,6 +338,7 @@ def capture_run(kind: str, bad: bool, out_path: str | Path, with_stack: bool = F
         step = _SETUPS[kind](pair, bad, stack, steps)
         for _ in range(WARMUP_STEPS):
             step()
+        stack.enter_context(_frozen_heap())
         prof = _profiler(with_stack, steps)
         with prof:
             for _ in range(steps):
@@ -377,6 +392,12 @@ class Measurement(NamedTuple):
     def median_difference_ns(self) -> float:
         """The difference of the median steps: less moved than the means by a step another process slowed."""
         return float(np.median(self.bad_step_ns) - np.median(self.good_step_ns))
+
+    @property
+    def fastest_difference_ns(self) -> float:
+        """The difference of the fastest steps: other processes only ever slow a step down, so on a shared
+        machine the fastest step of each side is the least disturbed."""
+        return float(self.bad_step_ns.min() - self.good_step_ns.min())
 
 
 def step_times_ns(trace: str | Path) -> np.ndarray:
