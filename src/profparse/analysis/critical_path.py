@@ -64,6 +64,7 @@ INFER_MAX_RETURN_NS = 20_000
 STREAM_WAIT_NS = 20_000
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "other")
 _DATA_RULE = "other.data"
+STEP_RANGE = re.compile(r"^ProfilerStep#\d+$")
 IDLE_HOST = "(untraced host time)"
 IDLE_GPU = "(GPU idle)"
 
@@ -856,10 +857,14 @@ def _columns(
 ) -> dict[str, np.ndarray]:
     """The table's columns for segments (step position ``k``, the nodes' fields ``on_path``, start, end; earliest
     first in each step). Idle time on a stream takes the stage of the activity after it; untraced host time outside
-    every event the stage of the segments on both sides when they agree, else ``other``."""
+    every event (or inside the step range only) the stage of the segments on both sides when they agree, else
+    ``other``."""
     has, row, stage_row, gpu = on_path.pred, on_path.row, on_path.stage_row, on_path.gpu
     stage = np.where(stage_row >= 0, attribution.stage[np.maximum(stage_row, 0)], -1).astype(np.int64)
     del stage_row
+    # the step range's own time is code the profiler did not trace (Python between ops without stacks): like
+    # time outside every event it takes the stage around it, not the range's ``other``
+    stage[(row >= 0) & _name_flags(events, STEP_RANGE)[np.maximum(row, 0)]] = -1
     same_step = np.concatenate([k[1:] == k[:-1], [False]])
     next_gpu = np.where(same_step, np.roll(gpu, -1), False)
     filler_gpu = ~has & next_gpu  # a stream's chain ran out in the step: idle time of the activity after it
