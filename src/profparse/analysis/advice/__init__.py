@@ -3,7 +3,8 @@
 Each detector (one module per family, listed in :data:`DETECTORS`) reads the parsed trace and its critical path
 and returns :class:`Finding` objects of the kinds in :mod:`profparse.analysis.advice.kinds`. A finding's saving is
 the time on the critical path that its fix removes, per step, not the total time of the pattern: work that other
-work hides saves nothing. Findings below :data:`MIN_SHARE` of a step are dropped (noise on a clean run).
+work hides saves nothing. Findings below :data:`MIN_SHARE` of a step (or their kind's ``min_share``) are dropped:
+noise on a clean run.
 """
 
 from __future__ import annotations
@@ -30,4 +31,4 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
     if ctx is not None:
         for detect in DETECTORS:
             found.extend(detect(ctx))
-    return frame([f for f in found if f.saving_share >= MIN_SHARE])
+    return frame([f for f in found if f.saving_share >= max(MIN_SHARE, KINDS[f.kind].min_share)])

@@ -40,10 +40,12 @@ def from_path(
     evidence: dict[str, Any] | None = None,
     key: np.ndarray | None = None,
     scale: float = 1.0,
+    weight: np.ndarray | None = None,
 ) -> list[Finding]:
-    """A finding whose saving is ``scale`` times the path time of the segments in ``segment_mask`` per steady
-    step; no finding when that is zero. ``message`` may hold ``{saving}`` and ``{share}``."""
-    per_step = ctx.per_step(segment_mask) * scale
+    """A finding whose saving is ``scale`` times the path time of the segments in ``segment_mask`` (each counted
+    at its ``weight``, a share of it, when given) per steady step; no finding when that is zero. ``message`` may
+    hold ``{saving}`` and ``{share}``."""
+    per_step = ctx.per_step(segment_mask, weight) * scale
     saving = float(per_step.mean()) if len(per_step) else 0.0
     if saving <= 0:
         return []

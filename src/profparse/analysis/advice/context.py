@@ -19,6 +19,8 @@ from profparse.trace.link import kind_mask
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
+_STEP_RANGE = re.compile(r"^ProfilerStep#\d+$")
+_UNTRACED_IN_STEP = "(untraced code in the step)"  # path time of the step range itself: Python without ops
 #: with this many steps or more, the first is warm-up and left out
 WARM_UP_FROM = 3
 TOP_EVENTS = 5
@@ -122,6 +124,28 @@ class AdviceContext:
         out[linked] = np.where(out[launch[linked]] >= 0, out[launch[linked]], out[linked])
         return out
 
+    def innermost(self, flag: np.ndarray) -> np.ndarray:
+        """Per row: the nearest flagged row at or above it (-1 if none); GPU activity follows its launching call."""
+        parent = self.parsed.links.parent.astype(np.int64)
+        n = len(flag)
+        out = np.where(flag, np.arange(n), -1)
+        up = np.where(flag, -1, parent)
+        while True:
+            live = up >= 0
+            if not live.any():
+                break
+            hit = live.copy()
+            hit[live] = flag[up[live]]
+            out[hit] = up[hit]
+            up[hit] = -1
+            live &= ~hit
+            up[live] = parent[up[live]]
+        gpu = kind_mask(self.events, GPU_ACTIVITY_KINDS)
+        launch = self.parsed.links.launch.astype(np.int64)
+        linked = gpu & (launch >= 0)
+        out[linked] = np.where(out[launch[linked]] >= 0, out[launch[linked]], out[linked])
+        return out
+
     # -- the path -------------------------------------------------------------------------------------------------
 
     def segments_of(self, rows_flag: np.ndarray) -> np.ndarray:
@@ -144,10 +168,14 @@ class AdviceContext:
             self._segment_rows = np.where(found, pos, -1)
         return self._segment_rows
 
-    def per_step(self, segment_mask: np.ndarray) -> pd.Series:
-        """Path ns per steady step of the segments in ``segment_mask`` (0 where none)."""
-        sums = self.path.loc[segment_mask].groupby("step")["ns"].sum()
-        return sums.reindex(self.steps["step"], fill_value=0).astype(np.int64)
+    def per_step(self, segment_mask: np.ndarray, weight: np.ndarray | None = None) -> pd.Series:
+        """Path ns per steady step of the segments in ``segment_mask``, each at its ``weight`` (a share of it)
+        when given (0 where none)."""
+        ns = self.path["ns"].to_numpy(dtype=np.float64)
+        if weight is not None:
+            ns = ns * weight
+        sums = pd.Series(ns[segment_mask], index=self.path["step"].to_numpy()[segment_mask]).groupby(level=0).sum()
+        return sums.reindex(self.steps["step"], fill_value=0.0)
 
     def top(self, segment_mask: np.ndarray, key: np.ndarray | None = None, n: int = TOP_EVENTS) -> list[dict[str, Any]]:
         """The events with the most path time among the segments in ``segment_mask``, in ms per steady step.
@@ -162,6 +190,7 @@ class AdviceContext:
             rows = key[segment_mask]
             own = seg["name"].astype(str).to_numpy()
             names = np.where(rows >= 0, self.events["name"].astype(str).to_numpy()[np.maximum(rows, 0)], own)
+        names = [_UNTRACED_IN_STEP if _STEP_RANGE.match(name) else name for name in names]
         totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
         count = len(self.steps)
         return [{"name": name, "ms_per_step": round(ns / count / 1e6, 3)} for name, ns in totals.items()]

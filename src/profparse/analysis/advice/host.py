@@ -13,6 +13,8 @@ from profparse.analysis.advice.waits import ALLOCATOR_CALL
 from profparse.trace.link import kind_mask
 
 SINGLE_PROCESS_LOADER = re.compile(r"_SingleProcessDataLoaderIter")
+#: with worker processes, a wait below this share of the step is the batch's hand-over, not a slow loader
+WORKER_HANDOVER_SHARE = 0.05
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _HOST_BOUNDS = ("python", "cpu_op", "launch", "sync_wait")
 
@@ -22,6 +24,8 @@ def data_loading(ctx: AdviceContext) -> list[Finding]:
     segments = (ctx.path["bound"] == "data").to_numpy()
     single = bool((ctx.names(SINGLE_PROCESS_LOADER) & ctx.in_steps()).any())
     where = " in the main process (DataLoader num_workers=0)" if single else ""
+    if not single and ctx.per_step(segments).mean() < WORKER_HANDOVER_SHARE * ctx.step_ns:
+        return []  # taking a batch from worker processes costs a little: not worth a finding
     return from_path(
         ctx,
         "data_loading",

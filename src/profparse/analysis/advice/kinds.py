@@ -16,6 +16,7 @@ class Kind:
     name: str
     catches: str  # what the pattern is, in a line
     fix: str  # the concrete change, naming the API or flag
+    min_share: float = 0.01  # reported from this share of a step on
 
 
 KINDS: dict[str, Kind] = {
@@ -32,6 +33,8 @@ KINDS: dict[str, Kind] = {
             "host work between the optimizer step and the next forward on the critical path",
             "move logging, metrics and checkpoint bookkeeping off the step: log every N steps, read scalars with"
             " .item() once per log, save checkpoints asynchronously (torch.distributed.checkpoint.async_save)",
+            # a few ms between steps is the interpreter freeing the step's tensors and the loop itself
+            min_share=0.05,
         ),
         Kind(
             "sync_in_step",
@@ -65,7 +68,8 @@ KINDS: dict[str, Kind] = {
         Kind(
             "optimizer_not_batched",
             "the optimizer runs its math one parameter at a time",
-            "batch the optimizer over all parameters: torch.optim.AdamW(..., foreach=True), or fused=True on GPU",
+            "batch the optimizer over all parameters: torch.optim.AdamW(..., fused=True) (CPU and GPU), or"
+            " foreach=True",
         ),
         Kind(
             "recompute",
