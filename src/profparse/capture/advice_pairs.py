@@ -74,6 +74,9 @@ class Pair:
     seq_len: int
     bad: str
     good: str
+    #: record Python stacks: the checkpoint's pack and unpack hooks run outside any op, so only their frames show
+    #: what checkpointing costs beyond the recomputation
+    with_stack: bool = False
 
 
 PAIRS: dict[str, Pair] = {
@@ -111,7 +114,15 @@ PAIRS: dict[str, Pair] = {
             "AdamW(foreach=False): _single_tensor_adamw",
             "AdamW(fused=True)",
         ),
-        Pair("recompute", "deep", 2, 16, "model.gradient_checkpointing_enable()", "no activation checkpointing"),
+        Pair(
+            "recompute",
+            "deep",
+            2,
+            16,
+            "model.gradient_checkpointing_enable()",
+            "no activation checkpointing",
+            with_stack=True,
+        ),
     )
 }
 KINDS: tuple[str, ...] = tuple(PAIRS)
@@ -332,6 +343,7 @@ def capture_run(kind: str, bad: bool, out_path: str | Path, with_stack: bool = F
     if kind not in _SETUPS:
         raise ValueError(f"unknown kind {kind!r}; expected one of {(*KINDS, CLEAN)}")
     pair = CLEAN_PAIR if kind == CLEAN else PAIRS[kind]
+    with_stack = with_stack or pair.with_stack
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _one_thread(), contextlib.ExitStack() as stack:
