@@ -76,6 +76,12 @@ class AdviceContext:
         step = self.parsed.attribution.step
         return np.isin(step, self.steps["step"].to_numpy())
 
+    def name_of(self, rows: np.ndarray) -> np.ndarray:
+        """Names of rows (as objects), read through the name categories: no per-event string column."""
+        names = self.events["name"]
+        categories = np.asarray(names.cat.categories, dtype=object)
+        return categories[names.cat.codes.to_numpy()[rows]]
+
     def stage_of(self, rows: np.ndarray) -> np.ndarray:
         """Stage names of rows."""
         from profparse.base.marks import STAGES
@@ -123,6 +129,26 @@ class AdviceContext:
         linked = gpu & (launch >= 0)
         out[linked] = np.where(out[launch[linked]] >= 0, out[launch[linked]], out[linked])
         return out
+
+    def below(self, rows: np.ndarray, flag: np.ndarray) -> np.ndarray:
+        """Per row of ``rows``: its ancestor (or itself) whose parent is flagged, -1 if none (or if the row is
+        flagged itself). Walks up from those rows only."""
+        parent = self.parsed.links.parent.astype(np.int64)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        at = np.where(rows >= 0, rows, -1)
+        at[(at >= 0) & flag[np.maximum(at, 0)]] = -1
+        while True:
+            live = at >= 0
+            if not live.any():
+                return out
+            up = parent[at[live]]
+            found = np.zeros(len(at), dtype=bool)
+            found[live] = (up >= 0) & flag[np.maximum(up, 0)]
+            out[found] = at[found]
+            nxt = np.full(len(at), -1, dtype=np.int64)
+            nxt[live] = up
+            nxt[found] = -1
+            at = nxt
 
     def innermost(self, flag: np.ndarray) -> np.ndarray:
         """Per row: the nearest flagged row at or above it (-1 if none); GPU activity follows its launching call."""
@@ -177,6 +203,19 @@ class AdviceContext:
         sums = pd.Series(ns[segment_mask], index=self.path["step"].to_numpy()[segment_mask]).groupby(level=0).sum()
         return sums.reindex(self.steps["step"], fill_value=0.0)
 
+    def by_step_stage(self, segment_mask: np.ndarray) -> pd.Series:
+        """Path ns of the segments in ``segment_mask`` per (step, stage), every steady step and stage (numpy
+        bincount: the path of a big trace has millions of segments)."""
+        from profparse.base.marks import STAGES
+
+        steps = self.steps["step"].to_numpy()
+        position = np.searchsorted(steps, self.path["step"].to_numpy())
+        key = position * len(STAGES) + self.path["stage"].cat.codes.to_numpy().astype(np.int64)
+        ns = self.path["ns"].to_numpy(dtype=np.float64)
+        sums = np.bincount(key[segment_mask], weights=ns[segment_mask], minlength=len(steps) * len(STAGES))
+        index = pd.MultiIndex.from_product([steps, list(STAGES)], names=["step", "stage"])
+        return pd.Series(sums, index=index)
+
     def top(self, segment_mask: np.ndarray, key: np.ndarray | None = None, n: int = TOP_EVENTS) -> list[dict[str, Any]]:
         """The events with the most path time among the segments in ``segment_mask``, in ms per steady step.
 
@@ -189,7 +228,7 @@ class AdviceContext:
         else:
             rows = key[segment_mask]
             own = seg["name"].astype(str).to_numpy()
-            names = np.where(rows >= 0, self.events["name"].astype(str).to_numpy()[np.maximum(rows, 0)], own)
+            names = np.where(rows >= 0, self.name_of(np.maximum(rows, 0)), own)
         names = [_UNTRACED_IN_STEP if _STEP_RANGE.match(name) else name for name in names]
         totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
         count = len(self.steps)
@@ -216,8 +255,8 @@ def user_frame(ctx: AdviceContext, rows: np.ndarray) -> list[str]:
         hit[live] = own[up[live]]
         found[hit] = up[hit]
         up[live] = parent[up[live]]
-    names = events["name"].astype(str).to_numpy()
-    return [names[r] for r in found if r >= 0]
+    found = found[found >= 0]
+    return [str(name) for name in ctx.name_of(found)]
 
 
 _LIBRARY_FRAME = re.compile(

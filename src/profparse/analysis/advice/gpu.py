@@ -8,6 +8,7 @@ import pandas as pd
 from profparse.analysis.advice.build import from_path, ms, share
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
+from profparse.base.marks import STAGES
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
 
@@ -55,14 +56,17 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
     host = path["bound"].isin(_HOST_BOUNDS).to_numpy() & (path["stage"] != "other").to_numpy()
     counted = host | (path["bound"].isin(_ON_DEVICE) & (path["stage"] != "other")).to_numpy()
     keys = ["step", "stage"]
-    total = path[counted].groupby(keys, observed=True)["ns"].sum()
-    on_host = path[host].groupby(keys, observed=True)["ns"].sum().reindex(total.index, fill_value=0)
+    total = ctx.by_step_stage(counted)
+    total = total[total > 0]
+    on_host = ctx.by_step_stage(host).reindex(total.index, fill_value=0)
     summary = ctx.parsed.table("stage_summary")
     summary = summary[summary["scope"] == "step"].set_index(keys)
     busy = summary["gpu_busy_ns"].reindex(total.index, fill_value=0)
-    stage_of_kernel = ctx.stage_of(np.flatnonzero(kernels))
-    durations = pd.Series(ctx.events["dur_ns"].to_numpy()[kernels], index=stage_of_kernel)
+    stage_code = ctx.parsed.attribution.stage[kernels]
+    durations = pd.Series(ctx.events["dur_ns"].to_numpy()[kernels], index=stage_code)
     median = durations.groupby(level=0).median()
+    median.index = [STAGES[code] for code in median.index]
+    kernel_count = pd.Series(np.bincount(stage_code, minlength=len(STAGES)), index=list(STAGES))
     small = np.array([median.get(stage, np.inf) <= SMALL_KERNEL_NS for _, stage in total.index])
     bound = (on_host >= LAUNCH_HOST_SHARE * total) & (busy > 0) & small
     saving = (total - busy).where(bound, 0).clip(lower=0)
@@ -80,7 +84,7 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
         )
         evidence = {
             "median_kernel_us": round(float(median[stage]) / 1e3, 2),
-            "kernels_per_step": round(int((stage_of_kernel == stage).sum()) / len(ctx.steps), 1),
+            "kernels_per_step": round(int(kernel_count[stage]) / len(ctx.steps), 1),
             "host_bound_ms_per_step": round(float(on_host.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
             "gpu_busy_ms_per_step": round(float(busy.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
             "gpu_waiting_ms_per_step": round(idle / 1e6, 3),

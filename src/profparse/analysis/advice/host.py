@@ -42,15 +42,9 @@ def between_steps(ctx: AdviceContext) -> list[Finding]:
     if not path["stage"].isin(("forward", "backward", "optimizer")).any():
         return []  # not a training step: nothing is "between" stages
     segments = (path["stage"] == "other").to_numpy() & path["bound"].isin(_HOST_BOUNDS).to_numpy()
-    links = ctx.parsed.links
-    parent = links.parent.astype(np.int64)
-    step_rows = ctx.names(PROFILER_STEP)
-    top_level = np.zeros(len(parent), dtype=bool)
-    has = parent >= 0
-    top_level[has] = step_rows[parent[has]]
-    owner = ctx.owner(top_level)
     rows = ctx.segment_rows
-    key = np.where(rows >= 0, owner[np.maximum(rows, 0)], -1)
+    key = np.full(len(rows), -1, dtype=np.int64)
+    key[segments] = ctx.below(rows[segments], ctx.names(PROFILER_STEP))
     return from_path(
         ctx,
         "between_steps",

@@ -96,9 +96,8 @@ def _finding(ctx: AdviceContext, kind: str, calls: np.ndarray, text: str, eviden
     if mean <= 0:
         return []
     events = ctx.events
-    names = events["name"].astype(str).to_numpy()
     enclosing = ctx.parsed.links.enclosing_op.astype(np.int64)[calls]
-    label = np.where(enclosing >= 0, names[np.maximum(enclosing, 0)], names[calls])
+    label = np.where(enclosing >= 0, ctx.name_of(np.maximum(enclosing, 0)), ctx.name_of(calls))
     top = pd.Series(saving, index=label).groupby(level=0).sum().nlargest(TOP) / len(ctx.steps) / 1e6
     count = len(calls) / len(ctx.steps)
     wait = float(events["dur_ns"].to_numpy()[calls].sum()) / len(ctx.steps)
