@@ -4,7 +4,8 @@ Each detector (one module per family, listed in :data:`DETECTORS`) reads the par
 and returns :class:`Finding` objects of the kinds in :mod:`profparse.analysis.advice.kinds`. A finding's saving is
 the time on the critical path that its fix removes, per step, not the total time of the pattern: work that other
 work hides saves nothing. Findings below :data:`MIN_SHARE` of a step (or their kind's ``min_share``) are dropped:
-noise on a clean run.
+noise on a clean run. So are findings in no more than half the steady steps: a one-off (an iterator starting
+its workers, a first allocation) is no per-step saving.
 """
 
 from __future__ import annotations
@@ -31,4 +32,13 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
     if ctx is not None:
         for detect in DETECTORS:
             found.extend(detect(ctx))
-    return frame([f for f in found if f.saving_share >= max(MIN_SHARE, KINDS[f.kind].min_share)])
+    recurring = len(ctx.steps) // 2 + 1 if ctx is not None else 0  # in most steady steps
+    return frame(
+        [
+            f
+            for f in found
+            if f.saving_share >= max(MIN_SHARE, KINDS[f.kind].min_share)
+            and f.saving_ns_per_step >= KINDS[f.kind].min_ns
+            and len(set(f.steps)) >= recurring
+        ]
+    )

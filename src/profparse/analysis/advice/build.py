@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
@@ -31,6 +32,17 @@ def stages(ctx: AdviceContext, segment_mask: np.ndarray) -> str:
     return ",".join(str(s) for s in kept.index)
 
 
+#: a step shows the pattern when its saving is at least this share of the mean step's
+MATERIAL = 0.25
+
+
+def material_steps(per_step: pd.Series) -> list[int]:
+    """The steps whose saving is material: at least :data:`MATERIAL` of the mean (a per-step pattern recurs; a
+    one-off shows in one step)."""
+    mean = float(per_step.mean()) if len(per_step) else 0.0
+    return [int(s) for s, v in per_step.items() if v > 0 and v >= MATERIAL * mean]
+
+
 def from_path(
     ctx: AdviceContext,
     kind: str,
@@ -49,7 +61,7 @@ def from_path(
     saving = float(per_step.mean()) if len(per_step) else 0.0
     if saving <= 0:
         return []
-    steps = [int(s) for s, v in per_step.items() if v > 0]
+    steps = material_steps(per_step)
     found = {
         "path_ms_per_step": round(saving / scale / 1e6, 3),
         "top_events": ctx.top(segment_mask, key),

@@ -1,7 +1,8 @@
 """What every detector reads: the trace's rows, the steady steps, and the critical path by event.
 
-The first step of a trace with three or more is left out as warm-up (lazy initialisation, allocator growth, the
-profiler starting): a finding is about the steady steps a training run repeats.
+The steps up to the first optimizer step are left out as warm-up (loading, the optimizer making its state, lazy
+initialisation, allocator growth, the profiler starting), as long as a step is left; without optimizer steps,
+the first of three or more. A finding is about the steady steps a training run repeats.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class AdviceContext:
         steps = parsed.attribution.steps
         if steps.empty:
             return None
-        warm_up = [int(steps["step"].iloc[0])] if len(steps) >= WARM_UP_FROM else []
+        warm_up = warm_up_steps(parsed, steps)
         steady = steps[~steps["step"].isin(warm_up)].reset_index(drop=True)
         path = parsed.table("critical_path")
         path = path[path["step"].isin(steady["step"])].reset_index(drop=True)
@@ -233,6 +234,28 @@ class AdviceContext:
         totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
         count = len(self.steps)
         return [{"name": name, "ms_per_step": round(ns / count / 1e6, 3)} for name, ns in totals.items()]
+
+
+def warm_up_steps(parsed: ParsedTrace, steps: pd.DataFrame) -> list[int]:
+    """The steps that are not steady: up to the first that runs an optimizer step (its first call makes the
+    optimizer's state, the model's first steps grow the allocator), when a step is left after it; else the first
+    of :data:`WARM_UP_FROM` or more."""
+    events = parsed.raw.events
+    names = events["name"]
+    hit = np.fromiter(
+        (_OPTIMIZER_STEP.match(str(c)) is not None for c in names.cat.categories), bool, len(names.cat.categories)
+    )
+    codes = names.cat.codes.to_numpy()
+    rows = np.flatnonzero((codes >= 0) & hit[np.maximum(codes, 0)])
+    numbers = steps["step"].to_numpy()
+    in_steps = parsed.attribution.step[rows]
+    in_steps = in_steps[np.isin(in_steps, numbers)]
+    if len(in_steps) and (numbers > in_steps.min()).any():
+        return [int(s) for s in numbers[numbers <= in_steps.min()]]
+    return [int(numbers[0])] if len(numbers) >= WARM_UP_FROM else []
+
+
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 
 
 def user_frame(ctx: AdviceContext, rows: np.ndarray) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.advice.build import from_path, ms, share
+from profparse.analysis.advice.build import from_path, material_steps, ms, share
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
 from profparse.base.marks import STAGES
@@ -76,7 +76,7 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
         if mean <= 0:
             continue
         rows = saving.xs(stage, level="stage")
-        steps = [int(s) for s, v in rows.items() if v > 0]
+        steps = material_steps(rows)
         idle = float((total - busy).xs(stage, level="stage").clip(lower=0).sum()) / len(ctx.steps)
         text = (
             f"{stage}: the GPU waits for the host to launch short kernels (median {median[stage] / 1e3:.1f} us);"

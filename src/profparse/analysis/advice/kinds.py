@@ -17,6 +17,7 @@ class Kind:
     catches: str  # what the pattern is, in a line
     fix: str  # the concrete change, naming the API or flag
     min_share: float = 0.01  # reported from this share of a step on
+    min_ns: float = 0.0  # and from this saving per step on
 
 
 KINDS: dict[str, Kind] = {
@@ -35,6 +36,7 @@ KINDS: dict[str, Kind] = {
             " .item() once per log, save checkpoints asynchronously (torch.distributed.checkpoint.async_save)",
             # a few ms between steps is the interpreter freeing the step's tensors and the loop itself
             min_share=0.05,
+            min_ns=1e6,
         ),
         Kind(
             "sync_in_step",

@@ -196,9 +196,10 @@ def optimizer_not_batched(ctx: AdviceContext) -> list[Finding]:
     steps = ctx.names(OPTIMIZER_STEP) & ctx.in_steps()
     if not steps.any():
         return []
-    parent = ctx.parsed.links.parent.astype(np.int64)
-    ops = kind_mask(events, {"cpu_op"})
-    child = ops & (parent >= 0) & steps[np.maximum(parent, 0)]
+    # the outermost ops inside the range (with stacks they sit under the optimizer's Python frames)
+    enclosing = ctx.parsed.links.enclosing_op.astype(np.int64)
+    ops = kind_mask(events, {"cpu_op"}) & ~steps & ctx.under(steps)
+    child = ops & ((enclosing < 0) | steps[np.maximum(enclosing, 0)])
     if (child & ctx.names(BATCHED_OP)).any():
         return []
     rows = np.flatnonzero(child)

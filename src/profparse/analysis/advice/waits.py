@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.advice.build import ms, share
+from profparse.analysis.advice.build import material_steps, ms, share
 from profparse.analysis.advice.context import AdviceContext, user_frame
 from profparse.analysis.advice.finding import Finding
 from profparse.analysis.critical_path import blocking_calls
@@ -108,7 +108,7 @@ def _finding(ctx: AdviceContext, kind: str, calls: np.ndarray, text: str, eviden
         "frames": top_frames(ctx, calls),
         **evidence,
     }
-    steps = [int(s) for s, v in per_step.items() if v > 0]
+    steps = material_steps(per_step)
     message = text.format(count=f"{count:,.0f}", saving=ms(mean), share=share(mean, ctx.step_ns))
     by_stage = pd.Series(saving, index=ctx.stage_of(calls)).groupby(level=0).sum().sort_values(ascending=False)
     stage = ",".join(str(s) for s in by_stage[by_stage >= 0.1 * by_stage.sum()].index)
