@@ -113,7 +113,7 @@ def test_json_is_the_findings_table(trace, capsys, monkeypatch):
 
 
 def test_summarize_json_has_the_same_findings_and_the_text_shows_them_on_top(trace, capsys, monkeypatch):
-    many = [("between_steps", "other", 0.02 * (i + 1), "low") for i in range(4)]
+    many = [("sync_in_step", "forward", 0.02 * (i + 1), "low") for i in range(4)]
     plant(monkeypatch, (planted, _more(many)))
     _, advised, _ = run(capsys, "advise", str(trace), "-q", "--format", "json")
     code, out, _ = run(capsys, "summarize", str(trace), "-q", "--format", "json")
@@ -133,7 +133,8 @@ def test_summarize_json_has_the_same_findings_and_the_text_shows_them_on_top(tra
 def _more(rows):
     def detect(ctx) -> list[Finding]:
         window = mean_window(ctx.parsed)
-        return [Finding(k, s, [0], share * window, window, c, f"planted {k} {share}") for k, s, share, c in rows]
+        steps = [int(s) for s in ctx.parsed.steps["step"]]
+        return [Finding(k, s, steps, share * window, window, c, f"planted {k} {share}") for k, s, share, c in rows]
 
     return detect
 
