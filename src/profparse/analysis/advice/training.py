@@ -218,7 +218,7 @@ def optimizer_not_batched(ctx: AdviceContext) -> list[Finding]:
         "op_kinds": int(calls["name"].nunique()),
         "batched_pass_ms_per_step": round(one_pass / 1e6, 3),
     }
-    return from_path(
+    found = from_path(
         ctx,
         "optimizer_not_batched",
         segments,
@@ -227,4 +227,17 @@ def optimizer_not_batched(ctx: AdviceContext) -> list[Finding]:
         " ({share})",
         evidence,
         scale=1 - one_pass / path_ns,
+    )
+    for finding in found:
+        finding.fix = _batched_fix(ctx, steps)
+    return found
+
+
+def _batched_fix(ctx: AdviceContext, steps: np.ndarray) -> str:
+    """The fix, naming the optimizer's class from its range (``Optimizer.step#SGD.step``)."""
+    name = str(ctx.name_of(np.flatnonzero(steps)[:1])[0])
+    cls = name.partition("#")[2].partition(".")[0] or "AdamW"
+    return (
+        f"batch the optimizer over all parameters: torch.optim.{cls}(..., fused=True) where it has a fused kernel"
+        " (Adam, AdamW, SGD, Adagrad; on CPU and GPU), else foreach=True"
     )
