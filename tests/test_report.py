@@ -10,6 +10,7 @@ import html.parser
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -361,7 +362,8 @@ def test_ranks_page_heatmap_is_the_ranks_summary(tmp_path):
 
 # -- the first screen: the headline, efficiency, tables as the summary shows them ----------------------------------
 
-HEADLINE = ["step_time", "biggest_stage", "gpu_idle", "exposed_comm", "mfu", "top_warning"]
+#: the trace headline's items; the last is "top_warning" instead where the trace has no finding
+HEADLINE = ["step_time", "biggest_stage", "gpu_idle", "exposed_comm", "mfu", "top_finding"]
 LONG_KERNEL = (
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
@@ -447,12 +449,112 @@ def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
     idle = sum(t["gpu_idle_ns"] for t in summary["totals"])
     span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in summary["totals"])
     assert 0 < idle < span and items["gpu_idle"]["value"] == pytest.approx(idle / span)
-    assert items["mfu"]["text"] == "-" and items["top_warning"]["text"] == "none"  # no shapes; no check fired
+    assert items["mfu"]["text"] == "-" and summary["warnings"] == []  # no shapes; no check fired
+    first = summary["findings"][0]  # 15 us of 1 us kernels in the optimizer: launch-bound, and no other finding
+    assert (
+        (items["top_finding"]["kind"], items["top_finding"]["value"])
+        == ("launch_bound", 15_000)
+        == (
+            first["kind"],
+            first["saving_ns_per_step"],
+        )
+    )
     seen = read_page(page)
     assert seen.links == {key: items[key]["href"] for key in HEADLINE}
     for key, href in seen.links.items():  # every item links to a section that is on the page
         assert href.startswith("#") and href[1:] in seen.ids, (key, href)
     assert seen.values == {key: items[key]["text"] for key in HEADLINE}
+
+
+def test_headline_ends_with_the_top_finding_and_the_printed_lines_name_it(tmp_path, monkeypatch):
+    """Planted findings (test_advise_cmd.PLANTED): data_loading saves 30% of the mean step, grad_zeroing 10%, the
+    third is under 1% and dropped. The last item is the biggest, worded from its numbers, its fix (shortened) as
+    the detail, linking to the Findings section; the integrations' printed lines end with it."""
+    from test_advise_cmd import plant
+
+    from profparse.analysis.advice.kinds import KINDS
+    from profparse.integrations import torch_profiler, transformers
+    from profparse.outputs.report.headline import FIX_CHARS
+    from profparse.outputs.views._common import fmt_time
+
+    plant(monkeypatch)
+    page = write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "r.html")
+    data = payload(page)
+    item, summary = data["headline"][-1], data["summary"]
+    window = statistics.mean(s["window_ns"] for s in summary["step_totals"])
+    saving = int(0.30 * window)  # ground truth: the planted share of the mean step window
+    assert (item["key"], item["kind"], item["stage"], item["href"]) == (
+        "top_finding",
+        "data_loading",
+        "load",
+        "#findings",
+    )
+    assert item["value"] == pytest.approx(saving, abs=1)
+    assert item["text"] == f"data_loading · load: saves {fmt_time(saving)}/step (30.0%)"
+    fix = KINDS["data_loading"].fix
+    assert item["detail"].endswith(" (+1 more)") and len(item["detail"]) <= FIX_CHARS + len(" (+1 more)")
+    assert fix.startswith(item["detail"].removesuffix(" (+1 more)").removesuffix(" …"))
+    seen = read_page(page)
+    assert seen.values["top_finding"] == item["text"] and seen.links["top_finding"][1:] in seen.ids
+    files = torch_profiler.CycleFiles("prof", "prof/h.pt.trace.json.gz", "prof/h.summary.txt", None)
+    assert torch_profiler.headline_line(files, summary).endswith(f"; top finding {item['text']}")
+    line = transformers.headline_line([Path("prof/t.json.gz")], data["headline"])
+    assert line.endswith(f"; top finding {item['text']}")
+
+
+def test_a_finding_of_the_detectors_is_the_headlines_last_item(tmp_path):
+    """A simulated launch-bound forward (100 adds of 5 us kernels, tests/advice_sim.py): the real detectors find
+    it, and the headline shows the first (biggest) finding's kind and saving."""
+    from test_advice_gpu import PROGRAM
+
+    from profparse.api import parse
+    from profparse.outputs.report.headline import trace_headline
+    from tests.advice_sim import Sim, run
+
+    def eager(s: Sim) -> None:
+        for _ in range(100):
+            s.op("aten::add", 30, 5, "vectorized_elementwise_kernel")
+
+    trace, _ = run(tmp_path / "launch.json", 4, **{**PROGRAM, "forward": eager})
+    summary = plain(summary_data(parse(trace)), null=NULL)
+    findings = summary["findings"]
+    assert "launch_bound" in [f["kind"] for f in findings]
+    biggest = max(findings, key=lambda f: f["saving_ns_per_step"])
+    item = trace_headline(summary)[-1]
+    assert (item["key"], item["kind"], item["value"]) == ("top_finding", biggest["kind"], biggest["saving_ns_per_step"])
+    assert item["text"].startswith(f"{biggest['kind']} · {biggest['stage']}: saves ")
+
+
+def test_without_findings_the_last_item_is_the_top_warning_as_before(monkeypatch):
+    """No finding (detectors planted empty; the CPU sample has none anyway) on a trace whose checks fire: the last
+    item is the top warning, worded as before findings existed, and the printed lines name no finding."""
+    from test_advise_cmd import plant
+
+    from profparse.api import parse
+    from profparse.integrations import torch_profiler, transformers
+    from profparse.outputs.report.headline import SEVERITY_ORDER, top_warning, trace_headline
+
+    plant(monkeypatch, ())
+    summary = plain(summary_data(parse(need(CPU_MARKS))), null=NULL)
+    assert summary["findings"] == [] and summary["warnings"]
+    headline, warnings = trace_headline(summary), summary["warnings"]
+    first = min(warnings, key=lambda w: SEVERITY_ORDER.index(w["severity"]))  # the most severe, first of its kind
+    more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+    assert (
+        headline[-1]
+        == top_warning(warnings)
+        == {
+            "key": "top_warning",
+            "label": "Top warning",
+            "text": f"{first['severity']}: {first['check']}",
+            "detail": first["message"] + more,
+            "href": "#checks",
+            "value": first["severity"],
+        }
+    )
+    files = torch_profiler.CycleFiles("prof", "prof/h.pt.trace.json.gz", "prof/h.summary.txt", None)
+    assert "top finding" not in torch_profiler.headline_line(files, summary)
+    assert "top finding" not in transformers.headline_line([Path("prof/t.json.gz")], headline)
 
 
 def _long_kernel_trace(path: Path) -> Path:

@@ -96,16 +96,19 @@ def write_text(path: Path, text: str) -> None:
 
 
 def headline_line(files: CycleFiles, summary: dict[str, Any]) -> str:
-    """The one line a cycle prints: its files, the step time, the biggest stage and the top warning if any."""
-    from profparse.outputs.report.headline import biggest_stage, step_time, top_warning
+    """The one line a cycle prints: its files, the step time, the biggest stage and the top finding if any, else
+    the top warning if any (the report headline's last item)."""
+    from profparse.outputs.report.headline import biggest_stage, step_time, what_to_change
 
-    step, stage, warning = step_time(summary), biggest_stage(summary), top_warning(summary["warnings"])
+    step, stage, last = step_time(summary), biggest_stage(summary), what_to_change(summary)
     kinds = ["trace", "summary.txt"] + (["report.html"] if files.report else [])
     stem = Path(files.trace).name[: -len(TRACE_SUFFIX)]
     line = f"profparse: {Path(files.folder) / stem}.* ({', '.join(kinds)}): step time {step['text']}"
     line += f", {step['detail']}; biggest stage {stage['text']}: {stage['detail']}"
-    if warning["value"] in ("error", "warning"):
-        line += f"; {warning['text']}"
+    if last["key"] == "top_finding":
+        line += f"; top finding {last['text']}"
+    elif last["value"] in ("error", "warning"):
+        line += f"; {last['text']}"
     return line
 
 

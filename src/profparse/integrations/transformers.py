@@ -309,11 +309,13 @@ class ProfileCallback(TrainerCallback):
 
 
 def headline_line(files: list[Path], headline: list[dict[str, Any]]) -> str:
-    """``profparse: DIR/{a,b,c}; step time ..., biggest stage ...`` (the report's own headline items)."""
+    """``profparse: DIR/{a,b,c}; step time ..., biggest stage ...[; top finding ...]`` (the report's own headline
+    items)."""
     items = {item["key"]: item for item in headline}
     names = ",".join(path.name for path in files)
     step, stage = items["step_time"], items["biggest_stage"]
+    finding = f"; top finding {items['top_finding']['text']}" if "top_finding" in items else ""
     return (
         f"profparse: {files[0].parent}/{{{names}}}; step time {step['text']} ({step['detail']}); "
-        f"biggest stage {stage['text']} ({stage['detail']})"
+        f"biggest stage {stage['text']} ({stage['detail']}){finding}"
     )

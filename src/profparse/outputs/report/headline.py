@@ -2,18 +2,23 @@
 
 Every number comes from :func:`profparse.outputs.summary.summary_data` (``summarize --format json``) or from
 ``ranks_summary_data``: the headline only picks and words them, so it can never disagree with the sections below.
-Each item is ``{key, label, text, detail, href}`` plus ``value`` (the raw number, for tests and tooltips).
+Each item is ``{key, label, text, detail, href}`` plus ``value`` (the raw number, for tests and tooltips). The last
+item is the top finding (``findings``, what to change first) when the trace has one, else the top warning.
 """
 
 from __future__ import annotations
 
 import statistics
+import textwrap
 from typing import Any
 
+from profparse.base.formats import share_text
 from profparse.outputs.views._common import fmt_time
 
 #: Most severe first: the headline shows the first warning of the most severe kind.
 SEVERITY_ORDER = ("error", "warning", "info")
+#: The top finding's fix is cut to this many characters in the headline (the Findings section shows it whole).
+FIX_CHARS = 110
 
 
 def _item(key: str, label: str, text: str, detail: str, href: str, value: Any = None, **extra: Any) -> dict:
@@ -102,6 +107,27 @@ def top_warning(warnings: list[dict[str, Any]]) -> dict[str, Any]:
                  "#checks", first["severity"])  # fmt: skip
 
 
+def top_finding(findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The finding that saves the most per step (the summary lists them biggest first): its kind, stage, saving
+    and share of a step, and its fix shortened; how many more there are."""
+    first = findings[0]
+    text = (
+        f"{first['kind']} · {first['stage']}: saves {fmt_time(first['saving_ns_per_step'])}/step "
+        f"({share_text(first['saving_share'])})"
+    )
+    fix = textwrap.shorten(str(first["fix"]), FIX_CHARS, placeholder=" …")
+    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    return _item("top_finding", "Top finding", text, fix + more, "#findings", first["saving_ns_per_step"],
+                 kind=first["kind"], stage=first["stage"].split(",")[0])  # fmt: skip
+
+
+def what_to_change(summary: dict[str, Any]) -> dict[str, Any]:
+    """The headline's last item: the top finding where the trace has one (what to change first), else the top
+    warning, as before findings existed."""
+    findings = summary.get("findings") or []
+    return top_finding(findings) if findings else top_warning(summary["warnings"])
+
+
 def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The trace page's headline, in reading order."""
     return [
@@ -110,7 +136,7 @@ def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:
         gpu_idle(summary),
         exposed_communication(summary),
         mfu(summary),
-        top_warning(summary["warnings"]),
+        what_to_change(summary),
     ]
 
 

@@ -498,10 +498,15 @@
   }
 
   // -- the first screen: the headline (profparse.outputs.report.headline), each item a link to its section ------------
+  function breakable(text) {  // a snake_case name (a finding's kind) may wrap after each "_", not inside a word
+    var out = [];
+    String(text).split("_").forEach(function (part, i) { if (i) out.push("_", el("wbr")); out.push(part); });
+    return out;
+  }
   function headline(app, items) {
     var nav = el("nav", {id: "headline", class: "headline"});
     items.forEach(function (it) {
-      var value = el("span", {class: "hl-value"}, [it.stage ? chip(it.stage) : null, it.text]);
+      var value = el("span", {class: "hl-value"}, [it.stage ? chip(it.stage) : null].concat(breakable(it.text)));
       nav.appendChild(el("a", {class: "hl-item hl-" + it.key, href: it.href, "data-headline": it.key, title: it.detail}, [
         el("span", {class: "hl-label", text: it.label}), value, el("span", {class: "hl-detail", text: it.detail})]));
     });
