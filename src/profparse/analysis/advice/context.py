@@ -210,10 +210,12 @@ class AdviceContext:
         from profparse.base.marks import STAGES
 
         steps = self.steps["step"].to_numpy()
-        position = np.searchsorted(steps, self.path["step"].to_numpy())
+        # steps in time order need not be in number order (a renumbered step): look each one up
+        position = pd.Index(steps).get_indexer(self.path["step"].to_numpy())
+        keep = segment_mask & (position >= 0)
         key = position * len(STAGES) + self.path["stage"].cat.codes.to_numpy().astype(np.int64)
         ns = self.path["ns"].to_numpy(dtype=np.float64)
-        sums = np.bincount(key[segment_mask], weights=ns[segment_mask], minlength=len(steps) * len(STAGES))
+        sums = np.bincount(key[keep], weights=ns[keep], minlength=len(steps) * len(STAGES))
         index = pd.MultiIndex.from_product([steps, list(STAGES)], names=["step", "stage"])
         return pd.Series(sums, index=index)
 
@@ -247,11 +249,11 @@ def warm_up_steps(parsed: ParsedTrace, steps: pd.DataFrame) -> list[int]:
     )
     codes = names.cat.codes.to_numpy()
     rows = np.flatnonzero((codes >= 0) & hit[np.maximum(codes, 0)])
-    numbers = steps["step"].to_numpy()
-    in_steps = parsed.attribution.step[rows]
-    in_steps = in_steps[np.isin(in_steps, numbers)]
-    if len(in_steps) and (numbers > in_steps.min()).any():
-        return [int(s) for s in numbers[numbers <= in_steps.min()]]
+    numbers = steps.sort_values("start_ns", kind="stable")["step"].to_numpy()  # in time order
+    position = pd.Index(numbers).get_indexer(parsed.attribution.step[rows])
+    position = position[position >= 0]
+    if len(position) and position.min() < len(numbers) - 1:
+        return [int(s) for s in numbers[: position.min() + 1]]
     return [int(numbers[0])] if len(numbers) >= WARM_UP_FROM else []
 
 
