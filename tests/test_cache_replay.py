@@ -246,3 +246,26 @@ def test_the_cache_opening_note_is_printed_warm_too(tmp_path: Path, monkeypatch:
     assert f"note: {store.MAX_ENV}='lots' is not a byte count" in cold[2].splitlines()[0]
     warm = cli(tmp_path, "summarize", str(trace))
     assert warm[3] == [] and warm[:3] == cold[:3]
+
+
+def test_the_fingerprint_covers_the_reports_assets(tmp_path: Path) -> None:
+    """The report writes its css/js into every page, so editing them in a checkout must miss the cached pages:
+    the fingerprint of a copy of the package changes with its report.css, as with any .py file."""
+    import importlib.util
+    import shutil
+
+    package = Path(keys.__file__).resolve().parents[1]
+    copy = tmp_path / "profparse"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def fingerprint() -> str:
+        spec = importlib.util.spec_from_file_location("keys_copy", copy / "cache" / "keys.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.code_fingerprint()
+
+    before = fingerprint()
+    assert fingerprint() == before  # the same files, the same fingerprint
+    css = copy / "outputs" / "report" / "assets" / "report.css"
+    css.write_text(css.read_text() + "\n/* edited */\n")
+    assert fingerprint() != before

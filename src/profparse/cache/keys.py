@@ -29,7 +29,8 @@ LIBRARIES = ("numpy", "pandas", "pyarrow", "msgspec")  # whose versions decide t
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """A hash of what decides the parsed tables: profparse's sources and version, the format, the libraries.
+    """A hash of what decides the cached outputs: profparse's sources (the report's assets too) and version, the
+    format, the libraries.
 
     A library counts by where its ``__init__.py`` lies and that file's size and mtime, found without importing
     it (any reinstall or upgrade rewrites it): importing numpy/pandas/pyarrow for ``__version__`` was half of a
@@ -41,7 +42,9 @@ def code_fingerprint() -> str:
         h.update(text.encode() + b"\0")
     h.update(library_stamp(LIBRARIES).encode() + b"\0")
     package = Path(__file__).resolve().parents[1]  # the profparse package: this file is cache/__init__.py
-    for source in sorted(package.rglob("*.py")):
+    # the report's css/js are written into every cached page, so they count as sources
+    sources = [*package.rglob("*.py"), *package.rglob("assets/*.css"), *package.rglob("assets/*.js")]
+    for source in sorted(sources):
         h.update(str(source.relative_to(package)).encode() + b"\0")
         h.update(source.read_bytes())
     return h.hexdigest()
