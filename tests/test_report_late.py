@@ -134,3 +134,35 @@ def test_match_warnings_are_on_the_page(tmp_path, capsys):
     cells, text = late_cells(write(folder, tmp_path / "page.html", "-j", "1"))
     assert cells.state == "shown" and f"warning: {warnings[0]}" in text
     assert cells.stage[("backward", "late_rank")] == "1" and cells.stage[("backward", "times_last")] == "2"
+
+
+class WaitCells(html.parser.HTMLParser):
+    """The ``data-wait-*`` cells of the path waits table: {(rank, stage, field): value}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: dict[tuple[int, str, str], str] = {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-wait-field" in a:
+            self.cells[(int(a["data-wait-rank"]), a["data-wait-stage"], a["data-wait-field"])] = a["data-wait-value"]
+
+
+def test_the_path_waits_summarize_prints_are_on_the_page(tmp_path, capsys):
+    """Ranks 0 and 2 wait 200 + 100 us for rank 1 at the backward allreduces: the time of that on their critical
+    paths, as summarize's JSON gives it, is the page's table, cell by cell; rank 1 waits for nobody."""
+    folder = ranks_folder(tmp_path, 3, 1, DELAYS_US)
+    printed = json.loads(summarize(folder, capsys, "json"))["late_ranks"]["path_waits"]
+    assert {w["rank"] for w in printed} == {0, 2} and {w["waited_rank"] for w in printed} == {1}
+    assert all(0 < w["wait_ns"] <= 1000 * sum(DELAYS_US) for w in printed)  # at most the windows they waited in
+    dom = dump_dom(write(folder, tmp_path / "page.html", "-j", "1"))
+    read_dom(dom)
+    cells = WaitCells()
+    cells.feed(dom)
+    want = {(w["rank"], w["stage"], f): str(w[f]) for w in printed for f in ("waited_rank", "wait_ns", "steps")}
+    assert {k: v for k, v in cells.cells.items() if k[2] != "per_step_ns"} == want
+    assert {k[:2]: float(v) for k, v in cells.cells.items() if k[2] == "per_step_ns"} == {
+        (w["rank"], w["stage"]): w["per_step_ns"] for w in printed
+    }
+    assert "waiting for a later rank" in dom

@@ -675,6 +675,23 @@
       box.appendChild(el("div", {class: "pair"}, [waits, what]));
       s.appendChild(box);
     });
+    pathWaits(s, L.path_waits || []);
+  }
+
+  // the part of each rank's own critical path spent waiting for a later rank (profparse.ranks.critical_path)
+  function pathWaits(s, waits) {
+    if (!waits.length) return;
+    s.appendChild(el("h3", {text: "On each rank's critical path: waiting for a later rank"}));
+    s.appendChild(table(["rank", "stage", "waited for", "on path", "steps", "per step"], waits.map(function (w) {
+      var cell = function (field, value, text) {
+        return el("td", {"data-wait-rank": String(w.rank), "data-wait-stage": w.stage, "data-wait-field": field, "data-wait-value": String(value), text: text});
+      };
+      return el("tr", {}, [el("td", {class: "l"}, [rankLink(w.rank)]), el("td", {class: "l"}, [chip(w.stage), w.stage]),
+        cell("waited_rank", w.waited_rank, "rank " + w.waited_rank), cell("wait_ns", w.wait_ns, fmt(w.wait_ns)),
+        cell("steps", w.steps, String(w.steps)), cell("per_step_ns", w.per_step_ns, fmt(w.per_step_ns))]);
+    }), "path-waits", 2));
+    s.appendChild(el("p", {class: "note", text: "The time on a rank's critical path inside its waits at collectives for the rank that arrived last: " +
+      "shortening the late rank's work shortens this rank's step by up to that much. Per step: over the steps it waited in (docs/critical_path.md)."}));
   }
 
   // -- the critical path: ms on the path per stage and bound (the summary's section), per step, longest events --------
