@@ -141,6 +141,21 @@ def replay_text(args: argparse.Namespace, stored: dict[str, Any]) -> int:
     return stored["code"]
 
 
+def print_trace_text(args: argparse.Namespace, render: Callable[[Any], str]) -> int:
+    """A text verb on one trace: print what the same command stored for this trace and code, else
+    ``render(parsed)``, printed and stored in the trace's cache entry with its notes. Exit 0."""
+    options = text_options(args)
+    stored = stored_text(args, options)
+    if stored is not None:  # this trace, these options, this code: print what the first run printed
+        return replay_text(args, stored)
+    parsed = parse_input(args)
+    text = render(parsed)
+    emit(text)
+    if parsed.cache is not None:
+        parsed.cache.put_text(options, text, input_notes(args.trace, parsed), 0)
+    return 0
+
+
 def _stored(args: argparse.Namespace, trace: str, outputs: tuple[str, ...], get: Callable[[Any, str], Any]) -> Any:
     """``get(cache, entry name)`` for ``trace``'s entry, or None; on a hit, what opening the cache had to say
     (a bad PROFPARSE_CACHE_MAX_BYTES) is printed, as a miss says it."""

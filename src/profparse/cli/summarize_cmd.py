@@ -14,7 +14,7 @@ import argparse
 
 from profparse.cli.choices import SUMMARY_FORMATS as FORMATS
 from profparse.cli.choices import SUMMARY_TOP_N as TOP_N
-from profparse.cli.common import emit, input_notes, parse_input, replay_text, stored_text, text_options
+from profparse.cli.common import emit, print_trace_text
 from profparse.cli.options import add_input_options, add_metric_option, add_peak_option, add_rank_options, int_option
 from profparse.cli.rank_folder import partial_failure, rank_run, resolve_input
 
@@ -35,18 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if resolve_input(args):  # a capture's run folder is its one trace
         return run_ranks(args)
-    options = text_options(args)
-    stored = stored_text(args, options)
-    if stored is not None:  # this trace, these options, this code: print what the first run printed
-        return replay_text(args, stored)
-    from profparse.outputs.summary import render_summary
 
-    parsed = parse_input(args)
-    text = render_summary(parsed, fmt=args.format, top=args.top)
-    emit(text)
-    if parsed.cache is not None:
-        parsed.cache.put_text(options, text, input_notes(args.trace, parsed), 0)
-    return 0
+    def render(parsed) -> str:
+        from profparse.outputs.summary import render_summary
+
+        return render_summary(parsed, fmt=args.format, top=args.top)
+
+    return print_trace_text(args, render)
 
 
 def run_ranks(args: argparse.Namespace) -> int:
