@@ -4,11 +4,10 @@ finding per stage where the others wait at the collectives for one rank, its sav
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import test_ranks_late as late_traces  # the hand-built rank folders (a module: its tests are not collected here)
+from test_ranks_late import gloo_ddp_folder  # noqa: F401 - the shared capture (rank 1 sleeps in backward)
 
 from profparse import ranks
 from profparse.analysis import advice
@@ -93,28 +92,7 @@ def test_a_failed_rank_is_exit_7_and_the_others_are_advised(tmp_path, capsys, mo
 # -- a real gloo DDP capture: rank 1 sleeps 400 ms in backward (test_ranks_late's capture) --------------------------
 
 
-@pytest.fixture(scope="module")
-def gloo_ddp_folder(tmp_path_factory) -> Path:
-    """Two gloo DDP ranks of the tiny Qwen2 (2 steps); rank 1 sleeps 400 ms at the start of each backward."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch without gloo")
-    from profparse.capture.patterns import LateSleep, capture_ddp, rank_path
-
-    out = tmp_path_factory.mktemp("gloo_ddp_advice")
-    sleep = LateSleep(late_traces.LATE_RANK, late_traces.LATE_STAGE, late_traces.SLEEP_S)
-    first = capture_ddp(out / "capture" / "ddp.json.gz", False, sleep)
-    folder = out / "ranks"
-    folder.mkdir()
-    for rank in (0, 1):
-        shutil.copy(rank_path(first, rank), folder / f"rank{rank}.json.gz")
-    return folder
-
-
-def test_gloo_capture_late_rank_finding_names_rank_1_backward_and_the_sleep(gloo_ddp_folder, capsys):
+def test_gloo_capture_late_rank_finding_names_rank_1_backward_and_the_sleep(gloo_ddp_folder, capsys):  # noqa: F811
     findings = advise_json(capsys, str(gloo_ddp_folder))
     late = [f for f in findings if f["kind"] == "late_rank"]
     slept = [f for f in late if f["stage"] == late_traces.LATE_STAGE]
