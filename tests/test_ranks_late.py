@@ -304,6 +304,7 @@ def test_parse_writes_collective_matches_and_summarize_reads_them_back(tmp_path,
         assert main(["summarize", str(out), "--format", fmt, "-q"]) == 0
         from_dataset = capsys.readouterr().out
         if fmt == "json":
+            json_text = from_dataset
             a, b = json.loads(from_folder)["late_ranks"], json.loads(from_dataset)["late_ranks"]
             assert a == b and a["stages"][-1]["late_rank"] == 1
         elif fmt == "csv":
@@ -311,6 +312,11 @@ def test_parse_writes_collective_matches_and_summarize_reads_them_back(tmp_path,
             back = csv[csv["stage"] == "backward"].set_index("rank")
             assert back.loc[1, "times_last"] == 2 and back.loc[0, "waiting_ns"] == 300_000
             assert back.loc[1, "waiting_ns"] == 0
+            waits = json.loads(json_text)["late_ranks"]["path_waits"]  # each rank's path time waiting for rank 1
+            assert waits and {w["waited_rank"] for w in waits} == {1}
+            want = {(w["stage"], w["rank"]): w["wait_ns"] for w in waits}
+            got = {(r.stage, r.rank): r.path_wait_ns for r in csv.itertuples() if r.path_wait_ns}
+            assert got == want and csv["path_wait_ns"].notna().all()
         else:
             assert "Late ranks" in from_dataset and "slow_kernel" in from_dataset
 

@@ -301,12 +301,16 @@ CSV_LATE = ("times_last", "waiting_ns", "transfer_ns")
 def render_ranks_csv(data: dict[str, Any]) -> str:
     """One row per (stage, rank): the metric, the stage median, this rank's lead over it, the slowest flag, and in
     the stage's collectives: how often this rank arrived last, its waiting and transfer time (empty when the
-    dataset has no ``collective_matches``)."""
+    dataset has no ``collective_matches``), and ``path_wait_ns``: the time on its critical path in that stage spent
+    waiting for a later rank (summed over the ranks it waited for)."""
     column = data["metric_column"]
     by_stage = {s["stage"]: s for s in data["stragglers"]}
     late_ranks = data["late_ranks"]
     collectives = {(r["stage"], r["rank"]): r for r in late_ranks["per_rank"]}
     empty = {"times_last": 0, "waiting_ns": 0, "transfer_ns": 0} if late_ranks["available"] else {}
+    waited: dict[tuple[str, int], int] = {}
+    for w in late_ranks.get("path_waits") or []:
+        waited[(w["stage"], w["rank"])] = waited.get((w["stage"], w["rank"]), 0) + int(w["wait_ns"])
     rows = []
     for row in data["per_rank"]:
         s = by_stage.get(row["stage"], {})
@@ -320,11 +324,12 @@ def render_ranks_csv(data: dict[str, Any]) -> str:
                 "lead_over_median_ns": None if median is None else row[column] - median,
                 "slowest": s.get("slowest_rank") == row["rank"],
                 **{k: collectives.get((row["stage"], row["rank"]), empty).get(k) for k in CSV_LATE},
+                "path_wait_ns": waited.get((row["stage"], row["rank"]), 0 if late_ranks["available"] else None),
             }
         )
-    columns = ["stage", "rank", column, "stage_median_ns", "lead_over_median_ns", "slowest", *CSV_LATE]
+    columns = ["stage", "rank", column, "stage_median_ns", "lead_over_median_ns", "slowest", *CSV_LATE, "path_wait_ns"]
     frame = pd.DataFrame(rows, columns=columns)
-    for k in CSV_LATE:
+    for k in (*CSV_LATE, "path_wait_ns"):
         frame[k] = frame[k].astype("Int64")
     if len(frame):
         frame["stage"] = pd.Categorical(frame["stage"], categories=list(STAGES))
