@@ -148,6 +148,7 @@ def test_the_clean_run_has_none_of_the_patterns(pairs_dir: Path) -> None:
 # -- the findings against the measurements ---------------------------------------------------------------------
 
 TOLERANCE = 0.30  # issue 22: the estimate within 30% of the measured saving
+RECAPTURES = 2  # captures of a pair that missed, each with twice the steps (a loaded machine moves step times)
 
 
 def _findings(path: Path, kind: str | None = None):
@@ -171,13 +172,17 @@ def _estimate_and_measurement(folder: Path, kind: str) -> tuple[float, float]:
 @pytest.mark.parametrize("kind", KINDS_UNDER_TEST)
 def test_the_finding_fires_on_the_pattern_and_estimates_the_saving(pairs_dir: Path, kind: str, tmp_path: Path) -> None:
     """The estimate within 30% of what the fix measurably saved. Other processes on a shared machine can slow
-    one side of a pair for seconds: a pair that misses is captured once more, and that capture must agree."""
+    one side of a pair for seconds: a pair that misses is captured again with twice the steps (up to twice), and
+    one of those captures must agree."""
     from profparse.capture.advice_pairs import capture_pair
 
     estimate, measured = _estimate_and_measurement(pairs_dir, kind)
-    if estimate != pytest.approx(measured, rel=TOLERANCE):
-        capture_pair(kind, tmp_path, steps=STEPS)
-        estimate, measured = _estimate_and_measurement(tmp_path, kind)
+    for attempt in range(RECAPTURES):
+        if estimate == pytest.approx(measured, rel=TOLERANCE):
+            break
+        again = tmp_path / f"again{attempt}"
+        capture_pair(kind, again, steps=2 * STEPS)
+        estimate, measured = _estimate_and_measurement(again, kind)
     assert estimate == pytest.approx(measured, rel=TOLERANCE)
 
 

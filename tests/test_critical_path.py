@@ -381,7 +381,7 @@ def test_summary_section_adds_up_to_the_steps(tmp_path) -> None:
     assert "What bounds each step" in text and "Longest events on the critical path" in text
 
 
-SLEEP_S = 0.05
+SLEEP_S = 0.1  # well above the step-to-step noise of a loaded 2-core machine (tens of ms)
 
 
 @pytest.fixture(scope="module")
@@ -404,6 +404,9 @@ def sleep_capture(tmp_path_factory) -> ParsedTrace:
         while running.is_set():
             time.sleep(SLEEP_S / 10)
 
+    model(x).sum().backward()  # the first call's one-off work (lazy init, the allocator) outside the steps
+    optimizer.step()
+    optimizer.zero_grad()
     logger = threading.Thread(target=log_in_background)
     logger.start()
     try:
@@ -446,7 +449,7 @@ def test_a_sleep_on_the_main_thread_grows_its_stage_on_the_path(sleep_capture) -
 
 def test_a_sleep_off_the_path_adds_nothing(sleep_capture) -> None:
     _, awake = _per_step(sleep_capture)  # the background thread slept all through these steps
-    assert awake.median() < 0.2 * SLEEP_S * 1e9  # a sleep that leaked onto the path would add all of SLEEP_S
+    assert awake.median() < 0.5 * SLEEP_S * 1e9  # a sleep that leaked onto the path would add all of SLEEP_S
     windows = sleep_capture.steps
     path = _path(sleep_capture)
     assert (path["end_ns"] - path["start_ns"]).sum() == (windows["end_ns"] - windows["start_ns"]).sum()
@@ -477,7 +480,7 @@ def test_host_share_agrees_with_hta_on_a_trace_with_sync_events(tmp_path) -> Non
 @pytest.fixture(scope="module")
 def thread_sleep_capture(tmp_path_factory) -> ParsedTrace:
     """Four CPU steps whose forward keeps the main thread busy ``1.5 * SLEEP_S`` (a time-bound loop of matmuls,
-    so the steps last alike whatever the load): step 1 also starts a background thread that runs a matmul and
+    so the steps last alike whatever the load): step 1 also starts (before its forward) a thread that runs a matmul and
     sleeps ``SLEEP_S`` inside a ``record_function`` range (a logger: off the path); step 2 sleeps ``SLEEP_S`` on
     the main thread instead; steps 0 and 3 do neither. ``profile_all_threads`` makes torch record that thread."""
     torch = pytest.importorskip("torch")
@@ -501,14 +504,18 @@ def thread_sleep_capture(tmp_path_factory) -> ParsedTrace:
             time.sleep(SLEEP_S)
             float(total)
 
+    torch.mm(x, x.T)  # the first calls' one-off work outside the steps (step 0 is part of the baseline)
+    model(x).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
     config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
     with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
         for step, sleeper in enumerate(["none", "background", "main", "none"]):
             logger = threading.Thread(target=log_in_background) if sleeper == "background" else None
             with record_function(f"ProfilerStep#{step}"):
+                if logger is not None:  # before the forward: a start waits for the thread to run (ms when loaded)
+                    logger.start()
                 with record_function("profparse.stage:forward"):
-                    if logger is not None:
-                        logger.start()
                     busy(1.5 * SLEEP_S)
                     if sleeper == "main":
                         time.sleep(SLEEP_S)
@@ -542,7 +549,8 @@ def test_a_recorded_sleep_on_a_background_thread_adds_nothing_to_the_path(thread
     forward = path[path["stage"] == "forward"]
     per_step = (forward["end_ns"] - forward["start_ns"]).groupby(forward["step"]).sum()
     baseline = per_step[[0, 3]].mean()
-    assert abs(per_step[1] - baseline) < 0.1 * SLEEP_S * 1e9, per_step.tolist()  # the background sleep: ~0
+    # the background sleep: ~0 (a leak would add all of SLEEP_S; a loaded machine moves a step by ~10-20 ms)
+    assert abs(per_step[1] - baseline) < 0.25 * SLEEP_S * 1e9, per_step.tolist()
     assert per_step[2] - baseline == pytest.approx(SLEEP_S * 1e9, rel=0.1), per_step.tolist()  # the main one: all
 
 
