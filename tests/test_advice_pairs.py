@@ -157,14 +157,14 @@ def _findings(path: Path, kind: str | None = None):
 
 
 def _estimate_and_measurement(folder: Path, kind: str) -> tuple[float, float]:
-    """The finding's saving per step (from the bad trace alone) and the measured one: the difference of the
-    median steps, which a step another process slowed moves least."""
+    """The finding's saving per step (from the bad trace alone) and the measured one: the difference of each
+    side's fastest half of steps, which the steps other processes slowed do not move."""
     from profparse.capture.advice_pairs import measure
 
     found = _findings(_trace(folder, kind, True), kind)
     assert len(found) >= 1, _findings(_trace(folder, kind, True))[["kind", "saving_share"]]
     estimate = float(found["saving_ns_per_step"].sum())
-    measured = measure(_trace(folder, kind, True), _trace(folder, kind, False)).median_difference_ns
+    measured = measure(_trace(folder, kind, True), _trace(folder, kind, False)).fast_half_difference_ns
     print(f"{kind}: estimate {estimate / 1e6:.1f} ms, measured {measured / 1e6:.1f} ms ({estimate / measured:.2f})")
     return estimate, measured
 
