@@ -15,6 +15,7 @@ import pytest
 
 STEPS = 5  # profiled steps per capture; the first is left out of the measurement
 MARGIN = 0.10  # the fix must save at least this share of the good step (measured savings are 20-100%)
+RECAPTURES = 2  # captures of a pair that missed, each with twice the steps (a loaded machine moves step times)
 
 
 @pytest.fixture(scope="session")
@@ -72,13 +73,19 @@ def test_every_step_is_a_profiler_step_and_there_are_no_stage_marks(pairs_dir: P
 
 
 @pytest.mark.parametrize("kind", KINDS_UNDER_TEST)
-def test_the_fix_saves_a_clear_share_of_the_step(pairs_dir: Path, kind: str) -> None:
-    from profparse.capture.advice_pairs import measure
+def test_the_fix_saves_a_clear_share_of_the_step(pairs_dir: Path, kind: str, tmp_path: Path) -> None:
+    """Other processes can slow a whole capture (one side of a pair) on a shared machine: a pair that misses is
+    captured again with twice the steps, up to twice, and one of those captures must show the saving."""
+    from profparse.capture.advice_pairs import capture_pair, measure
 
     m = measure(_trace(pairs_dir, kind, True), _trace(pairs_dir, kind, False))
     assert len(m.bad_step_ns) == len(m.good_step_ns) == STEPS - 1
     assert m.difference_ns == pytest.approx(m.bad_step_ns.mean() - m.good_step_ns.mean())
-    # other processes only slow steps down: the fastest steps are the fairest comparison on a shared machine
+    for attempt in range(RECAPTURES):
+        # other processes only slow steps down: the fastest steps are the fairest comparison on a shared machine
+        if m.fastest_difference_ns > MARGIN * float(m.good_step_ns.min()):
+            break
+        m = measure(*capture_pair(kind, tmp_path / f"again{attempt}", steps=2 * STEPS))
     assert m.fastest_difference_ns > MARGIN * float(m.good_step_ns.min()), m
 
 
@@ -148,7 +155,6 @@ def test_the_clean_run_has_none_of_the_patterns(pairs_dir: Path) -> None:
 # -- the findings against the measurements ---------------------------------------------------------------------
 
 TOLERANCE = 0.30  # issue 22: the estimate within 30% of the measured saving
-RECAPTURES = 2  # captures of a pair that missed, each with twice the steps (a loaded machine moves step times)
 
 
 def _findings(path: Path, kind: str | None = None):
