@@ -153,3 +153,50 @@ def test_exposed_communication(tmp_path) -> None:
         tmp_path, "exposed_communication", {"backward": allreduce_after}, {"backward": allreduce_overlapped}
     )
     assert found["stage"] == "backward"
+
+
+def test_grad_zeroing(tmp_path) -> None:
+    """``zero_grad(set_to_none=False)`` at the top of each step: a memset kernel per gradient, and the backward's
+    AccumulateGrad adds into the zeroed gradients (an add kernel each); the fix drops the gradients instead (no
+    memset, AccumulateGrad takes the new gradient). On a GPU with a caching allocator this is the saving the CPU
+    pair cannot show cleanly (there the fix's fresh gradients cost page faults; docs/advice.md)."""
+
+    def zero_grad(zeroing: bool):
+        def before(s: Sim) -> None:
+            span = s.b.annotation("Optimizer.zero_grad#AdamW.zero_grad", s.t, 0)
+            t0 = s.t
+            for _ in range(4):
+                if zeroing:
+                    s.op("aten::zero_", 10, 60, "vectorized_elementwise_kernel")
+                else:
+                    s.t += 1  # grad = None
+            span["dur"] = s.t - t0
+
+        return before
+
+    def backward(adding: bool):
+        def run_backward(s: Sim) -> None:
+            gpu_backward(s)
+            for _ in range(4):
+                outer = s.b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", s.t, 0, s.tid)
+                s.t += 1
+                inner = s.b.op("torch::autograd::AccumulateGrad", s.t, 0, s.tid)
+                t0 = s.t
+                if adding:
+                    s.op("aten::add_", 10, 80, "vectorized_elementwise_kernel")
+                else:
+                    s.t += 3  # takes the new gradient
+                inner["dur"] = s.t - t0
+                s.t += 1
+                outer["dur"] = s.t - outer["ts"]
+
+        return run_backward
+
+    found = check_pair(
+        tmp_path,
+        "grad_zeroing",
+        {"before": zero_grad(True), "backward": backward(True)},
+        {"before": zero_grad(False), "backward": backward(False)},
+    )
+    # every gradient's memset and add, though the GPU still runs the forward when the host starts the backward
+    assert found["evidence"]["zeroing_ops_per_step"] == found["evidence"]["accumulating_adds_per_step"] == 4

@@ -9,6 +9,7 @@ measured differences (docs/advice.md, "Checking the estimates") and the comparis
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def _per_step(path: Path, name: str, column: str = "count") -> float:
 
 
 KINDS_UNDER_TEST = ("data_loading", "between_steps", "grad_zeroing", "optimizer_not_batched", "recompute")
+#: the pairs whose step times show the fix's saving. Not grad_zeroing: on the CPU the fix's gradients are fresh
+#: allocations each step (page faults, no caching allocator), and its measured saving ranged from -11 to +42 ms
+#: between captures of the same pair (1.5-8 ms over 20 steps, against an estimate of 17-20 ms); its estimate is
+#: checked on a simulated GPU program instead (tests/test_advice_gpu.py), its pattern here by its ops
+TIMED_KINDS = tuple(kind for kind in KINDS_UNDER_TEST if kind != "grad_zeroing")
 
 
 def test_every_kind_of_the_module_is_tested() -> None:
@@ -72,7 +78,7 @@ def test_every_step_is_a_profiler_step_and_there_are_no_stage_marks(pairs_dir: P
         assert not names.str.startswith("profparse.stage:").any()
 
 
-@pytest.mark.parametrize("kind", KINDS_UNDER_TEST)
+@pytest.mark.parametrize("kind", TIMED_KINDS)
 def test_the_fix_saves_a_clear_share_of_the_step(pairs_dir: Path, kind: str, tmp_path: Path) -> None:
     """Other processes can slow a whole capture (one side of a pair) on a shared machine: a pair that misses is
     captured again with twice the steps, up to twice, and one of those captures must show the saving."""
@@ -175,7 +181,21 @@ def _estimate_and_measurement(folder: Path, kind: str) -> tuple[float, float]:
     return estimate, measured
 
 
-@pytest.mark.parametrize("kind", KINDS_UNDER_TEST)
+def test_the_grad_zeroing_finding_fires_on_the_pattern(pairs_dir: Path) -> None:
+    """Its estimate is the path time of the zeroing inside ``zero_grad`` and of the AccumulateGrad calls that add
+    into the zeroed gradients (one per parameter): at most the time of those two."""
+    bad = _trace(pairs_dir, "grad_zeroing", True)
+    found = _findings(bad, "grad_zeroing")
+    assert len(found) == 1
+    evidence = json.loads(found["evidence"].iloc[0])
+    parameters = _per_step(_trace(pairs_dir, "grad_zeroing", False), "torch::autograd::AccumulateGrad")
+    assert evidence["accumulating_adds_per_step"] == parameters
+    assert evidence["zeroing_ops_per_step"] >= 1
+    ops_ns = sum(_per_step(bad, name, "dur_ns") for name in ("aten::_foreach_zero_", "torch::autograd::AccumulateGrad"))
+    assert 0.5 * ops_ns < float(found["saving_ns_per_step"].iloc[0]) <= ops_ns + 1_000  # ns rounding
+
+
+@pytest.mark.parametrize("kind", TIMED_KINDS)
 def test_the_finding_fires_on_the_pattern_and_estimates_the_saving(pairs_dir: Path, kind: str, tmp_path: Path) -> None:
     """The estimate within 30% of what the fix measurably saved. Other processes on a shared machine can slow
     one side of a pair for seconds: a pair that misses is captured again with twice the steps (up to twice), and

@@ -11,6 +11,7 @@ from profparse.analysis.advice.build import from_path
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
 from profparse.base.marks import STAGES
+from profparse.trace.kinds import GPU_TRACK_KINDS
 from profparse.trace.link import kind_mask
 
 #: ops only a forward runs (backward formulas call mm, mul and *_backward ops instead)
@@ -173,11 +174,13 @@ def grad_zeroing(ctx: AdviceContext) -> list[Finding]:
 
 
 def _first_backward(ctx: AdviceContext) -> np.ndarray:
-    """Boolean per row: the row starts before the first forward that follows the step's first backward event."""
+    """Boolean per row: the row starts before the first forward that follows the step's first backward event.
+    Host rows only decide it: the GPU runs the forward's queued kernels well after the host began the backward."""
     attribution = ctx.parsed.attribution
     ts = ctx.events["ts_ns"].to_numpy()
     frame = pd.DataFrame({"step": attribution.step, "stage": attribution.stage, "ts": ts})
-    frame = frame[frame["step"].isin(ctx.steps["step"])]
+    host = ~kind_mask(ctx.events, GPU_TRACK_KINDS)
+    frame = frame[host & frame["step"].isin(ctx.steps["step"]).to_numpy()]
     first_backward = frame[frame["stage"] == BACKWARD].groupby("step")["ts"].min()
     forwards = frame[frame["stage"] == FORWARD].join(first_backward.rename("bwd"), on="step")
     cut = forwards[forwards["ts"] > forwards["bwd"]].groupby("step")["ts"].min()
