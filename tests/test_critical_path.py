@@ -4,8 +4,6 @@ pointer-doubling chain walk equals a plain walk."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -386,18 +384,6 @@ def test_summary_section_adds_up_to_the_steps(tmp_path) -> None:
 SLEEP_S = 0.1  # well above the step-to-step noise of a loaded 2-core machine (tens of ms)
 
 
-@contextlib.contextmanager
-def _one_intra_op_thread(torch) -> Iterator[None]:
-    """Ops on one thread: on a loaded machine an op that fans out to the pool waits for its other threads to be
-    scheduled (10 ms for a 32x64 addmm), which no step should depend on here."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def sleep_capture(tmp_path_factory) -> tuple[ParsedTrace, list[int]]:
     """A tiny CPU training loop, 6 profiled steps: odd steps sleep ``SLEEP_S`` on the main thread inside the
@@ -408,6 +394,8 @@ def sleep_capture(tmp_path_factory) -> tuple[ParsedTrace, list[int]]:
     import time
 
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from profparse.capture.advice_pairs import one_intra_op_thread  # a loaded machine's pool delays ops
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -426,7 +414,7 @@ def sleep_capture(tmp_path_factory) -> tuple[ParsedTrace, list[int]]:
     logger = threading.Thread(target=log_in_background)
     logger.start()
     try:
-        with _one_intra_op_thread(torch), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with one_intra_op_thread(), profile(activities=[ProfilerActivity.CPU]) as prof:
             for step in range(6):
                 with record_function("profparse.stage:forward"):
                     loss = model(x).sum()
@@ -510,6 +498,8 @@ def thread_sleep_capture(tmp_path_factory) -> tuple[ParsedTrace, int]:
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from profparse.capture.advice_pairs import one_intra_op_thread  # a loaded machine's pool delays ops
+
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, 64)
@@ -530,7 +520,7 @@ def thread_sleep_capture(tmp_path_factory) -> tuple[ParsedTrace, int]:
     optimizer.step()
     optimizer.zero_grad()
     config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-    with _one_intra_op_thread(torch), profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+    with one_intra_op_thread(), profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
         for step, sleeper in enumerate(["none", "background", "main", "none"]):
             logger = threading.Thread(target=log_in_background) if sleeper == "background" else None
             with record_function(f"ProfilerStep#{step}"):

@@ -297,7 +297,7 @@ _SETUPS: dict[str, Callable[[Pair, bool, contextlib.ExitStack, int], TrainingLoo
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def one_intra_op_thread() -> Iterator[None]:
     """One intra-op thread: step times on a small shared machine vary far less than with a thread per core."""
     import torch
 
@@ -346,7 +346,7 @@ def capture_run(kind: str, bad: bool, out_path: str | Path, with_stack: bool = F
     with_stack = with_stack or pair.with_stack
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _one_thread(), contextlib.ExitStack() as stack:
+    with one_intra_op_thread(), contextlib.ExitStack() as stack:
         step = _SETUPS[kind](pair, bad, stack, steps)
         for _ in range(WARMUP_STEPS):
             step()
