@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# A shell that starts the tests in the background (`.ci/run &`) ignores SIGINT in them, and an ignored signal is
+# inherited: the Ctrl-C tests' profparse processes would never see theirs. Restored before any worker starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # tracebuilder, hta_oracle
