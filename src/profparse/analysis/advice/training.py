@@ -159,8 +159,9 @@ def grad_zeroing(ctx: AdviceContext) -> list[Finding]:
     adding[owners[owners >= 0]] = True
     segments = ctx.segments_of(ctx.under(zero_ops) | ctx.under(adding))
     per_step = max(len(ctx.steps), 1)
+    outermost = zero_ops & (ctx.owner(zero_ops) == np.arange(len(zero_ops)))  # not the fill_ under a zero_
     evidence = {
-        "zeroing_ops_per_step": round(int(zero_ops.sum()) / per_step, 1),
+        "zeroing_ops_per_step": round(int(outermost.sum()) / per_step, 1),
         "accumulating_adds_per_step": round(int(adds.sum()) / per_step, 1),
     }
     return from_path(
