@@ -9,13 +9,16 @@ import pytest
 import test_ranks_late as late_traces  # the hand-built rank folders (a module: its tests are not collected here)
 from test_ranks_late import gloo_ddp_folder  # noqa: F401 - the shared capture (rank 1 sleeps in backward)
 
+import profparse
 from profparse import ranks
 from profparse.analysis import advice
 from profparse.analysis.advice import detectors
+from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
 from profparse.cli.main import main
 
-DELAYS_US = [300.0, 120.0]  # the late rank's delay before its backward allreduce in each step
+DELAYS_US = [300.0, 120.0, 180.0]  # the late rank's delay before its backward allreduce in each step
+STEADY = [1, 2]  # every step runs the optimizer: the first is warm-up (the ``steady`` column of ``steps``)
 
 
 def one_per_rank(ctx) -> list[Finding]:
@@ -43,12 +46,13 @@ def test_the_late_rank_finding_is_the_wait_per_step(tmp_path, capsys, monkeypatc
     late = [f for f in findings if f["kind"] == "late_rank"]
     assert len(late) == 1
     f = late[0]
-    assert (f["rank"], f["stage"], f["steps"]) == (late_rank, "backward", [0, 1])
-    assert f["saving_ns_per_step"] == sum(DELAYS_US) * 1000 / len(DELAYS_US)  # ground truth: the delays, per step
+    assert (f["rank"], f["stage"], f["steps"]) == (late_rank, "backward", STEADY)
+    steady_delays = [DELAYS_US[s] for s in STEADY]
+    assert f["saving_ns_per_step"] == sum(steady_delays) * 1000 / len(STEADY)  # ground truth: the delays, per step
     window_ns = (late_traces.STEP_US - 10) * 1000  # the ProfilerStep windows
     assert f["saving_share"] == pytest.approx(f["saving_ns_per_step"] / window_ns)
-    assert f["confidence"] == "high" and f["evidence"]["times_last"] == f["evidence"]["collectives"] == 2
-    assert sorted(d["delay_ns"] for d in f["evidence"]["delays"]) == sorted(int(d * 1000) for d in DELAYS_US)
+    assert f["confidence"] == "high" and f["evidence"]["times_last"] == f["evidence"]["collectives"] == len(DELAYS_US)
+    assert sorted(d["delay_ns"] for d in f["evidence"]["delays"]) == sorted(int(d * 1000) for d in steady_delays)
     assert [e["name"] for e in f["evidence"]["top_events"]][:1] == ["slow_kernel"]  # what it did more
     own = [x for x in findings if x["kind"] == "grad_zeroing"]
     assert sorted(x["rank"] for x in own) == list(range(n))  # each rank's own findings, with its rank
@@ -59,7 +63,25 @@ def test_the_late_rank_finding_is_the_wait_per_step(tmp_path, capsys, monkeypatc
     assert json.loads(capsys.readouterr().out)["findings"] == findings
     assert main(["summarize", str(folder), "-q", "-j", "1"]) == 0
     text = capsys.readouterr().out
-    assert text.index(f"1. rank {late_rank} · late_rank · backward · steps 0-1") < text.index("Stragglers")
+    assert text.index(f"1. rank {late_rank} · late_rank · backward · steps 1-2") < text.index("Stragglers")
+
+
+@pytest.mark.parametrize("optimizer_from", [0, 2])
+def test_the_late_rank_counts_the_steady_steps_as_each_ranks_findings_do(tmp_path, capsys, monkeypatch, optimizer_from):
+    """With gradient accumulation (no optimizer step before step 2), warm-up runs to step 2: the late rank's saving
+    is over steps 3-4, as the rank's own detectors count them, from the traces and from a written dataset."""
+    delays = [300.0, 120.0, 180.0, 240.0, 60.0]
+    folder = late_traces.ranks_folder(tmp_path, 2, 1, delays, optimizer_from=optimizer_from)
+    steady = list(range(optimizer_from + 1, len(delays)))
+    parsed = profparse.load(folder / "rank1.json.gz", cache=False)
+    assert parsed.steps.loc[parsed.steps["steady"], "step"].tolist() == steady
+    assert AdviceContext.of(parsed).warm_up == list(range(optimizer_from + 1))
+    plant(monkeypatch, ())
+    late = [f for f in advise_json(capsys, str(folder)) if f["kind"] == "late_rank"]
+    assert [(f["rank"], f["steps"]) for f in late] == [(1, steady)]
+    assert late[0]["saving_ns_per_step"] == sum(delays[s] for s in steady) * 1000 / len(steady)
+    assert main(["parse", str(folder), "-o", str(tmp_path / "out"), "-q", "-j", "1"]) == 0
+    assert [f for f in advise_json(capsys, str(tmp_path / "out")) if f["kind"] == "late_rank"] == late
 
 
 def test_a_written_dataset_gives_the_same_findings(tmp_path, capsys, monkeypatch):

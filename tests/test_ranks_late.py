@@ -53,8 +53,11 @@ def collective(b: TraceBuilder, name: str, kernel: str, seq: int, cpu_ts: float,
     b.launch(cpu_ts + 1, start, end - start, tid=tid, name=kernel, **args)
 
 
-def rank_trace(path: Path, delays_us: list[float], *, extra_allreduce: bool = False, rename: bool = False) -> Path:
-    """Steps of forward (a broadcast, never late) and backward (an allreduce from the autograd thread).
+def rank_trace(
+    path: Path, delays_us: list[float], *, extra_allreduce: bool = False, rename: bool = False, optimizer_from: int = 0
+) -> Path:
+    """Steps of forward (a broadcast, never late) and backward (an allreduce from the autograd thread), and from
+    step ``optimizer_from`` on an optimizer step (before it: gradient accumulation).
 
     In step ``s`` this rank runs ``slow_kernel`` for ``delays_us[s]`` before its allreduce, so its allreduce kernel
     starts that much later; NCCL kernels of one collective end together (last arrival + transfer), as on a GPU.
@@ -82,9 +85,10 @@ def rank_trace(path: Path, delays_us: list[float], *, extra_allreduce: bool = Fa
         end = start + TRANSFER_US  # the on-time ranks' kernels end then too (_stretch_ends)
         collective(b, name, kernel, seq, t0 + 241, start, end, tid=AUTOGRAD)
         seq += 1
-        b.annotation("Optimizer.step#AdamW.step", t0 + 800, 20)
-        b.op("aten::_foreach_add_", t0 + 801, 10)
-        b.launch(t0 + 802, t0 + 810, 5, name="adam_kernel")
+        if step >= optimizer_from:
+            b.annotation("Optimizer.step#AdamW.step", t0 + 800, 20)
+            b.op("aten::_foreach_add_", t0 + 801, 10)
+            b.launch(t0 + 802, t0 + 810, 5, name="adam_kernel")
     if extra_allreduce:
         t0 = len(delays_us) * STEP_US
         b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t0, 20, tid=AUTOGRAD)
@@ -92,14 +96,18 @@ def rank_trace(path: Path, delays_us: list[float], *, extra_allreduce: bool = Fa
     return b.write(path)
 
 
-def ranks_folder(tmp_path: Path, n: int, late_rank: int, delays_us: list[float], **late_kwargs) -> Path:
+def ranks_folder(
+    tmp_path: Path, n: int, late_rank: int, delays_us: list[float], optimizer_from: int = 0, **late_kwargs
+) -> Path:
     """``n`` rank traces; ``late_rank`` is delayed by ``delays_us[step]`` before each backward allreduce; the others
-    wait for it: their allreduce kernels end with the late rank's."""
+    wait for it: their allreduce kernels end with the late rank's. Every rank steps its optimizer from step
+    ``optimizer_from`` on."""
     folder = tmp_path / f"ranks{n}"
     folder.mkdir()
     for r in range(n):
         own = delays_us if r == late_rank else [0.0] * len(delays_us)
-        rank_trace(folder / f"rank{r}.json.gz", own, **(late_kwargs if r == late_rank else {}))
+        kwargs = late_kwargs if r == late_rank else {}
+        rank_trace(folder / f"rank{r}.json.gz", own, optimizer_from=optimizer_from, **kwargs)
         if r != late_rank:  # the on-time ranks' kernels end when the late rank's transfer is done
             _stretch_ends(folder / f"rank{r}.json.gz", delays_us)
     return folder

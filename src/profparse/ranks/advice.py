@@ -3,8 +3,8 @@
 
 A late rank's saving is what the other ranks wait for it, per step: the sum over the collectives of that stage
 where it arrived last of its delay (its start minus the median start of the others, :mod:`profparse.ranks.late`),
-divided by the steps of the run; steady steps only, as the detectors count them (the first of three or more is
-warm-up). Every finding is one row with a ``rank`` column; all are sorted by saving.
+divided by the steps of the run; steady steps only, as the detectors count them (the ``steady`` column of the
+``steps`` table). Every finding is one row with a ``rank`` column; all are sorted by saving.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.advice import MIN_SHARE, Finding
-from profparse.analysis.advice.context import WARM_UP_FROM
 from profparse.analysis.advice.finding import COLUMNS, frame
 from profparse.ranks import late
 from profparse.ranks.dataset import is_rank_dataset, read_table
 from profparse.ranks.results import RankResult
+from profparse.stages.attribute import WARM_UP_FROM
 
 DELAYS_SHOWN = 20  # per-collective delays kept in a late_rank finding's evidence (the largest)
 
@@ -75,7 +75,7 @@ def _from_dataset(folder: str | Path) -> tuple[list[pd.DataFrame | None], dict[i
         own = [_with_rank(part.drop(columns="rank"), int(rank)) for rank, part in table.groupby("rank")]
     steps: dict[int, pd.DataFrame] = {}
     if (root / "steps").is_dir():
-        table = read_table(root, "steps", ["step", "start_ns", "end_ns"])
+        table = read_table(root, "steps")  # small; ``steady`` is absent in a dataset written before it
         steps = {int(rank): part for rank, part in table.groupby("rank")}
     return own, steps
 
@@ -84,11 +84,13 @@ def _from_dataset(folder: str | Path) -> tuple[list[pd.DataFrame | None], dict[i
 
 
 def steady_steps(steps: pd.DataFrame | None) -> pd.DataFrame | None:
-    """A rank's steady steps, as the detectors count them: the first of three or more is warm-up
-    (:data:`profparse.analysis.advice.context.WARM_UP_FROM`)."""
+    """A rank's steady steps, as the detectors count them (the ``steady`` column of its ``steps`` table; without
+    it, the first of :data:`~profparse.stages.attribute.WARM_UP_FROM` or more is warm-up)."""
     if steps is None or not len(steps):
         return None
     ordered = steps.sort_values("start_ns", kind="stable")
+    if "steady" in ordered.columns:
+        return ordered[ordered["steady"].astype(bool).to_numpy()]
     return ordered.iloc[1:] if len(ordered) >= WARM_UP_FROM else ordered
 
 

@@ -43,4 +43,4 @@ class RankResult:
     stage_names: pd.DataFrame | None = None  # late.stage_name_totals: per stage, time per kernel and op name
     path_segments: pd.DataFrame | None = None  # critical_path.waiting_segments: the path inside collectives
     findings: pd.DataFrame | None = None  # the rank's findings table (ranks.advice merges them across ranks)
-    steps: pd.DataFrame | None = None  # step, start_ns, end_ns of each step (a late rank's saving is per step)
+    steps: pd.DataFrame | None = None  # step, start_ns, end_ns, steady (a late rank's saving is per steady step)

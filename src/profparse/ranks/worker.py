@@ -58,7 +58,7 @@ def run_rank(task: RankTask) -> RankResult:
         result.collectives = late.collective_rows(parsed)
         result.path_segments = rank_paths.waiting_segments(parsed.critical_path, result.collectives)
         result.findings = parsed.table("findings")  # small: a few rows
-        result.steps = parsed.steps[["step", "start_ns", "end_ns"]]
+        result.steps = parsed.steps[["step", "start_ns", "end_ns", "steady"]]
         if task.out_root is None:  # summarize: sent back; a written dataset has them in its kernels and ops tables
             result.stage_names = late.stage_name_totals(parsed.kernels, parsed.ops)
         if task.out_root is not None:

@@ -146,7 +146,39 @@ def find_steps(
     """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread.
 
     Every window gets its own step number (see :func:`_unique_steps`); what was renumbered or dropped is said in
-    ``notes``."""
+    ``notes``. Column ``steady`` says which steps are past warm-up (:func:`_steady`)."""
+    steps, main = _step_windows(events, links, thread_names, notes)
+    optimizer_rows = np.flatnonzero(_rows_named(events, _OPTIMIZER_STEP) & links.host)
+    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer_rows])), main
+
+
+#: with this many steps or more, and no optimizer step to tell, the first step is warm-up
+WARM_UP_FROM = 3
+
+
+def _steady(steps: pd.DataFrame, optimizer_ts: np.ndarray) -> np.ndarray:
+    """Per step (in time order): past warm-up. Warm-up runs up to the first step that holds an optimizer step (its
+    first call makes the optimizer's state, the model's first steps grow the allocator), when a step is left
+    after it; else it is the first step of :data:`WARM_UP_FROM` or more."""
+    steady = np.ones(len(steps), dtype=bool)
+    window = step_window(optimizer_ts, steps)
+    window = window[window >= 0]
+    if len(window) and window.min() < len(steps) - 1:
+        steady[: window.min() + 1] = False
+    elif len(steps) >= WARM_UP_FROM:
+        steady[0] = False
+    return steady
+
+
+def _rows_named(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
+    codes = np.flatnonzero(_name_matches(events["name"].cat.categories, pattern.pattern))
+    return np.isin(events["name"].cat.codes.to_numpy(), codes)
+
+
+def _step_windows(
+    events: pd.DataFrame, links: Links, thread_names: dict, notes: list[str] | None
+) -> tuple[pd.DataFrame, int]:
+    """The windows and step numbers of :func:`find_steps`, and the main thread."""
     names = events["name"].cat.categories
     step_codes = np.flatnonzero(_name_matches(names, _STEP_NAME.pattern))
     is_step = np.isin(events["name"].cat.codes.to_numpy(), step_codes) & links.host

@@ -2,7 +2,9 @@
 
 The steps up to the first optimizer step are left out as warm-up (loading, the optimizer making its state, lazy
 initialisation, allocator growth, the profiler starting), as long as a step is left; without optimizer steps,
-the first of three or more. A finding is about the steady steps a training run repeats.
+the first of three or more: the ``steady`` column of the ``steps`` table
+(:func:`profparse.stages.attribute.find_steps`), which a rank folder's ``late_rank`` counts by too.
+A finding is about the steady steps a training run repeats.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ if TYPE_CHECKING:
 
 _STEP_RANGE = re.compile(r"^ProfilerStep#\d+$")
 _UNTRACED_IN_STEP = "(untraced code in the step)"  # path time of the step range itself: Python without ops
-#: with this many steps or more, the first is warm-up and left out
-WARM_UP_FROM = 3
 TOP_EVENTS = 5
 
 
@@ -42,8 +42,8 @@ class AdviceContext:
         steps = parsed.attribution.steps
         if steps.empty:
             return None
-        warm_up = warm_up_steps(parsed, steps)
-        steady = steps[~steps["step"].isin(warm_up)].reset_index(drop=True)
+        warm_up = [int(s) for s in steps.loc[~steps["steady"], "step"]]  # see stages.attribute.find_steps
+        steady = steps[steps["steady"]].reset_index(drop=True)
         path = parsed.table("critical_path")
         path = path[path["step"].isin(steady["step"])].reset_index(drop=True)
         path = path.assign(ns=path["end_ns"] - path["start_ns"])
@@ -236,28 +236,6 @@ class AdviceContext:
         totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
         count = len(self.steps)
         return [{"name": name, "ms_per_step": round(ns / count / 1e6, 3)} for name, ns in totals.items()]
-
-
-def warm_up_steps(parsed: ParsedTrace, steps: pd.DataFrame) -> list[int]:
-    """The steps that are not steady: up to the first that runs an optimizer step (its first call makes the
-    optimizer's state, the model's first steps grow the allocator), when a step is left after it; else the first
-    of :data:`WARM_UP_FROM` or more."""
-    events = parsed.raw.events
-    names = events["name"]
-    hit = np.fromiter(
-        (_OPTIMIZER_STEP.match(str(c)) is not None for c in names.cat.categories), bool, len(names.cat.categories)
-    )
-    codes = names.cat.codes.to_numpy()
-    rows = np.flatnonzero((codes >= 0) & hit[np.maximum(codes, 0)])
-    numbers = steps.sort_values("start_ns", kind="stable")["step"].to_numpy()  # in time order
-    position = pd.Index(numbers).get_indexer(parsed.attribution.step[rows])
-    position = position[position >= 0]
-    if len(position) and position.min() < len(numbers) - 1:
-        return [int(s) for s in numbers[: position.min() + 1]]
-    return [int(numbers[0])] if len(numbers) >= WARM_UP_FROM else []
-
-
-_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 
 
 def user_frame(ctx: AdviceContext, rows: np.ndarray) -> list[str]:
