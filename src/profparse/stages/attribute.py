@@ -50,13 +50,18 @@ def _name_matches(categories: pd.Index, pattern: str) -> np.ndarray:
     return np.fromiter((search(str(name)) is not None for name in categories), dtype=bool, count=len(categories))
 
 
-def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, thread_names: dict) -> int:
-    """The thread that drives training: holder of ProfilerStep, else of Optimizer.step, else the busiest."""
+def _rows_named(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean per row: does ``pattern`` match its name (``re.search``, once per name category)?"""
+    codes = np.flatnonzero(_name_matches(events["name"].cat.categories, pattern.pattern))
+    return np.isin(events["name"].cat.codes.to_numpy(), codes)
+
+
+def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, optimizer: np.ndarray) -> int:
+    """The thread that drives training: holder of ProfilerStep, else of Optimizer.step (``optimizer``: the host
+    rows named so), else the busiest."""
     if len(step_rows):
         return int(links.thread[step_rows[0]])
-    names = events["name"].cat.categories
-    opt_codes = np.flatnonzero(_name_matches(names, _OPTIMIZER_STEP.pattern))
-    opt_rows = np.flatnonzero(np.isin(events["name"].cat.codes.to_numpy(), opt_codes) & links.host)
+    opt_rows = np.flatnonzero(optimizer)
     if len(opt_rows):
         return int(links.thread[opt_rows[0]])
     ops = kind_mask(events, {"cpu_op"}) & links.host
@@ -140,16 +145,14 @@ def _free_numbers(used: set[int], count: int) -> list[int]:
     return [next(free) for _ in range(count)]
 
 
-def find_steps(
-    events: pd.DataFrame, links: Links, thread_names: dict, notes: list[str] | None = None
-) -> tuple[pd.DataFrame, int]:
+def find_steps(events: pd.DataFrame, links: Links, notes: list[str] | None = None) -> tuple[pd.DataFrame, int]:
     """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread.
 
     Every window gets its own step number (see :func:`_unique_steps`); what was renumbered or dropped is said in
     ``notes``. Column ``steady`` says which steps are past warm-up (:func:`_steady`)."""
-    steps, main = _step_windows(events, links, thread_names, notes)
-    optimizer_rows = np.flatnonzero(_rows_named(events, _OPTIMIZER_STEP) & links.host)
-    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer_rows])), main
+    optimizer = _rows_named(events, _OPTIMIZER_STEP) & links.host
+    steps, main = _step_windows(events, links, optimizer, notes)
+    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer])), main
 
 
 #: with this many steps or more, and no optimizer step to tell, the first step is warm-up
@@ -170,20 +173,13 @@ def _steady(steps: pd.DataFrame, optimizer_ts: np.ndarray) -> np.ndarray:
     return steady
 
 
-def _rows_named(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
-    codes = np.flatnonzero(_name_matches(events["name"].cat.categories, pattern.pattern))
-    return np.isin(events["name"].cat.codes.to_numpy(), codes)
-
-
 def _step_windows(
-    events: pd.DataFrame, links: Links, thread_names: dict, notes: list[str] | None
+    events: pd.DataFrame, links: Links, optimizer: np.ndarray, notes: list[str] | None
 ) -> tuple[pd.DataFrame, int]:
-    """The windows and step numbers of :func:`find_steps`, and the main thread."""
-    names = events["name"].cat.categories
-    step_codes = np.flatnonzero(_name_matches(names, _STEP_NAME.pattern))
-    is_step = np.isin(events["name"].cat.codes.to_numpy(), step_codes) & links.host
-    step_rows = np.flatnonzero(is_step)
-    main = _main_thread(events, links, step_rows, thread_names)
+    """The windows and step numbers of :func:`find_steps`, and the main thread (``optimizer``: the host rows of
+    optimizer steps)."""
+    step_rows = np.flatnonzero(_rows_named(events, _STEP_NAME) & links.host)
+    main = _main_thread(events, links, step_rows, optimizer)
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
     if len(step_rows):
@@ -203,10 +199,7 @@ def _step_windows(
             }
         )
         return steps, main
-    opt_codes = np.flatnonzero(_name_matches(names, _OPTIMIZER_STEP.pattern))
-    opt_rows = np.flatnonzero(
-        np.isin(events["name"].cat.codes.to_numpy(), opt_codes) & links.host & (links.thread == main)
-    )
+    opt_rows = np.flatnonzero(optimizer & (links.thread == main))
     if len(opt_rows) == 0:
         return pd.DataFrame({"step": [], "start_ns": [], "end_ns": [], "source": []}).astype(
             {"step": np.int64, "start_ns": np.int64, "end_ns": np.int64}
@@ -259,8 +252,7 @@ def _autograd_threads(events: pd.DataFrame, links: Links, thread_names: dict, ma
         for p, t in zip(threads["pid"], threads["tid"], strict=True)
     ]
     flags = np.array(named + [False], dtype=bool)
-    node_codes = np.flatnonzero(_name_matches(events["name"].cat.categories, _AUTOGRAD_NODE.pattern))
-    nodes = np.isin(events["name"].cat.codes.to_numpy(), node_codes) & links.host & kind_mask(events, {"cpu_op"})
+    nodes = _rows_named(events, _AUTOGRAD_NODE) & links.host & kind_mask(events, {"cpu_op"})
     runs_nodes = np.unique(links.thread[nodes])
     runs_nodes = runs_nodes[runs_nodes != main]
     flags[runs_nodes] = True
@@ -288,8 +280,7 @@ def _forward_linked(events: pd.DataFrame, links: Links, autograd: np.ndarray) ->
         return out
     seq = events["sequence_number"].to_numpy()
     ops = links.host & kind_mask(events, {"cpu_op"}) & (seq != NULL)
-    node_codes = np.flatnonzero(_name_matches(events["name"].cat.categories, _AUTOGRAD_NODE.pattern))
-    is_node = np.isin(events["name"].cat.codes.to_numpy(), node_codes)
+    is_node = _rows_named(events, _AUTOGRAD_NODE)
     nodes = ops & is_node
     if not nodes.any():
         return out
@@ -423,7 +414,7 @@ def attribute(
     gpu_rules = [*INFERENCE_RULES, *GRAPH_RULE_NAMES, *COLLECTIVE_RULE_NAMES]
     rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *gpu_rules]
     step_notes: list[str] = []
-    steps, main = find_steps(events, links, thread_names, step_notes)
+    steps, main = find_steps(events, links, step_notes)
     ts = events["ts_ns"].to_numpy()
     real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
     first_step = steps["start_ns"].min() if real_steps else None
