@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tracebuilder import TraceBuilder, backward_node, forward_op
 
 import profparse
 from profparse.analysis.advice import COLUMNS, KINDS, Finding
@@ -72,3 +73,45 @@ def test_findings_are_sane_on_real_traces(trace: Path) -> None:
         assert set(parse_steps(row.steps)) <= set(parsed.steps["step"])
         assert row.step_count == len(parse_steps(row.steps))
         assert isinstance(json.loads(row.evidence), dict)
+
+
+def _loader_steps(tmp_path: Path, wait_us: float, single: bool = False, step_us: float = 50_000) -> Path:
+    """Four CPU training steps of ``step_us``, each starting with ``wait_us`` in a DataLoader's ``__next__``."""
+    loader = "_SingleProcessDataLoaderIter" if single else "_MultiProcessingDataLoaderIter"
+    b = TraceBuilder()
+    for step in range(4):
+        t0 = step * step_us
+        b.annotation(f"ProfilerStep#{step}", t0, step_us)
+        b.annotation(f"enumerate(DataLoader)#{loader}.__next__", t0 + 1, wait_us)
+        work = (step_us - wait_us - 10) / 3
+        t = t0 + 2 + wait_us
+        b.py("nn.Module: Linear_0", t, work)
+        forward_op(b, "aten::linear", t + 1, work - 2, seq=step)
+        backward_node(b, "AddmmBackward0", t + work + 1, work - 2, seq=step)
+        b.annotation("Optimizer.step#AdamW.step", t + 2 * work + 2, work - 2)
+        b.op("aten::_fused_adamw_", t + 2 * work + 3, work - 4)
+    return b.write(tmp_path / f"loader_{wait_us}_{single}.json")
+
+
+@pytest.mark.parametrize(
+    ("wait_us", "single", "fires"),
+    [
+        (6_000, False, False),  # 12% of a 50 ms step, under 10 ms: the batch's hand-over from a worker
+        (15_000, False, True),  # the workers do not keep up
+        (3_000, True, True),  # in the main process every wait is the loader's own work
+    ],
+)
+def test_a_worker_loaders_hand_over_is_not_a_finding(tmp_path: Path, wait_us: float, single: bool, fires: bool) -> None:
+    found = profparse.load(_loader_steps(tmp_path, wait_us, single), cache=False).findings
+    found = found[found["kind"] == "data_loading"]
+    assert len(found) == int(fires), found
+    if fires:
+        assert found["saving_ns_per_step"].iloc[0] == pytest.approx(wait_us * 1e3, rel=0.01)
+
+
+def test_the_worker_wait_threshold() -> None:
+    from profparse.analysis.advice.host import worker_wait_threshold_ns
+
+    assert worker_wait_threshold_ns(50e6) == 10e6  # 10 ms, above 5% of the step
+    assert worker_wait_threshold_ns(20e6) == 5e6  # a quarter of a short step
+    assert worker_wait_threshold_ns(1e9) == 50e6  # 5% of a long step

@@ -50,7 +50,7 @@ WARMUP_STEPS = 1  # unprofiled: lazy initialisation, DataLoader workers, optimiz
 STEPS = 6  # profiled, each a ProfilerStep#N
 LR = 1e-3
 CLEAN = "clean"
-READ_S = 0.015  # data_loading: the time one sample's read takes (a sleep standing for file or network I/O)
+READ_S = 0.040  # data_loading: the time one sample's read takes (a sleep standing for file or network I/O)
 TOKENS_PER_WORD = 4  # data_loading: words of the synthetic text line per token kept
 
 #: Size overrides of the default tiny Qwen2, per model. ``deep``: many small parameters, so per-parameter host

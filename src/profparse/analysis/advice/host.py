@@ -13,8 +13,19 @@ from profparse.analysis.advice.waits import ALLOCATOR_CALL
 from profparse.trace.link import kind_mask
 
 SINGLE_PROCESS_LOADER = re.compile(r"_SingleProcessDataLoaderIter")
-#: with worker processes, a wait below this share of the step is the batch's hand-over, not a slow loader
+#: With worker processes, ``__next__`` also receives the batch: each tensor's shared memory is passed over a socket
+#: by the worker's sharer thread, a round trip to the worker process that takes up to ~10 ms on a loaded machine.
+#: A wait is a slow loader, not that hand-over, from 5% of the step and 10 ms, or from a quarter of a short step.
 WORKER_HANDOVER_SHARE = 0.05
+WORKER_HANDOVER_NS = 10_000_000
+WORKER_WAIT_SHARE = 0.25
+
+
+def worker_wait_threshold_ns(step_ns: float) -> float:
+    """The per-step wait from which a loader with worker processes is reported (below it: the hand-over)."""
+    return min(max(WORKER_HANDOVER_SHARE * step_ns, WORKER_HANDOVER_NS), WORKER_WAIT_SHARE * step_ns)
+
+
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _HOST_BOUNDS = ("python", "cpu_op", "launch", "sync_wait")
 
@@ -24,7 +35,7 @@ def data_loading(ctx: AdviceContext) -> list[Finding]:
     segments = (ctx.path["bound"] == "data").to_numpy()
     single = bool((ctx.names(SINGLE_PROCESS_LOADER) & ctx.in_steps()).any())
     where = " in the main process (DataLoader num_workers=0)" if single else ""
-    if not single and ctx.per_step(segments).mean() < WORKER_HANDOVER_SHARE * ctx.step_ns:
+    if not single and ctx.per_step(segments).mean() < worker_wait_threshold_ns(ctx.step_ns):
         return []  # taking a batch from worker processes costs a little: not worth a finding
     return from_path(
         ctx,
