@@ -4,8 +4,10 @@ step boundary, and each piece's step window equals step_window's."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+import pytest
 from conftest import parsed
-from tracebuilder import TraceBuilder, training_step
+from tracebuilder import MAIN, TraceBuilder, backward_node, forward_op, training_step
 
 from profparse.base.marks import STAGES
 from profparse.tables.host_time import HOST_LEVELS, host_levels, host_segments, host_time
@@ -94,3 +96,42 @@ def test_a_piece_across_several_step_boundaries_is_split_at_each(tmp_path):
     seg = host_segments(p.raw.events, p.links, p.attribution)
     np.testing.assert_array_equal(seg.step_index, step_window(seg.start, p.attribution.steps))
     assert (seg.end > seg.start).all()
+
+
+def test_a_loop_frame_across_the_first_step_range_counts_the_step_once(tmp_path):
+    """The capture's step loop is a Python frame that starts just after ``ProfilerStep#1`` begins and ends after the
+    last step, so the first step range does not contain the work (the frame does). The step range's own time is
+    not stage time: step 1's stages add up to its window, not to its window plus all of it again as ``other``."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    b.py("capture/run.py(361): _training_steps", 2, 250)  # ends after ProfilerStep#2 [100, 200)
+    for step, t0 in ((1, 0), (2, 100)):
+        if step == 2:
+            b.annotation("ProfilerStep#2", t0, 100)
+        b.py("nn.Module: Linear_0", t0 + 5, 20)
+        forward_op(b, "aten::linear", t0 + 6, 15, seq=step)
+        backward_node(b, "AddmmBackward0", t0 + 30, 30, seq=step, tid=MAIN)
+        b.annotation("Optimizer.step#AdamW.step", t0 + 70, 20)
+        b.op("aten::_foreach_add_", t0 + 71, 10)
+    p = parsed(b.write(tmp_path / "t.json"))
+    ht = host_time(p.raw.events, p.links, p.attribution)
+    per_step = ht[ht["scope"] != "total"].pivot_table("host_wall_ns", "step", "stage_code", aggfunc="sum")
+    per_step = per_step.reindex(columns=range(len(STAGES)), fill_value=0).fillna(0)
+    fwd, bwd, opt, other = (STAGES.index(s) for s in ("forward", "backward", "optimizer", "other"))
+    for step in (1, 2):
+        assert per_step.loc[step, [fwd, bwd, opt]].tolist() == [20 * US, 30 * US, 20 * US]
+        assert per_step.loc[step, other] == 0  # the loop frame holds every stage: its own time is no stage's
+        assert per_step.loc[step].sum() <= 100 * US
+
+
+def test_one_thread_traces_stages_add_up_to_at_most_the_window(sample_trace):
+    """On a trace whose stages all ran on one thread, a moment counts in one stage at most: per step, the stages'
+    host wall adds up to at most the step's window."""
+    p = parsed(sample_trace)
+    ht = host_time(p.raw.events, p.links, p.attribution)
+    rows = ht[(ht["scope"] != "total") & (ht["host_wall_ns"] > 0)]
+    if len(set(p.links.thread[p.attribution.stage != STAGES.index("other")])) > 1:
+        pytest.skip("stages ran on several threads")
+    window = (p.steps["end_ns"] - p.steps["start_ns"]).set_axis(p.steps["step"])
+    total = rows[rows["step"].isin(window.index)].groupby("step")["host_wall_ns"].sum()
+    assert (total <= window.reindex(total.index)).all(), pd.concat({"stages": total, "window": window}, axis=1)

@@ -19,7 +19,7 @@ from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
 from profparse.trace.link import Links, depth_order, first_row_of, kind_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")  # the profiler's step ranges
 # Step numbers are kept exact wherever they go: int64 columns, JSON outputs and the report's JavaScript (a double).
 MAX_STEP_NUMBER = (1 << 53) - 1
 _MAX_STEP_DIGITS = len(str(MAX_STEP_NUMBER))  # longer digit strings are never parsed (int() of 5,000 digits raises)
@@ -73,7 +73,7 @@ def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, opti
 
 def _step_number(name: str) -> int | None:
     """The N of ``ProfilerStep#N``, None when it is beyond :data:`MAX_STEP_NUMBER`."""
-    digits = _STEP_NAME.match(name).group(1)
+    digits = STEP_NAME.match(name).group(1)
     if len(digits) > _MAX_STEP_DIGITS:
         return None
     number = int(digits)
@@ -178,7 +178,7 @@ def _step_windows(
 ) -> tuple[pd.DataFrame, int]:
     """The windows and step numbers of :func:`find_steps`, and the main thread (``optimizer``: the host rows of
     optimizer steps)."""
-    step_rows = np.flatnonzero(_rows_named(events, _STEP_NAME) & links.host)
+    step_rows = np.flatnonzero(_rows_named(events, STEP_NAME) & links.host)
     main = _main_thread(events, links, step_rows, optimizer)
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()

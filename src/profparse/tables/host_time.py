@@ -14,7 +14,7 @@ import pandas as pd
 
 from profparse.base.intervals import group_running_max, group_start_order, line_union, on_one_line
 from profparse.base.marks import STAGES
-from profparse.stages.attribute import Attribution, step_window
+from profparse.stages.attribute import STEP_NAME, Attribution, step_window
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask
@@ -100,6 +100,8 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     Counted: ops, user ranges, Python frames and runtime calls longer than zero, on working threads
     (:func:`working_threads`), except ranges that hold several stages (``ProfilerStep#N``, ``<module>``), whose
     own time belongs to no stage. Nested events partition their parent, so on one thread the pieces do not overlap.
+    ``ProfilerStep#N`` ranges never count: they mark the step, and need not nest with the Python frames (a loop
+    frame that starts just after the first step's range begins holds the step's work, and ends after it).
     """
     ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
@@ -112,7 +114,7 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
         if not bad.size:
             break
         parent[bad] = links.parent[parent[bad]]
-    counted = tree & ~mixed_containers(links.parent, links.depth, stage)
+    counted = tree & ~mixed_containers(links.parent, links.depth, stage) & ~_names_matching(events, STEP_NAME)
     counted &= working_threads(events, links, stage)[links.thread]
     level = _levels(events, links)
 
@@ -145,8 +147,29 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     release_memory()  # the freed temporaries above stay resident in the heap otherwise, under the pieces below
     keep = np.flatnonzero(counted[seg_owner] & (seg_end > seg_start))
     seg_owner, seg_start, seg_end = seg_owner[keep], seg_start[keep], seg_end[keep]
+    _end_at_next_piece(links.thread[seg_owner], seg_start, seg_end)
+    keep = np.flatnonzero(seg_end > seg_start)
+    seg_owner, seg_start, seg_end = seg_owner[keep], seg_start[keep], seg_end[keep]
     del keep
     return _cut_at_steps(seg_owner, seg_start, seg_end, stage, level, attribution.steps)
+
+
+def _end_at_next_piece(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+    """End each piece no later than the next piece of its thread starts (``end`` in place).
+
+    Where events nest, pieces of own time partition a thread's time and nothing changes. An event that starts
+    inside another and ends after it (``record_function.__enter__``'s frame around the range it opens, a loop
+    frame that starts just after the first ``ProfilerStep`` range) would give the time they share twice: it goes
+    to the piece that started last."""
+    if len(start) < 2:
+        return
+    order = group_start_order(thread, start)
+    th = thread[order]
+    ends = end[order]
+    next_start = start[order][1:]
+    same = th[1:] == th[:-1]
+    ends[:-1][same] = np.minimum(ends[:-1][same], next_start[same])
+    end[order] = ends
 
 
 def _levels(events: pd.DataFrame, links: Links) -> np.ndarray:
