@@ -143,7 +143,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "load_breakdown",
             "profparse.analysis.load:load_breakdown",
-            (*_ROWS, "substeps"),
+            (*_ROWS, "substeps", "host_time"),
             "docs/analyses.md",
             "loading sub-steps (config, class resolution, instantiation, weights, device transfer, unattributed)",
         ),
