@@ -32,10 +32,10 @@ import pandas as pd
 
 from profparse.analysis.comm import COMM_KERNEL
 from profparse.base.marks import STAGES
-from profparse.stages.attribute import Attribution
+from profparse.stages.attribute import STEP_NAME, Attribution
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, kind_mask, name_mask
 
 BOUNDS: tuple[str, ...] = (
     "python",
@@ -64,7 +64,6 @@ INFER_MAX_RETURN_NS = 20_000
 STREAM_WAIT_NS = 20_000
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "other")
 _DATA_RULE = "other.data"
-STEP_RANGE = re.compile(r"^ProfilerStep#\d+$")
 IDLE_HOST = "(untraced host time)"
 IDLE_GPU = "(GPU idle)"
 
@@ -284,7 +283,7 @@ def _recorded_waits(events: pd.DataFrame, name: str) -> np.ndarray:
     """Rows of the ``cuda_sync`` events called ``name`` that name the stream they wait on."""
     if "wait_on_stream" not in events.columns:
         return np.zeros(0, dtype=np.int64)
-    named = kind_mask(events, {"cuda_sync"}) & _name_flags(events, re.compile(f"^{name}$"))
+    named = kind_mask(events, {"cuda_sync"}) & name_mask(events, re.compile(f"^{name}$"))
     on = events["wait_on_stream"].to_numpy()
     return np.flatnonzero(named & (on != NULL) & (on >= 0) & (events["correlation"].to_numpy() != NULL))
 
@@ -356,14 +355,6 @@ def _recorded_stream_waits(work: GpuWork, device: np.ndarray, stream: np.ndarray
     return wait
 
 
-def _name_flags(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
-    """Per row: its name matches ``pattern`` (decided once per distinct name)."""
-    names = events["name"].cat.categories
-    hit = np.fromiter((pattern.search(str(n)) is not None for n in names), dtype=bool, count=len(names))
-    codes = events["name"].cat.codes.to_numpy()
-    return (codes >= 0) & hit[np.maximum(codes, 0)]
-
-
 def blocking_calls(events: pd.DataFrame, links: Links) -> tuple[np.ndarray, np.ndarray]:
     """Runtime calls that block the host until GPU work is done, and which were inferred from timing alone.
 
@@ -372,13 +363,13 @@ def blocking_calls(events: pd.DataFrame, links: Links) -> tuple[np.ndarray, np.n
     without ``cuda_sync`` events also any runtime call that waited :data:`INFER_MIN_WAIT_NS` for GPU work and
     returned within :data:`INFER_MAX_RETURN_NS` of its end. Returns (boolean per row: blocking, inferred)."""
     runtime = kind_mask(events, {"cuda_runtime", "cuda_driver"}) & links.host
-    named = _name_flags(events, BLOCKING_CALL)
+    named = name_mask(events, BLOCKING_CALL)
     op = links.enclosing_op.astype(np.int64)
-    named |= (op >= 0) & _name_flags(events, BLOCKING_OP)[np.maximum(op, 0)]
+    named |= (op >= 0) & name_mask(events, BLOCKING_OP)[np.maximum(op, 0)]
     corr = events["correlation"].to_numpy()
     sync = kind_mask(events, {"cuda_sync"})
     if sync.any():
-        waits = sync & _name_flags(events, re.compile(r"Stream Wait Event"))
+        waits = sync & name_mask(events, re.compile(r"Stream Wait Event"))
         named |= np.isin(corr, corr[sync & ~waits]) & (corr != NULL)
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
@@ -481,7 +472,7 @@ def _synced_stream(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
 def _synced_stream_of(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
     """The stream each call synchronises, from its ``Stream Sync`` event (same correlation); NULL: unknown."""
     out = np.full(len(calls), NULL, dtype=np.int64)
-    syncs = np.flatnonzero(kind_mask(events, {"cuda_sync"}) & _name_flags(events, re.compile(r"^Stream Sync$")))
+    syncs = np.flatnonzero(kind_mask(events, {"cuda_sync"}) & name_mask(events, re.compile(r"^Stream Sync$")))
     corr = events["correlation"].to_numpy()
     syncs = syncs[(corr[syncs] != NULL) & (events["stream"].to_numpy()[syncs] != NULL)]
     if not len(syncs) or not len(calls):
@@ -529,7 +520,7 @@ def thread_joins(events: pd.DataFrame, links: Links, attribution: Attribution, r
 
 def _kernel_bounds(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     kind = events["kind"].cat.codes.to_numpy()[rows]
-    comm = _name_flags(events, COMM_KERNEL)[rows]
+    comm = name_mask(events, COMM_KERNEL)[rows]
     bound = np.full(len(rows), BOUND_CODE["gpu_compute"], dtype=np.int8)
     bound[kind == KIND_CODE["gpu_memcpy"]] = BOUND_CODE["memcpy"]
     bound[comm & (kind == KIND_CODE["kernel"])] = BOUND_CODE["gpu_comm"]
@@ -864,7 +855,7 @@ def _columns(
     del stage_row
     # the step range's own time is code the profiler did not trace (Python between ops without stacks): like
     # time outside every event it takes the stage around it, not the range's ``other``
-    stage[(row >= 0) & _name_flags(events, STEP_RANGE)[np.maximum(row, 0)]] = -1
+    stage[(row >= 0) & name_mask(events, STEP_NAME)[np.maximum(row, 0)]] = -1
     same_step = np.concatenate([k[1:] == k[:-1], [False]])
     next_gpu = np.where(same_step, np.roll(gpu, -1), False)
     filler_gpu = ~has & next_gpu  # a stream's chain ran out in the step: idle time of the activity after it

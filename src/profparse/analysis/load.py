@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +17,7 @@ from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.host_time import HOST_SPAN_KINDS, host_time, mixed_containers
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, kind_mask, names_matching
 
 LOAD = STAGES.index("load")
 _DEPTH_BITS = 12
@@ -53,11 +52,6 @@ class LoadSubsteps:
         return pd.Categorical.from_codes(self.rule, categories=self.rule_names)
 
 
-def _name_matches(categories: pd.Index, pattern: str) -> np.ndarray:
-    search = re.compile(pattern).search
-    return np.fromiter((search(str(name)) is not None for name in categories), dtype=bool, count=len(categories))
-
-
 def load_substeps(
     events: pd.DataFrame, links: Links, attribution: Attribution, rules: list[LoadRule] | None = None
 ) -> LoadSubsteps:
@@ -82,7 +76,7 @@ def load_substeps(
     for index in range(len(rules) - 1, -1, -1):  # lowest priority first, so higher ones overwrite
         r = rules[index]
         kind_ok = np.isin(kinds, [events["kind"].cat.categories.get_loc(k) for k in r.kinds])
-        mask = kind_ok & _name_matches(categories, r.pattern)[name_codes]
+        mask = kind_ok & names_matching(categories, r.pattern)[name_codes]
         key = (r.priority + 1) << (_DEPTH_BITS + _RULE_BITS)
         own[mask] = key + (depth[mask] << _RULE_BITS) + index
 

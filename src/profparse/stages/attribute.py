@@ -16,7 +16,7 @@ from profparse.stages.graph_launch import GRAPH_RULE_NAMES, stage_graph_kernels
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
-from profparse.trace.link import Links, depth_order, first_row_of, kind_mask
+from profparse.trace.link import Links, depth_order, first_row_of, kind_mask, name_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")  # the profiler's step ranges
@@ -42,18 +42,6 @@ class Attribution:
     steps: pd.DataFrame  # step, start_ns, end_ns, source
     rules: list[StageRule]
     step_notes: list[str] = field(default_factory=list)  # steps renumbered or dropped (quality warning)
-
-
-def _name_matches(categories: pd.Index, pattern: str) -> np.ndarray:
-    """Boolean per name category: does ``pattern`` match (``re.search``)?"""
-    search = re.compile(pattern).search
-    return np.fromiter((search(str(name)) is not None for name in categories), dtype=bool, count=len(categories))
-
-
-def _rows_named(events: pd.DataFrame, pattern: re.Pattern[str]) -> np.ndarray:
-    """Boolean per row: does ``pattern`` match its name (``re.search``, once per name category)?"""
-    codes = np.flatnonzero(_name_matches(events["name"].cat.categories, pattern.pattern))
-    return np.isin(events["name"].cat.codes.to_numpy(), codes)
 
 
 def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, optimizer: np.ndarray) -> int:
@@ -150,7 +138,7 @@ def find_steps(events: pd.DataFrame, links: Links, notes: list[str] | None = Non
 
     Every window gets its own step number (see :func:`_unique_steps`); what was renumbered or dropped is said in
     ``notes``. Column ``steady`` says which steps are past warm-up (:func:`_steady`)."""
-    optimizer = _rows_named(events, _OPTIMIZER_STEP) & links.host
+    optimizer = name_mask(events, _OPTIMIZER_STEP) & links.host
     steps, main = _step_windows(events, links, optimizer, notes)
     return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer])), main
 
@@ -178,7 +166,7 @@ def _step_windows(
 ) -> tuple[pd.DataFrame, int]:
     """The windows and step numbers of :func:`find_steps`, and the main thread (``optimizer``: the host rows of
     optimizer steps)."""
-    step_rows = np.flatnonzero(_rows_named(events, STEP_NAME) & links.host)
+    step_rows = np.flatnonzero(name_mask(events, STEP_NAME) & links.host)
     main = _main_thread(events, links, step_rows, optimizer)
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
@@ -252,7 +240,7 @@ def _autograd_threads(events: pd.DataFrame, links: Links, thread_names: dict, ma
         for p, t in zip(threads["pid"], threads["tid"], strict=True)
     ]
     flags = np.array(named + [False], dtype=bool)
-    nodes = _rows_named(events, _AUTOGRAD_NODE) & links.host & kind_mask(events, {"cpu_op"})
+    nodes = name_mask(events, _AUTOGRAD_NODE) & links.host & kind_mask(events, {"cpu_op"})
     runs_nodes = np.unique(links.thread[nodes])
     runs_nodes = runs_nodes[runs_nodes != main]
     flags[runs_nodes] = True
@@ -280,7 +268,7 @@ def _forward_linked(events: pd.DataFrame, links: Links, autograd: np.ndarray) ->
         return out
     seq = events["sequence_number"].to_numpy()
     ops = links.host & kind_mask(events, {"cpu_op"}) & (seq != NULL)
-    is_node = _rows_named(events, _AUTOGRAD_NODE)
+    is_node = name_mask(events, _AUTOGRAD_NODE)
     nodes = ops & is_node
     if not nodes.any():
         return out

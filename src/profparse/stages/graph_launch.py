@@ -23,8 +23,6 @@ not a launch: :mod:`profparse.analysis.levels` leaves graph activity out of the 
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -39,19 +37,10 @@ from profparse.stages.rules import (
     UNCLASSIFIED,
 )
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
-from profparse.trace.link import Links, kind_mask, track_keys
+from profparse.trace.link import Links, kind_mask, name_mask, track_keys
 
 GRAPH_RULE_NAMES = tuple(r.name for r in GRAPH_RULES)
 CAPTURE, SEQUENCE, LAUNCH = range(3)  # indexes into GRAPH_RULES
-
-
-def _names_matching(events: pd.DataFrame, pattern: str) -> np.ndarray:
-    """Per row: does its name match ``pattern`` (``re.search``)? Tested once per distinct name."""
-    search = re.compile(pattern).search
-    names = events["name"].cat.categories
-    ok = np.fromiter((search(str(n)) is not None for n in names), dtype=bool, count=len(names))
-    codes = events["name"].cat.codes.to_numpy()
-    return np.where(codes >= 0, ok[np.maximum(codes, 0)], False)
 
 
 def graph_replayed(events: pd.DataFrame, links: Links) -> np.ndarray:
@@ -59,7 +48,7 @@ def graph_replayed(events: pd.DataFrame, links: Links) -> np.ndarray:
     out = np.zeros(len(events), dtype=bool)
     rows = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS) & (links.launch >= 0))
     if len(rows):
-        out[rows] = _names_matching(events, GRAPH_LAUNCH)[links.launch[rows]]
+        out[rows] = name_mask(events, GRAPH_LAUNCH)[links.launch[rows]]
     return out
 
 
@@ -102,8 +91,8 @@ def _capture_windows(events: pd.DataFrame, links: Links) -> pd.DataFrame:
     ``StreamEndCapture`` call after it on the same thread."""
     runtime = kind_mask(events, RUNTIME_KINDS) & links.host
     ts = events["ts_ns"].to_numpy()
-    begins = np.flatnonzero(runtime & _names_matching(events, GRAPH_CAPTURE_BEGIN))
-    ends = np.flatnonzero(runtime & _names_matching(events, GRAPH_CAPTURE_END))
+    begins = np.flatnonzero(runtime & name_mask(events, GRAPH_CAPTURE_BEGIN))
+    ends = np.flatnonzero(runtime & name_mask(events, GRAPH_CAPTURE_END))
     empty = pd.DataFrame({"pid": [], "start_ns": [], "end_ns": []}, dtype=np.int64)
     if not len(begins) or not len(ends):
         return empty
@@ -132,7 +121,7 @@ def _captured_launches(events: pd.DataFrame, links: Links, windows: pd.DataFrame
     corr = events["correlation"].to_numpy()
     activity = kind_mask(events, GPU_ACTIVITY_KINDS) & (corr != NULL)
     candidates = kind_mask(events, RUNTIME_KINDS) & links.host & (corr != NULL)
-    candidates &= _names_matching(events, GRAPH_NODE_CALL) & ~_names_matching(events, GRAPH_LAUNCH)
+    candidates &= name_mask(events, GRAPH_NODE_CALL) & ~name_mask(events, GRAPH_LAUNCH)
     rows = np.flatnonzero(candidates)
     rows = rows[~np.isin(corr[rows], corr[activity])]
     ts = events["ts_ns"].to_numpy()

@@ -17,7 +17,7 @@ from profparse.base.marks import STAGES
 from profparse.stages.attribute import STEP_NAME, Attribution, step_window
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL, RUNTIME_KINDS
-from profparse.trace.link import Links, depth_order, kind_mask
+from profparse.trace.link import Links, depth_order, kind_mask, name_mask
 
 HOST_SPAN_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"})
 
@@ -58,13 +58,6 @@ WAIT_FRAME = re.compile(
 )
 
 
-def _names_matching(events: pd.DataFrame, pattern: re.Pattern) -> np.ndarray:
-    """Per row: does its name match ``pattern``?"""
-    names = events["name"].cat.categories
-    hit = np.fromiter((pattern.search(str(x)) is not None for x in names), dtype=bool, count=len(names))
-    return hit[events["name"].cat.codes.to_numpy()]
-
-
 def working_threads(events: pd.DataFrame, links: Links, stage: np.ndarray) -> np.ndarray:
     """Per host thread id (plus a trailing False for 'no thread'): does it create stage time?
 
@@ -98,10 +91,11 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     """The time each host thread spends in each counted event's own code (its duration minus its children's).
 
     Counted: ops, user ranges, Python frames and runtime calls longer than zero, on working threads
-    (:func:`working_threads`), except ranges that hold several stages (``ProfilerStep#N``, ``<module>``), whose
-    own time belongs to no stage. Nested events partition their parent, so on one thread the pieces do not overlap.
-    ``ProfilerStep#N`` ranges never count: they mark the step, and need not nest with the Python frames (a loop
-    frame that starts just after the first step's range begins holds the step's work, and ends after it).
+    (:func:`working_threads`), except ``ProfilerStep#N`` ranges (they mark the step, and need not nest with the
+    Python frames: a loop frame that starts just after the first step's range begins holds the step's work, and
+    ends after it) and ranges that hold several stages (``<module>``), whose own time belongs to no stage. Nested
+    events partition their parent; pieces of events that cross instead of nesting are ended where the next piece of
+    their thread starts (:func:`_end_at_next_piece`), so on one thread the pieces do not overlap.
     """
     ts = events["ts_ns"].to_numpy()
     dur = events["dur_ns"].to_numpy()
@@ -114,7 +108,7 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
         if not bad.size:
             break
         parent[bad] = links.parent[parent[bad]]
-    counted = tree & ~mixed_containers(links.parent, links.depth, stage) & ~_names_matching(events, STEP_NAME)
+    counted = tree & ~mixed_containers(links.parent, links.depth, stage) & ~name_mask(events, STEP_NAME)
     counted &= working_threads(events, links, stage)[links.thread]
     level = _levels(events, links)
 
@@ -181,9 +175,9 @@ def _levels(events: pd.DataFrame, links: Links) -> np.ndarray:
     level[in_op & (kind != KIND_CODE["cpu_op"])] = _LEVEL["op_python"]
     runtime = kind_mask(events, RUNTIME_KINDS)
     level[runtime] = _LEVEL["runtime"]
-    level[runtime & _names_matching(events, SYNC_NAME)] = _LEVEL["sync"]
+    level[runtime & name_mask(events, SYNC_NAME)] = _LEVEL["sync"]
     python = kind == KIND_CODE["python_function"]
-    waiting = python & ~in_op & _names_matching(events, WAIT_FRAME)
+    waiting = python & ~in_op & name_mask(events, WAIT_FRAME)
     if waiting.any():  # a waiting frame with an op below it on its thread is running that work itself
         op_below = np.zeros(len(events), dtype=bool)
         anc = links.parent[(kind == KIND_CODE["cpu_op"]) & links.host]

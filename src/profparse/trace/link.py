@@ -8,6 +8,7 @@ enclosing ``cpu_op`` as its launching op.
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,21 @@ def index_dtype(rows: int) -> type:
     """The integer type of row numbers into a table of ``rows`` rows (``-1``: none): int32 where they fit, which
     halves the memory of the links that every later stage keeps."""
     return np.int32 if rows < 2**31 else np.int64
+
+
+def names_matching(categories: pd.Index, pattern: re.Pattern[str] | str) -> np.ndarray:
+    """Boolean per name category: does ``pattern`` match (``re.search``)? One more ``False`` at the end, so the
+    array can be indexed by the name codes directly (a row without a name, code ``-1``, matches nothing)."""
+    search = (re.compile(pattern) if isinstance(pattern, str) else pattern).search
+    hit = np.zeros(len(categories) + 1, dtype=bool)
+    hit[:-1] = np.fromiter((search(str(name)) is not None for name in categories), dtype=bool, count=len(categories))
+    return hit
+
+
+def name_mask(events: pd.DataFrame, pattern: re.Pattern[str] | str) -> np.ndarray:
+    """Boolean per row: does ``pattern`` match its name (``re.search``)? Tested once per distinct name."""
+    names = events["name"]
+    return names_matching(names.cat.categories, pattern)[names.cat.codes.to_numpy()]
 
 
 def kind_mask(events: pd.DataFrame, kinds: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:

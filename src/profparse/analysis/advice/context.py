@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from profparse.stages.attribute import STEP_NAME
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
-from profparse.trace.link import kind_mask
+from profparse.trace.link import kind_mask, name_mask
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
-_STEP_RANGE = re.compile(r"^ProfilerStep#\d+$")
 _UNTRACED_IN_STEP = "(untraced code in the step)"  # path time of the step range itself: Python without ops
 TOP_EVENTS = 5
 
@@ -66,11 +66,7 @@ class AdviceContext:
 
     def names(self, pattern: re.Pattern[str]) -> np.ndarray:
         """Boolean per row: does its name match ``pattern`` (``search``)? Tested once per distinct name."""
-        names = self.events["name"]
-        cats = names.cat.categories
-        hit = np.fromiter((pattern.search(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+        return name_mask(self.events, pattern)
 
     def in_steps(self) -> np.ndarray:
         """Boolean per row: the event starts inside a steady step."""
@@ -232,7 +228,7 @@ class AdviceContext:
             rows = key[segment_mask]
             own = seg["name"].astype(str).to_numpy()
             names = np.where(rows >= 0, self.name_of(np.maximum(rows, 0)), own)
-        names = [_UNTRACED_IN_STEP if _STEP_RANGE.match(name) else name for name in names]
+        names = [_UNTRACED_IN_STEP if STEP_NAME.match(name) else name for name in names]
         totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
         count = len(self.steps)
         return [{"name": name, "ms_per_step": round(ns / count / 1e6, 3)} for name, ns in totals.items()]

@@ -10,6 +10,7 @@ from profparse.analysis.advice.build import from_path
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
 from profparse.analysis.advice.waits import ALLOCATOR_CALL
+from profparse.stages.attribute import STEP_NAME
 from profparse.trace.link import kind_mask
 
 SINGLE_PROCESS_LOADER = re.compile(r"_SingleProcessDataLoaderIter")
@@ -26,7 +27,6 @@ def worker_wait_threshold_ns(step_ns: float) -> float:
     return min(max(WORKER_HANDOVER_SHARE * step_ns, WORKER_HANDOVER_NS), WORKER_WAIT_SHARE * step_ns)
 
 
-PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _HOST_BOUNDS = ("python", "cpu_op", "launch", "sync_wait")
 
 
@@ -55,7 +55,7 @@ def between_steps(ctx: AdviceContext) -> list[Finding]:
     segments = (path["stage"] == "other").to_numpy() & path["bound"].isin(_HOST_BOUNDS).to_numpy()
     rows = ctx.segment_rows
     key = np.full(len(rows), -1, dtype=np.int64)
-    key[segments] = ctx.below(rows[segments], ctx.names(PROFILER_STEP))
+    key[segments] = ctx.below(rows[segments], ctx.names(STEP_NAME))
     return from_path(
         ctx,
         "between_steps",
