@@ -213,7 +213,7 @@ class GpuWork:
     wait: np.ndarray  # position of the activity on another stream it waited for (-1: none)
 
 
-def _gpu_work(events: pd.DataFrame, links: Links) -> GpuWork:
+def gpu_work(events: pd.DataFrame, links: Links) -> GpuWork:
     rows = np.flatnonzero(kind_mask(events, {"kernel", "gpu_memcpy", "gpu_memset"}))
     device = _device(events, rows)
     stream = events["stream"].to_numpy()[rows]
@@ -603,7 +603,7 @@ def dependency_graph(events: pd.DataFrame, links: Links, attribution: Attributio
     del blocking
     release_memory()
     nh = len(host.start)
-    work = _gpu_work(events, links)
+    work = gpu_work(events, links)
     gpu = _gpu_nodes(events, links, work, pieces, nh)
     position = np.full(len(events), -1, dtype=np.int64)
     position[work.rows] = np.arange(len(work.rows))

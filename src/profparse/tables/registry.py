@@ -220,6 +220,15 @@ TABLES: dict[str, TableSpec] = {
             "one row per segment of each step's critical path: step, stage, bound, start, end, event",
         ),
         TableSpec(
+            "replay",
+            "profparse.analysis.profiler_cost:replay_table",
+            (*_ROWS, "header"),
+            "docs/without_profiler.md",
+            "per steady step: measured, replayed unchanged, in a loop, and replayed without the profiler's cost",
+            written=False,  # a replay per step: computed when summarize or advise asks, not by parse
+            stored=False,
+        ),
+        TableSpec(
             "flops",
             "profparse.analysis.flop_counts:flop_table",
             (*_ROWS, "flop_counts"),

@@ -1,0 +1,101 @@
+"""The profiler's own cost, and each step replayed without it (docs/without_profiler.md).
+
+``torch.profiler`` adds host time to every event it records. Each recorded event is charged a cost by kind
+(:data:`~profparse.analysis.replay.OVERHEAD_KINDS`): measured where profparse captured the trace (the trace's
+``profparse_calibration`` field, basis ``calibrated``), else the documented defaults (basis ``default``). The
+steady steps are replayed with that cost taken out (:mod:`profparse.analysis.replay`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from profparse.analysis import replay as rp
+from profparse.stages.attribute import Attribution
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS
+from profparse.trace.link import Links, kind_mask
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
+
+#: the trace's top-level field where profparse's capture stores what it measured (docs/without_profiler.md)
+CALIBRATION_KEY = "profparse_calibration"
+#: ns of host time the profiler adds per recorded event, by kind, on a CUDA trace: fitted on the 21 H200
+#: captures of ``h200_pairs`` (torch 2.11, record_shapes on, CUPTI kernel tracing), "op" and "python" scaled
+#: from CPU measurements, "memory" a guess (no memory-profiled GPU capture): see docs/without_profiler.md
+DEFAULT_CUDA_NS = {"op_shapes": 4000.0, "op": 2400.0, "python": 1500.0, "runtime": 3000.0, "memory": 1000.0}
+#: the same on a trace without GPU activity: a leaf aten op measured on a 2-core x86 CPU, torch 2.x
+#: (0.88 us unprofiled, 1.22 profiled, 1.43 with record_shapes); "python" and "memory" guesses of that size
+DEFAULT_CPU_NS = {"op_shapes": 550.0, "op": 340.0, "python": 300.0, "runtime": 340.0, "memory": 300.0}
+COLUMNS = ("step", "measured_ns", "replayed_ns", "loop_ns", "without_profiler_ns", "overhead_ns")
+
+
+def per_event_ns(header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]:
+    """The cost per event kind (ns, in :data:`OVERHEAD_KINDS` order) and its basis: the trace's calibration
+    where it has one, else the defaults for a GPU or a CPU trace."""
+    defaults = DEFAULT_CUDA_NS if on_gpu else DEFAULT_CPU_NS
+    calibration = header.get(CALIBRATION_KEY)
+    measured = calibration.get("per_event_ns") if isinstance(calibration, dict) else None
+    if isinstance(measured, dict) and measured:
+        values = [_number(measured.get(k), defaults[k]) for k in rp.OVERHEAD_KINDS]
+        return np.array(values, dtype=np.float64), "calibrated"
+    return np.array([defaults[k] for k in rp.OVERHEAD_KINDS], dtype=np.float64), "default"
+
+
+def _number(value: Any, default: float) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
+    return float(value) if ok else default
+
+
+def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, header: dict[str, Any]) -> pd.DataFrame:
+    """One row per steady step: its measured window, the window replayed unchanged, its time in a loop of steps
+    (the later of host and GPU), the same without the profiler's cost, and that cost."""
+    model = rp.build(events, links, attribution)
+    if model is None:
+        return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in COLUMNS})
+    cost, _ = per_event_ns(header, bool(kind_mask(events, GPU_ACTIVITY_KINDS).any()))
+    same = rp.replay(model, np.zeros(len(rp.OVERHEAD_KINDS)))
+    without = rp.replay(model, cost)
+    return pd.DataFrame(
+        {
+            "step": same["step"].to_numpy(),
+            "measured_ns": same["measured_ns"].to_numpy().astype(np.int64),
+            "replayed_ns": np.round(same["host_ns"].to_numpy()).astype(np.int64),
+            "loop_ns": np.round(same["step_ns"].to_numpy()).astype(np.int64),
+            "without_profiler_ns": np.round(without["step_ns"].to_numpy()).astype(np.int64),
+            "overhead_ns": np.round(same["step_ns"].to_numpy() - without["step_ns"].to_numpy()).astype(np.int64),
+        }
+    )
+
+
+def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
+    """``step_ns`` (mean steady step without the profiler), ``mfu`` on that basis, ``overhead_ns_per_step``,
+    ``basis``, and the mean profiled step it compares with (``profiled_step_ns``); empty without steady steps."""
+    table = parsed.table("replay")
+    if table.empty:
+        return {}
+    on_gpu = bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any())
+    _, basis = per_event_ns(parsed.header, on_gpu)
+    step = float(table["without_profiler_ns"].mean())
+    return {
+        "step_ns": round(step),
+        "mfu": _mfu(parsed, table),
+        "overhead_ns_per_step": round(float(table["overhead_ns"].mean())),
+        "basis": basis,
+        "profiled_step_ns": round(float(table["measured_ns"].mean())),
+    }
+
+
+def _mfu(parsed: ParsedTrace, table: pd.DataFrame) -> float | None:
+    """The steps' MFU with each step's time the replayed one without the profiler (None: no MFU)."""
+    eff = parsed.table("efficiency")
+    steps = eff[eff["scope"] == "step"].set_index("step")
+    if steps.empty or "mfu" not in steps:
+        return None
+    mfu = steps["mfu"].reindex(table["step"].to_numpy()).to_numpy(dtype=np.float64)
+    scaled = mfu * table["measured_ns"].to_numpy() / np.maximum(table["without_profiler_ns"].to_numpy(), 1)
+    scaled = scaled[np.isfinite(scaled)]
+    return float(scaled.mean()) if len(scaled) else None

@@ -1,0 +1,298 @@
+"""Replay of the steady steps: a discrete-event simulation over the critical path's dependency graph.
+
+The graph is the critical path's (:mod:`profparse.analysis.critical_path`: GPU activity with its launch, stream
+predecessor and cross-stream wait; blocking calls with the activity they wait for; the autograd thread's join),
+here with every edge kept instead of only the one that bound each node:
+
+- **host**: the main thread and the autograd engine's thread run as one timeline (the main thread waits while the
+  autograd thread runs backward), cut at every event start and end; each piece keeps its length less the
+  profiler's cost removed from it (:class:`Overhead`), so host time maps to a replayed host clock ``h(t)``;
+- **GPU**: each activity starts at the latest of its launch's return + its launch latency, its stream being free
+  (FIFO) + its scheduling gap, and the end of the activity on another stream it waited for; the delay that bound
+  it in the trace is kept, the others are taken as at most a default (so that an unchanged replay is exact);
+- **blocking calls** (synchronisations, blocking copies, scalar reads): the host resumes at the latest of its own
+  time in the call and the replayed end of the activity it waited for, plus what the call took after that end.
+
+Host time moves by an offset that changes only at blocking calls; all of it is numpy but one Python pass over
+the GPU activities and blocking calls of the steady steps (tens of ms for 10^4 kernels): the ``replay`` table is
+computed only when asked for (``summarize``, ``advise``), never by ``parse``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from profparse.analysis.critical_path import blocking_calls, gpu_work, sync_waits, thread_joins
+from profparse.stages.attribute import Attribution
+from profparse.trace.link import Links, kind_mask
+
+#: the event kinds the profiler's cost is counted by (docs/without_profiler.md)
+OVERHEAD_KINDS: tuple[str, ...] = ("op_shapes", "op", "python", "runtime", "memory")
+#: a launch-latency or stream gap that did not bind an activity in the trace is taken as at most this
+LAUNCH_LATENCY_NS = 4_000
+STREAM_GAP_NS = 1_000
+_HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+
+
+@dataclass
+class Host:
+    """The host timeline of the steady steps: ``knots`` (sorted times) cut it into pieces; ``counts[i, k]`` is how
+    many events of overhead kind ``k`` charge piece ``i`` (an event charges a quarter to each of the pieces on
+    both sides of its start and of its end, where the profiler's enter and exit work lies)."""
+
+    knots: np.ndarray
+    counts: np.ndarray
+
+    def clock(self, per_event_ns: np.ndarray, removed: np.ndarray | None = None) -> np.ndarray:
+        """``h`` at each knot: the time elapsed from the first knot with each piece shortened by its events'
+        cost (``per_event_ns`` per kind) and by ``removed`` (ns per piece), never below zero."""
+        length = np.diff(self.knots).astype(np.float64)
+        cut = self.counts @ per_event_ns
+        if removed is not None:
+            cut = cut + removed
+        return np.concatenate([[0.0], np.cumsum(np.maximum(length - cut, 0.0))]) + float(self.knots[0])
+
+
+@dataclass
+class Gpu:
+    """GPU activity launched in the steady steps, in order of start: what may delay each one."""
+
+    rows: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    ref: np.ndarray  # host time its launch let it start (its start when no launch is recorded)
+    prev: np.ndarray  # position of its stream predecessor here (-1: none here)
+    fixed_prev: np.ndarray  # the predecessor's end when it is not here (float; -inf: none)
+    wait: np.ndarray  # position of the activity on another stream it waited for (-1: none here)
+    fixed_wait: np.ndarray
+    after_launch: np.ndarray  # delays after each cause (ns)
+    after_prev: np.ndarray
+    after_wait: np.ndarray
+
+
+@dataclass
+class Calls:
+    """Blocking calls on the step's threads: start, end, the activity each waited for (position in Gpu; -1: one
+    outside the steps, ended at ``fixed``), its own time (``own``), and the time it took after that end."""
+
+    start: np.ndarray
+    end: np.ndarray
+    target: np.ndarray
+    fixed: np.ndarray
+    own: np.ndarray
+    post: np.ndarray
+
+
+@dataclass
+class Model:
+    """What a replay reads: the steady steps, their host timeline, GPU activity, blocking calls."""
+
+    steps: pd.DataFrame
+    host: Host
+    gpu: Gpu
+    calls: Calls
+    step_of_gpu: np.ndarray  # the steady step (position) each activity was launched in
+    kind_count: np.ndarray = field(default_factory=lambda: np.zeros(len(OVERHEAD_KINDS)))  # events per kind
+    base: int = 0  # the trace time that time 0 of the model's arrays stands for
+
+
+def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Each row's overhead kind (index into :data:`OVERHEAD_KINDS`; -1: none)."""
+    kind = events["kind"].astype(object).to_numpy()[rows]
+    out = np.full(len(rows), -1, dtype=np.int64)
+    dims = events["input_dims"].isna().to_numpy()[rows] if "input_dims" in events.columns else np.ones(len(rows), bool)
+    out[(kind == "cpu_op") & ~dims] = 0
+    out[((kind == "cpu_op") & dims) | (kind == "user_annotation")] = 1
+    out[kind == "python_function"] = 2
+    out[(kind == "cuda_runtime") | (kind == "cuda_driver")] = 3
+    out[kind == "memory"] = 4
+    return out
+
+
+def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model | None:
+    """The replay model of the steady steps (None: no steady step or no main thread)."""
+    steps = attribution.steps
+    steps = steps[steps["steady"]].reset_index(drop=True) if "steady" in steps else steps
+    if steps.empty or attribution.main_thread < 0:
+        return None
+    w0, w1 = int(steps["start_ns"].min()), int(steps["end_ns"].max())
+    host_rows = np.flatnonzero(links.host & kind_mask(events, _HOST_KINDS))
+    joins = thread_joins(events, links, attribution, host_rows)
+    threads = np.unique(np.concatenate([[attribution.main_thread], joins["thread"].to_numpy()]))
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    on = np.isin(links.thread.astype(np.int64), threads) & (ts >= w0) & (ts < w1)
+    charged = np.flatnonzero(on & (links.host & kind_mask(events, (*_HOST_KINDS, "memory"))))
+    host = _host(ts[charged], np.minimum(end[charged], w1), overhead_kind(events, charged), w0, w1)
+    gpu, step_of = _gpu(events, links, steps, w0, w1)
+    calls = _calls(events, links, threads, gpu, w0, w1)
+    kinds = overhead_kind(events, charged)
+    count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
+    return _shifted(Model(steps, host, gpu, calls, step_of, count), w0)
+
+
+def _shifted(model: Model, base: int) -> Model:
+    """Every time less ``base`` (the first step's start), so that float64 keeps nanoseconds (trace clocks near
+    2**60 ns would round to 256 ns)."""
+    model.base = base
+    model.host.knots = model.host.knots - base  # GPU activity and calls are made relative as they are built
+    return model
+
+
+def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int) -> Host:
+    keep = kind >= 0
+    start, end, kind = start[keep], end[keep], kind[keep]
+    knots = np.unique(np.concatenate([[w0, w1], start, end]))
+    pieces = max(len(knots) - 1, 1)
+    counts = np.zeros((pieces, len(OVERHEAD_KINDS)))
+    for point in (start, end):
+        right = np.searchsorted(knots, point, side="right") - 1  # the piece that starts at the point
+        for at in (right - 1, right):
+            np.add.at(counts, (np.clip(at, 0, pieces - 1), kind), 0.25)
+    return Host(knots, counts)
+
+
+def _gpu(events: pd.DataFrame, links: Links, steps: pd.DataFrame, w0: int, w1: int) -> tuple[Gpu, np.ndarray]:
+    work = gpu_work(events, links)
+    call_end = events["ts_ns"].to_numpy() + events["dur_ns"].to_numpy()
+    has = work.launch >= 0
+    # no launch recorded (a collective's kernel): it starts when the host, replayed, reaches its start
+    when = np.where(has, np.minimum(call_end[np.maximum(work.launch, 0)], work.start), work.start)
+    inside = np.flatnonzero((when >= w0) & (when < w1))
+    inside = inside[np.argsort(work.start[inside], kind="stable")]
+    position = np.full(len(work.rows), -1, dtype=np.int64)
+    position[inside] = np.arange(len(inside))
+    prev, wait = work.prev[inside], work.wait[inside]
+    # relative to the first step's start until :func:`_shifted` adds it back: float64 keeps ns near 0
+    start, end = (work.start[inside] - w0).astype(np.float64), (work.end[inside] - w0).astype(np.float64)
+    prev_end = np.where(prev >= 0, work.end[np.maximum(prev, 0)] - w0, -np.inf)
+    wait_end = np.where(wait >= 0, work.end[np.maximum(wait, 0)] - w0, -np.inf)
+    r = (when[inside] - w0).astype(np.float64)
+    cause = np.maximum(np.maximum(r, prev_end), wait_end)
+    gpu = Gpu(
+        rows=work.rows[inside],
+        start=start,
+        dur=end - start,
+        ref=(when[inside] - w0).astype(np.float64),
+        prev=np.where(prev >= 0, position[np.maximum(prev, 0)], -1),
+        fixed_prev=prev_end,
+        wait=np.where(wait >= 0, position[np.maximum(wait, 0)], -1),
+        fixed_wait=wait_end,
+        after_launch=_delay(start, r, cause, LAUNCH_LATENCY_NS),
+        after_prev=_delay(start, prev_end, cause, STREAM_GAP_NS),
+        after_wait=_delay(start, wait_end, cause, STREAM_GAP_NS),
+    )
+    step_of = np.searchsorted(steps["start_ns"].to_numpy(), when[inside], side="right") - 1
+    return gpu, np.clip(step_of, 0, len(steps) - 1)
+
+
+def _delay(start: np.ndarray, cause: np.ndarray, binding: np.ndarray, default: int) -> np.ndarray:
+    """The delay after a cause: as in the trace where it bound the start, else at most ``default`` (never more
+    than the trace's, so that the unchanged replay starts every activity where it started)."""
+    gap = np.where(np.isfinite(cause), start - cause, 0.0)
+    return np.where(cause >= binding, gap, np.minimum(gap, default))
+
+
+def _calls(events: pd.DataFrame, links: Links, threads: np.ndarray, gpu: Gpu, w0: int, w1: int) -> Calls:
+    blocking, _ = blocking_calls(events, links)
+    calls, targets = sync_waits(events, links, blocking)
+    ts = events["ts_ns"].to_numpy()
+    end = ts + events["dur_ns"].to_numpy()
+    keep = np.isin(links.thread[calls].astype(np.int64), threads) & (ts[calls] >= w0) & (ts[calls] < w1)
+    calls, targets = calls[keep], targets[keep]
+    order = np.argsort(end[calls], kind="stable")
+    calls, targets = calls[order], targets[order]
+    position = pd.Series(np.arange(len(gpu.rows)), index=gpu.rows)
+    target = position.reindex(targets).fillna(-1).to_numpy().astype(np.int64)
+    done = end[targets] - w0
+    c0, c1 = ts[calls] - w0, end[calls] - w0  # relative to the first step's start: float64 keeps ns
+    own = c1 - np.maximum(c0, np.minimum(done, c1))  # the call's time not waiting
+    f = np.float64
+    return Calls(c0.astype(f), c1.astype(f), target, done.astype(f), own.astype(f), (c1 - done).astype(f))
+
+
+@dataclass
+class Change:
+    """A what-if applied to the model before replaying: GPU durations scaled, host time removed (ns per piece),
+    blocking calls that no longer wait, extra host cost per event kind removed."""
+
+    gpu_scale: np.ndarray | None = None
+    host_removed: np.ndarray | None = None
+    calls_dropped: np.ndarray | None = None
+
+
+def replay(model: Model, per_event_ns: np.ndarray, change: Change | None = None) -> pd.DataFrame:
+    """Per steady step: replayed host start and end, the end of its GPU work, and its duration in a loop of
+    steps (from the end of the step before, or from its start for the first: the later of its host end and its
+    GPU work's end). ``per_event_ns``: the profiler's cost removed per event, by :data:`OVERHEAD_KINDS`."""
+    change = change or Change()
+    h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
+    gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
+    ends, off_t, off_v = _simulate(model, h_knots, gpu, change.calls_dropped)
+    steps = model.steps
+    s0, s1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    hs = _mapped(model, h_knots, off_t, off_v, (s0 - model.base).astype(np.float64))
+    he = _mapped(model, h_knots, off_t, off_v, (s1 - model.base).astype(np.float64))
+    gpu_end = np.full(len(steps), -np.inf)
+    if len(ends):
+        np.maximum.at(gpu_end, model.step_of_gpu, ends)
+    done = np.maximum(he, gpu_end)
+    backlog = model.gpu.fixed_prev[model.gpu.prev < 0]  # GPU work of the steps before, still running
+    first = max(float(hs[0]), float(backlog.max()) if len(backlog) else -np.inf)
+    previous = np.concatenate([[first], done[:-1]])
+    return pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(),
+            "measured_ns": s1 - s0,
+            "host_ns": he - hs,
+            "step_ns": done - np.maximum(previous, hs),
+            "gpu_end_after_host_ns": np.maximum(gpu_end - he, 0.0),
+        }
+    )
+
+
+def _mapped(model: Model, h_knots: np.ndarray, off_t: list[float], off_v: list[float], t: np.ndarray) -> np.ndarray:
+    """Replayed host time of trace times ``t``: ``h(t)`` plus the offset of the last blocking call ended by then."""
+    at = np.searchsorted(np.asarray(off_t), t, side="right") - 1
+    return np.interp(t, model.host.knots, h_knots) + np.asarray(off_v)[at]
+
+
+def _simulate(
+    model: Model, h_knots: np.ndarray, gpu: Gpu, dropped: np.ndarray | None
+) -> tuple[np.ndarray, list[float], list[float]]:
+    """One pass in trace order over GPU activities (by start) and blocking calls (by end): each activity's
+    replayed end; the host offset after each call (times, values; the first entry: none yet)."""
+    calls = model.calls
+    knots = model.host.knots
+    ref_h = np.interp(gpu.ref.astype(np.float64), knots, h_knots)
+    call_h0 = np.interp(calls.start, knots, h_knots)
+    call_h1 = np.interp(calls.end, knots, h_knots)
+    order = np.argsort(np.concatenate([gpu.start, calls.end - 0.5]), kind="stable")  # a call before what starts then
+    n = len(gpu.start)
+    ends = np.empty(n)
+    off_t, off_v = [-np.inf], [0.0]
+    ref, ref_h_l = gpu.ref.tolist(), ref_h.tolist()
+    prev, wait, dur = gpu.prev.tolist(), gpu.wait.tolist(), gpu.dur.tolist()
+    fprev, fwait = gpu.fixed_prev.tolist(), gpu.fixed_wait.tolist()
+    al, ap, aw = gpu.after_launch.tolist(), gpu.after_prev.tolist(), gpu.after_wait.tolist()
+    drop = dropped.tolist() if dropped is not None else [False] * len(calls.start)
+    for item in order.tolist():
+        if item < n:
+            s = ref_h_l[item] + off_v[bisect_right(off_t, ref[item]) - 1] + al[item]
+            p = prev[item]
+            s = max(s, (ends[p] if p >= 0 else fprev[item]) + ap[item])
+            w = wait[item]
+            s = max(s, (ends[w] if w >= 0 else fwait[item]) + aw[item])
+            ends[item] = s + dur[item]
+            continue
+        c = item - n
+        own_end = call_h0[c] + off_v[bisect_right(off_t, calls.start[c]) - 1] + calls.own[c]
+        t = calls.target[c]
+        done = own_end if drop[c] else max(own_end, (ends[t] if t >= 0 else calls.fixed[c]) + calls.post[c])
+        off_t.append(float(calls.end[c]))
+        off_v.append(done - call_h1[c])
+    return ends, off_t, off_v
