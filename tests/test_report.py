@@ -363,7 +363,7 @@ def test_ranks_page_heatmap_is_the_ranks_summary(tmp_path):
 # -- the first screen: the headline, efficiency, tables as the summary shows them ----------------------------------
 
 #: the trace headline's items; the last is "top_warning" instead where the trace has no finding
-HEADLINE = ["step_time", "biggest_stage", "gpu_idle", "exposed_comm", "mfu", "top_finding"]
+HEADLINE = ["step_time", "without_profiler", "biggest_stage", "gpu_idle", "exposed_comm", "mfu", "top_finding"]
 LONG_KERNEL = (
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
@@ -449,7 +449,9 @@ def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
     idle = sum(t["gpu_idle_ns"] for t in summary["totals"])
     span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in summary["totals"])
     assert 0 < idle < span and items["gpu_idle"]["value"] == pytest.approx(idle / span)
-    assert items["mfu"]["text"] == "-" and summary["warnings"] == []  # no shapes; no check fired
+    assert items["mfu"]["text"] == "-"  # no shapes
+    assert [w["check"] for w in summary["warnings"]] == ["profiler_cost_uncalibrated"]  # no other check fired
+    assert items["without_profiler"]["value"] == summary["without_profiler"]["step_ns"]
     first = summary["findings"][0]  # 15 us of 1 us kernels in the optimizer: launch-bound, and no other finding
     assert (
         (items["top_finding"]["kind"], items["top_finding"]["value"])

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import blocking_calls
+from profparse.analysis.profiler_cost import CALIBRATION_KEY
 from profparse.base.errors import ProfparseError
 from profparse.base.marks import STAGES
 from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES
@@ -338,6 +339,17 @@ def _stage_rows(parsed: ParsedTrace, activity: np.ndarray, gpu_total: int) -> li
     return rows
 
 
+def _uncalibrated_row(parsed: ParsedTrace) -> list[dict[str, Any]]:
+    """The step time without the profiler rests on default costs per event (no calibration in the trace)."""
+    steps = parsed.attribution.steps
+    steady = int(steps["steady"].sum()) if "steady" in steps else len(steps)
+    if not steady or isinstance(parsed.header.get(CALIBRATION_KEY), dict):
+        return []
+    return [_row("profiler_cost_uncalibrated", "info", steady, 0.0,
+                 "the step time without the profiler uses default costs per recorded event (docs/without_profiler.md);"
+                 " capture with profparse (scripts/capture.py) to measure them")]  # fmt: skip
+
+
 def quality_checks(parsed: ParsedTrace) -> pd.DataFrame:
     """Run every check on a parsed trace; one row per finding."""
     events = parsed.raw.events
@@ -353,5 +365,6 @@ def quality_checks(parsed: ParsedTrace) -> pd.DataFrame:
         *_clock_rows(parsed, activity),
         *_duplicate_events_row(parsed),
         *_stage_rows(parsed, activity, gpu_total),
+        *_uncalibrated_row(parsed),
     ]
     return pd.DataFrame(rows, columns=list(COLUMNS))

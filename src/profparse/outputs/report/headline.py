@@ -12,6 +12,7 @@ import statistics
 import textwrap
 from typing import Any
 
+from profparse.analysis.profiler_cost import without_profiler_text
 from profparse.base.formats import share_text
 from profparse.outputs.views._common import fmt_time
 
@@ -39,6 +40,15 @@ def step_time(summary: dict[str, Any]) -> dict[str, Any]:
     spread = f" ({fmt_time(min(windows))} to {fmt_time(max(windows))})" if min(windows) < max(windows) else ""
     detail = f"median of {len(windows)} steps{spread}" if many else "1 step"
     return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median)
+
+
+def without_profiler(summary: dict[str, Any]) -> dict[str, Any]:
+    """The mean steady step replayed without the profiler's own cost (docs/without_profiler.md)."""
+    data = summary.get("without_profiler") or {}
+    if not data:
+        return _item("without_profiler", "Without the profiler", "-", "no steady step to replay", "#overview")
+    return _item("without_profiler", "Without the profiler", f"~{fmt_time(data['step_ns'])}/step",
+                 without_profiler_text(data), "#overview", data["step_ns"])  # fmt: skip
 
 
 def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +142,7 @@ def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The trace page's headline, in reading order."""
     return [
         step_time(summary),
+        without_profiler(summary),
         biggest_stage(summary),
         gpu_idle(summary),
         exposed_communication(summary),

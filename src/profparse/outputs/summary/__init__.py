@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from profparse.analysis.profiler_cost import without_profiler, without_profiler_text
 from profparse.analysis.quality import gpu_devices
 from profparse.base.formats import (
     Column,
@@ -149,6 +150,7 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "per_step": records(per_step),
         "step_totals": _step_totals(per_step, steps),
         "critical_path": critical_path_data(parsed.table("critical_path")),
+        "without_profiler": without_profiler(parsed),  # the steps replayed without the profiler's own cost
         "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
         "top_ops": _top(ops, "self_ns", top, kernel=False),
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
@@ -302,6 +304,8 @@ def render_text(data: dict[str, Any]) -> str:
     out.write(f"profparse summary: {display(data['trace'])}\n  {data['events']:,} events, {where}, {devices}{rank}\n")
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
+    if data.get("without_profiler"):
+        out.write(f"  {without_profiler_text(data['without_profiler'])}\n")
     out.write(summary_findings_text(data))
     out.write(tables_text(summary_tables(data)))
     return out.getvalue()
@@ -311,6 +315,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines = [f"# profparse summary: {md_code(Path(data['trace']).name)}"]
     if data["report"]["truncated"]:
         lines += ["", "**The trace is truncated**: the summary covers the events before the cut."]
+    if data.get("without_profiler"):
+        lines += ["", without_profiler_text(data["without_profiler"])]
     lines += findings_markdown(data)
     lines += tables_markdown(summary_tables(data))
     return "\n".join(lines) + "\n"

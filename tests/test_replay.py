@@ -1,0 +1,163 @@
+"""The replay of each step (profparse.analysis.replay) and the step without the profiler (profiler_cost)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import profparse
+from profparse.analysis import replay as rp
+from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+from tests.conftest import REPO, parsed
+from tests.tracebuilder import TraceBuilder
+
+H200 = REPO.parent / "shared" / "traces" / "h200_pairs"
+OP_NS = 4000.0  # the cost per op the hand-built tests charge
+
+
+def _steps(kernel_us: float, sync: bool, calibration: dict | None = None) -> TraceBuilder:
+    """Three steps of ten 10 us ops 20 us apart, each launching one kernel of ``kernel_us``; ``sync``: the step
+    ends in a cudaDeviceSynchronize that waits for its last kernel."""
+    b = TraceBuilder(autograd_thread=False)
+    if calibration is not None:
+        b.header[CALIBRATION_KEY] = calibration
+    t0 = 1000.0
+    gpu_free = t0
+    for step in range(3):
+        ops_end = t0 + 200
+        for i in range(10):
+            ts = t0 + 20 * i
+            b.op("aten::mul", ts, 10)
+            start = max(ts + 5, gpu_free + 1)
+            b.launch(ts + 2, start, kernel_us)
+            gpu_free = start + kernel_us
+        end = ops_end
+        if sync:
+            b.span("cudaDeviceSynchronize", ops_end, gpu_free + 1 - ops_end, "cuda_runtime")
+            end = gpu_free + 2
+        b.annotation(f"ProfilerStep#{step + 1}", t0, end - t0)
+        t0 = end + 1
+    return b
+
+
+def _model(b: TraceBuilder, tmp_path: Path) -> rp.Model:
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    model = rp.build(p.raw.events, p.links, p.attribution)
+    assert model is not None
+    return model
+
+
+def _cost(op_ns: float) -> np.ndarray:
+    cost = np.zeros(len(rp.OVERHEAD_KINDS))
+    cost[rp.OVERHEAD_KINDS.index("op")] = op_ns
+    return cost
+
+
+def test_unchanged_replay_is_the_trace(tmp_path: Path) -> None:
+    for sync in (False, True):
+        out = rp.replay(_model(_steps(50, sync), tmp_path), _cost(0))
+        assert np.allclose(out["host_ns"], out["measured_ns"], rtol=0, atol=1)
+
+
+def test_host_bound_step_loses_the_cost_of_its_ops(tmp_path: Path) -> None:
+    """Kernels of 2 us behind 10 ops of 10 us: the host bounds the step, which loses 10 x 4 us, and up to 4 us
+    more of its ``ProfilerStep`` range (a recorded event too, charged at its start and end)."""
+    model = _model(_steps(2, sync=False), tmp_path)
+    same, without = rp.replay(model, _cost(0)), rp.replay(model, _cost(OP_NS))
+    saved = same["step_ns"].to_numpy() - without["step_ns"].to_numpy()
+    assert ((saved >= 10 * OP_NS) & (saved <= 11 * OP_NS)).all(), saved
+
+
+def test_gpu_bound_step_keeps_its_gpu_time(tmp_path: Path) -> None:
+    """Kernels of 50 us queued behind each other, a synchronize at the step's end: the GPU's 500 us bound the
+    step whatever the host costs."""
+    model = _model(_steps(50, sync=True), tmp_path)
+    same, without = rp.replay(model, _cost(0)), rp.replay(model, _cost(OP_NS))
+    assert np.allclose(without["step_ns"], same["step_ns"], rtol=0.01)
+    assert np.allclose(without["host_ns"], same["measured_ns"], rtol=0.01)  # the sync still waits for the GPU
+    assert (same["measured_ns"] >= 500_000).all()
+
+
+def test_slower_kernels_lengthen_a_gpu_bound_step(tmp_path: Path) -> None:
+    model = _model(_steps(50, sync=True), tmp_path)
+    same = rp.replay(model, _cost(0))
+    double = rp.replay(model, _cost(0), rp.Change(gpu_scale=np.full(len(model.gpu.dur), 2.0)))
+    assert np.allclose(double["host_ns"] - same["host_ns"], 10 * 50_000, rtol=0.02)
+
+
+def test_basis_default_or_calibrated(tmp_path: Path) -> None:
+    plain = profparse.parse(_steps(2, sync=False).write(tmp_path / "a.json"))
+    assert without_profiler(plain)["basis"] == "default"
+    assert "profiler_cost_uncalibrated" in set(plain.warnings["check"])
+    calibration = {"per_event_ns": {"op": OP_NS, "runtime": 0, "op_shapes": 0, "python": 0, "memory": 0}}
+    calibrated = profparse.parse(_steps(2, sync=False, calibration=calibration).write(tmp_path / "b.json"))
+    found = without_profiler(calibrated)
+    assert found["basis"] == "calibrated"
+    assert "profiler_cost_uncalibrated" not in set(calibrated.warnings["check"])
+    assert 10 * OP_NS <= found["overhead_ns_per_step"] <= 11 * OP_NS
+
+
+def _check_unchanged(path: Path) -> float:
+    table = parsed(path).replay
+    if table.empty:
+        return 0.0
+    worst = float(((table["replayed_ns"] - table["measured_ns"]).abs() / table["measured_ns"]).max())
+    assert worst <= 0.03, path.name
+    return worst
+
+
+def test_unchanged_replay_on_sample_traces(sample_trace: Path) -> None:
+    _check_unchanged(sample_trace)
+
+
+def test_unchanged_replay_on_shared_traces(shared_trace: Path) -> None:
+    _check_unchanged(shared_trace)
+
+
+# -- h200_pairs: real captures with their unprofiled step times (../shared/traces/h200_pairs/README.md) ----------
+
+
+def _h200() -> tuple[dict, list[tuple[str, Path, float]]]:
+    if not (H200 / "measured.json").is_file():
+        pytest.skip("no ../shared/traces/h200_pairs")
+    measured = json.loads((H200 / "measured.json").read_text())
+    captures = []
+    for path in sorted(H200.glob("*_*.json.gz")):
+        pattern, side = path.name[: -len(".json.gz")].rsplit("_", 1)
+        m = measured.get(pattern)
+        if m is None:
+            continue  # flops_clean: timed with a synchronize after every step (README), not as trained
+        blocks = m.get(f"{side}_blocks")
+        truth = statistics.median(blocks) if blocks else m[f"{side}_step_ns"]
+        captures.append((path.name, path, float(truth)))
+    return measured, captures
+
+
+#: the estimate's error over all h200 captures: the unprofiled "good" step of the same configuration measured
+#: 32.9 ms (clean) to 55.8 ms (between_steps) on that host, while the profiled traces are alike (55-66 ms): no
+#: estimate from the trace alone can come within 15% of both (docs/without_profiler.md)
+H200_WORST = 0.40
+H200_MEDIAN = 0.20
+
+
+def test_h200_without_profiler_against_measured() -> None:
+    _, captures = _h200()
+    errors = {}
+    for name, path, truth in captures:
+        errors[name] = without_profiler(parsed(path))["step_ns"] / truth - 1
+    assert max(abs(e) for e in errors.values()) <= H200_WORST, errors
+    assert statistics.median(abs(e) for e in errors.values()) <= H200_MEDIAN, errors
+    assert abs(errors["clean_good.json.gz"]) <= 0.15, errors
+
+
+def test_h200_clean_mfu_against_flop_counter() -> None:
+    _h200()
+    truth = json.loads((H200 / "mfu_truth.json").read_text())["clean_mfu"]
+    found = without_profiler(parsed(H200 / "clean_good.json.gz"))
+    assert found["mfu"] == pytest.approx(truth, rel=0.15)
+    profiled_mfu = found["mfu"] * found["step_ns"] / found["profiled_step_ns"]
+    assert abs(profiled_mfu / truth - 1) > 0.15  # the profiled window alone misses it: the check can fail
