@@ -102,10 +102,13 @@ def _mfu(parsed: ParsedTrace, table: pd.DataFrame) -> float | None:
 
 
 def without_profiler_text(data: dict[str, Any]) -> str:
-    """The headline sentence: ``64.4 ms per step profiled, ~35.9 ms without the profiler (...)``."""
-    basis = "calibrated at capture" if data["basis"] == "calibrated" else "default costs per event, uncalibrated"
+    """The headline sentence: ``64.4 ms per step profiled, ~35.9 ms without the profiler, MFU 9.0%``."""
     mfu = f", MFU {data['mfu']:.1%}" if data.get("mfu") is not None else ""
-    return (
-        f"{data['profiled_step_ns'] / 1e6:,.1f} ms per step profiled, ~{data['step_ns'] / 1e6:,.1f} ms without the"
-        f" profiler{mfu} (its own cost ~{data['overhead_ns_per_step'] / 1e6:,.1f} ms per step; {basis})"
-    )
+    profiled, step = data["profiled_step_ns"] / 1e6, data["step_ns"] / 1e6
+    return f"{profiled:,.1f} ms per step profiled, ~{step:,.1f} ms without the profiler{mfu}"
+
+
+def without_profiler_basis(data: dict[str, Any]) -> str:
+    """What the estimate rests on: ``its own cost ~28.5 ms per step; default costs per event, uncalibrated``."""
+    basis = "calibrated at capture" if data["basis"] == "calibrated" else "default costs per event, uncalibrated"
+    return f"the profiler's own cost ~{data['overhead_ns_per_step'] / 1e6:,.1f} ms per step; {basis}"

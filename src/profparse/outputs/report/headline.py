@@ -12,7 +12,7 @@ import statistics
 import textwrap
 from typing import Any
 
-from profparse.analysis.profiler_cost import without_profiler_text
+from profparse.analysis.profiler_cost import without_profiler_basis, without_profiler_text
 from profparse.base.formats import share_text
 from profparse.outputs.views._common import fmt_time
 
@@ -47,8 +47,9 @@ def without_profiler(summary: dict[str, Any]) -> dict[str, Any]:
     data = summary.get("without_profiler") or {}
     if not data:
         return _item("without_profiler", "Without the profiler", "-", "no steady step to replay", "#overview")
-    return _item("without_profiler", "Without the profiler", f"~{fmt_time(data['step_ns'])}/step",
-                 without_profiler_text(data), "#overview", data["step_ns"])  # fmt: skip
+    detail = f"{without_profiler_text(data)} ({without_profiler_basis(data)})"
+    text = f"~{fmt_time(data['step_ns'])}/step"
+    return _item("without_profiler", "Without the profiler", text, detail, "#overview", data["step_ns"])
 
 
 def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.profiler_cost import without_profiler, without_profiler_text
+from profparse.analysis.profiler_cost import without_profiler, without_profiler_basis, without_profiler_text
 from profparse.analysis.quality import gpu_devices
 from profparse.base.formats import (
     Column,
@@ -305,7 +305,8 @@ def render_text(data: dict[str, Any]) -> str:
     if data["report"]["truncated"]:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
     if data.get("without_profiler"):
-        out.write(f"  {without_profiler_text(data['without_profiler'])}\n")
+        found = data["without_profiler"]
+        out.write(f"  {without_profiler_text(found)}\n  ({without_profiler_basis(found)})\n")
     out.write(summary_findings_text(data))
     out.write(tables_text(summary_tables(data)))
     return out.getvalue()
@@ -316,7 +317,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data["report"]["truncated"]:
         lines += ["", "**The trace is truncated**: the summary covers the events before the cut."]
     if data.get("without_profiler"):
-        lines += ["", without_profiler_text(data["without_profiler"])]
+        found = data["without_profiler"]
+        lines += ["", f"{without_profiler_text(found)} ({without_profiler_basis(found)})"]
     lines += findings_markdown(data)
     lines += tables_markdown(summary_tables(data))
     return "\n".join(lines) + "\n"
