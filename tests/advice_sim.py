@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from profparse.analysis.profiler_cost import CALIBRATION_KEY
+from profparse.analysis.replay import OVERHEAD_KINDS
 from tests.tracebuilder import AUTOGRAD, GPU_PID, MAIN, STREAM, TraceBuilder
 
 LAUNCH_US = 1.0  # a cudaLaunchKernel's own time
@@ -21,6 +23,8 @@ class Sim:
     def __init__(self, device: str = "NVIDIA A100-SXM4-80GB") -> None:  # noqa: D107
         self.b = TraceBuilder()
         self.b.header["deviceProperties"] = [{"id": 0, "name": device}]
+        # no profiler ran: its measured cost per recorded event is nothing (docs/without_profiler.md)
+        self.b.header[CALIBRATION_KEY] = {"per_event_ns": dict.fromkeys(OVERHEAD_KINDS, 0)}
         self.t = 0.0
         self.free: dict[int, float] = {STREAM: 0.0}  # each stream's clock
         self.tid = MAIN

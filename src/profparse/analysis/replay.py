@@ -85,6 +85,7 @@ class Calls:
     fixed: np.ndarray
     own: np.ndarray
     post: np.ndarray
+    rows: np.ndarray  # the calls' event rows
 
 
 @dataclass
@@ -212,7 +213,7 @@ def _calls(events: pd.DataFrame, links: Links, threads: np.ndarray, gpu: Gpu, w0
     c0, c1 = ts[calls] - w0, end[calls] - w0  # relative to the first step's start: float64 keeps ns
     own = c1 - np.maximum(c0, np.minimum(done, c1))  # the call's time not waiting
     f = np.float64
-    return Calls(c0.astype(f), c1.astype(f), target, done.astype(f), own.astype(f), (c1 - done).astype(f))
+    return Calls(c0.astype(f), c1.astype(f), target, done.astype(f), own.astype(f), (c1 - done).astype(f), calls)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.detectors import DETECTORS
 from profparse.analysis.advice.finding import COLUMNS, MIN_SHARE, Finding, frame
 from profparse.analysis.advice.kinds import KINDS
+from profparse.analysis.advice.simulate import simulate
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -32,6 +33,7 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
     if ctx is not None:
         for detect in DETECTORS:
             found.extend(detect(ctx))
+        simulate(ctx, found)  # every fix with a what-if: replayed without the profiler
     recurring = len(ctx.steps) // 2 + 1 if ctx is not None else 0  # in most steady steps
     return frame(
         [

@@ -8,7 +8,10 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.finding import Finding
+from profparse.analysis.advice.finding import Finding, WhatIf
+
+_HOST = ("python", "cpu_op", "launch", "data", "sync_wait")
+_GPU = ("gpu_compute", "gpu_comm", "memcpy")
 
 #: a stage is named in a finding when it holds at least this share of the saving
 STAGE_SHARE = 0.1
@@ -70,4 +73,18 @@ def from_path(
     if ctx.warm_up:
         found["warm_up_steps_left_out"] = ctx.warm_up
     text = message.format(saving=ms(saving), share=share(saving, ctx.step_ns))
-    return [Finding(kind, stages(ctx, segment_mask), steps, saving, ctx.step_ns, confidence, text, found)]
+    finding = Finding(kind, stages(ctx, segment_mask), steps, saving, ctx.step_ns, confidence, text, found)
+    finding.what_if, finding.template = from_segments(ctx, segment_mask, scale), message
+    return [finding]
+
+
+def from_segments(ctx: AdviceContext, mask: np.ndarray, scale: float = 1.0) -> WhatIf:
+    """The fix of a path-based finding: its host segments' time removed, its GPU segments' activities shortened,
+    both by ``scale`` (the share of them the fix saves)."""
+    path = ctx.path
+    bound = path["bound"].astype(object).to_numpy()
+    host = mask & np.isin(bound, _HOST)
+    gpu = mask & np.isin(bound, _GPU)
+    rows = ctx.segment_rows[gpu]
+    intervals = np.stack([path["start_ns"].to_numpy()[host], path["end_ns"].to_numpy()[host]], axis=1)
+    return WhatIf(intervals, scale, np.unique(rows[rows >= 0]), 1.0 - scale)

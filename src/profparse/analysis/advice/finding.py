@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from profparse.analysis.advice.kinds import KINDS
@@ -28,6 +29,19 @@ CONFIDENCES = ("high", "medium", "low")
 
 
 @dataclass
+class WhatIf:
+    """A fix as a change of the step's graph (replayed without the profiler, :mod:`.simulate`): host time removed
+    (trace-time intervals, each ``host_share`` of it), GPU activity (event rows) running ``gpu_factor`` of its
+    time, blocking calls (event rows) that no longer wait."""
+
+    host: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    host_share: float = 1.0
+    gpu_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gpu_factor: float = 1.0
+    call_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+@dataclass
 class Finding:
     """One thing to change: its kind, where, what it saves per step, and the numbers that show it."""
 
@@ -40,6 +54,8 @@ class Finding:
     message: str  # what was found, with its numbers, in a line
     evidence: dict[str, Any] = field(default_factory=dict)
     fix: str = ""
+    what_if: WhatIf | None = None  # the fix, simulated: the saving is replayed (not in the table)
+    template: str = ""  # the message with ``{saving}`` and ``{share}`` left to fill once simulated
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

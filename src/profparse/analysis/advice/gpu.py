@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.advice.build import from_path, material_steps, ms, share
+from profparse.analysis.advice.build import from_path, from_segments, material_steps, ms, share
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.finding import Finding
+from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.base.marks import STAGES
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -35,7 +35,7 @@ def exposed_communication(ctx: AdviceContext) -> list[Finding]:
         "exposed_ms_per_step": round(float(exposed.mean()) / 1e6, 3),
         "collective_ms_per_step": round(float(exposure["comm_ns"].sum()) / len(ctx.steps) / 1e6, 3),
     }
-    return from_path(
+    found = from_path(
         ctx,
         "exposed_communication",
         segments,
@@ -44,6 +44,9 @@ def exposed_communication(ctx: AdviceContext) -> list[Finding]:
         evidence,
         scale=scale,
     )
+    for f in found:  # overlap is not simulated yet (the replay runs each stream in its order): the path's estimate
+        f.what_if = None
+    return found
 
 
 def launch_bound(ctx: AdviceContext) -> list[Finding]:
@@ -78,10 +81,11 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
         rows = saving.xs(stage, level="stage")
         steps = material_steps(rows)
         idle = float((total - busy).xs(stage, level="stage").clip(lower=0).sum()) / len(ctx.steps)
-        text = (
+        template = (
             f"{stage}: the GPU waits for the host to launch short kernels (median {median[stage] / 1e3:.1f} us);"
-            f" without the launches it would save {ms(mean)} per step ({share(mean, ctx.step_ns)})"
+            " without the launches it would save {saving} per step ({share})"
         )
+        text = template.format(saving=ms(mean), share=share(mean, ctx.step_ns))
         evidence = {
             "median_kernel_us": round(float(median[stage]) / 1e3, 2),
             "kernels_per_step": round(int(kernel_count[stage]) / len(ctx.steps), 1),
@@ -89,7 +93,11 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
             "gpu_busy_ms_per_step": round(float(busy.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
             "gpu_waiting_ms_per_step": round(idle / 1e6, 3),
         }
-        found.append(Finding("launch_bound", str(stage), steps, float(mean), ctx.step_ns, "medium", text, evidence))
+        finding = Finding("launch_bound", str(stage), steps, float(mean), ctx.step_ns, "medium", text, evidence)
+        # graph replay: the stage's host work on the path (dispatch, launches) gone, its kernels as they were
+        on_stage = host & (path["stage"] == stage).to_numpy()
+        finding.what_if, finding.template = from_segments(ctx, on_stage), template
+        found.append(finding)
     return found
 
 
@@ -123,7 +131,7 @@ def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
         "fp32_matmul_gpu_ms_per_step": round(float(gpu_ns.sum()) / len(ctx.steps) / 1e6, 3),
         "device": peak.device,
     }
-    return from_path(
+    found = from_path(
         ctx,
         "fp32_matmul",
         segments,
@@ -133,3 +141,7 @@ def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
         evidence,
         scale=scale,
     )
+    kernels = np.flatnonzero(ctx.under(flag) & kind_mask(ctx.events, {"kernel"}))
+    for f in found:  # every fp32 matmul kernel at TF32's rate (or its bytes' time), on the path or not
+        f.what_if = WhatIf(gpu_rows=kernels, gpu_factor=1.0 - scale)
+    return found

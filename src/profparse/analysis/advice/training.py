@@ -7,11 +7,11 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.advice.build import from_path
+from profparse.analysis.advice.build import from_path, from_segments
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.finding import Finding
+from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.base.marks import STAGES
-from profparse.trace.kinds import GPU_TRACK_KINDS
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS
 from profparse.trace.link import kind_mask
 
 #: ops only a forward runs (backward formulas call mm, mul and *_backward ops instead)
@@ -67,7 +67,7 @@ def recompute(ctx: AdviceContext) -> list[Finding]:
     else:
         segments, confidence = inside > 0, "medium"
         evidence["counted"] = "the recomputation only: the checkpoint's hooks need Python stacks (with_stack=True)"
-    return from_path(
+    found = from_path(
         ctx,
         "recompute",
         segments,
@@ -76,6 +76,12 @@ def recompute(ctx: AdviceContext) -> list[Finding]:
         evidence,
         weight=share,
     )
+    gpu = np.flatnonzero(ctx.under(forward) & kind_mask(events, GPU_ACTIVITY_KINDS))
+    for f in found:  # the recomputing spans' host time and the recomputed kernels gone
+        f.what_if = WhatIf(np.stack([starts, np.maximum(ends, starts)], axis=1), 1.0, gpu, 0.0)
+        if hooks is not None and f.what_if is not None:
+            f.what_if.host = np.concatenate([f.what_if.host, from_segments(ctx, hooks).host])
+    return found
 
 
 def _checkpoint_hooks(ctx: AdviceContext) -> np.ndarray | None:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from profparse.analysis.advice.build import material_steps, ms, share
 from profparse.analysis.advice.context import AdviceContext, user_frame
-from profparse.analysis.advice.finding import Finding
+from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.analysis.critical_path import blocking_calls
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -109,10 +109,13 @@ def _finding(ctx: AdviceContext, kind: str, calls: np.ndarray, text: str, eviden
         **evidence,
     }
     steps = material_steps(per_step)
-    message = text.format(count=f"{count:,.0f}", saving=ms(mean), share=share(mean, ctx.step_ns))
+    template = text.format(count=f"{count:,.0f}", saving="{saving}", share="{share}")
+    message = template.format(saving=ms(mean), share=share(mean, ctx.step_ns))
     by_stage = pd.Series(saving, index=ctx.stage_of(calls)).groupby(level=0).sum().sort_values(ascending=False)
     stage = ",".join(str(s) for s in by_stage[by_stage >= 0.1 * by_stage.sum()].index)
-    return [Finding(kind, stage, steps, mean, ctx.step_ns, "medium", message, evidence)]
+    finding = Finding(kind, stage, steps, mean, ctx.step_ns, "medium", message, evidence, template=template)
+    finding.what_if = WhatIf(call_rows=calls)  # the calls no longer wait: the host runs on
+    return [finding]
 
 
 def top_frames(ctx: AdviceContext, rows: np.ndarray, n: int = TOP) -> list[str]:

@@ -1,0 +1,114 @@
+"""Savings as simulated what-ifs: each fix applied to the step's graph without the profiler, then replayed.
+
+A finding that carries a :class:`~profparse.analysis.advice.finding.WhatIf` has its saving replaced by the
+replayed step without the profiler's cost (:mod:`profparse.analysis.replay`) less the same with the fix applied;
+its share is of that profiler-free step. The critical path's own estimate stays in the evidence
+(``path_saving_ms_per_step``). A finding without one keeps the path's estimate (``basis``: ``critical path``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profparse.analysis import replay as rp
+from profparse.analysis.advice.build import ms, share
+from profparse.analysis.advice.context import AdviceContext
+from profparse.analysis.advice.finding import Finding, WhatIf
+from profparse.analysis.profiler_cost import per_event_ns
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS
+from profparse.trace.link import kind_mask
+
+
+def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
+    """Replace the saving of each finding with a what-if by its replayed saving (in place)."""
+    todo = [f for f in found if f.what_if is not None]
+    if not todo:
+        return
+    parsed = ctx.parsed
+    model = rp.build(parsed.raw.events, parsed.links, parsed.attribution)
+    if model is None:
+        return
+    cost, basis = per_event_ns(parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
+    before = float(rp.replay(model, cost)["step_ns"].mean())
+    changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]
+    savings = [max(before - float(rp.replay(model, cost, c)["step_ns"].mean()), 0.0) for c in changes]
+    # the specific fixes first, the catch-all launch_bound (all host work of a stage) on what they leave
+    general = [f.kind == "launch_bound" for f in todo]
+    marginal = _marginal(model, cost, before, changes, savings, general)
+    for f, alone, saving in zip(todo, savings, marginal, strict=True):
+        if saving < alone:
+            f.evidence["alone_ms_per_step"] = round(alone / 1e6, 3)
+        f.evidence["path_saving_ms_per_step"] = round(f.saving_ns_per_step / 1e6, 3)
+        f.evidence["basis"] = f"simulated: replayed without the profiler ({basis} costs per event)"
+        f.evidence["step_without_profiler_ms"] = round(before / 1e6, 3)
+        f.saving_ns_per_step, f.step_ns = saving, before
+        if f.template:
+            f.message = f.template.format(saving=ms(saving), share=share(saving, before))
+
+
+def change(model: rp.Model, what: WhatIf) -> rp.Change:
+    """The model's change for a fix."""
+    knots = model.host.knots.astype(np.float64)
+    removed = None
+    if len(what.host):
+        covered = _covered(what.host.astype(np.float64) - model.base, knots)
+        removed = np.diff(covered) * what.host_share
+    scale = None
+    if len(what.gpu_rows):
+        at = pd.Index(model.gpu.rows).get_indexer(what.gpu_rows)
+        scale = np.ones(len(model.gpu.rows))
+        scale[at[at >= 0]] = what.gpu_factor
+    dropped = None
+    if len(what.call_rows):
+        dropped = np.isin(model.calls.rows, what.call_rows)
+    return rp.Change(gpu_scale=scale, host_removed=removed, calls_dropped=dropped)
+
+
+def _marginal(
+    model: rp.Model,
+    cost: np.ndarray,
+    before: float,
+    changes: list[rp.Change],
+    savings: list[float],
+    last: list[bool],
+) -> list[float]:
+    """Each fix's saving once the ones before it are applied (the ``last`` ones after the others, each group the
+    biggest first): fixes that free the same time (two stages' launches, a stall and the work behind it) are not
+    counted twice, and together they claim what all of them save at once."""
+    order = np.lexsort((-np.asarray(savings), np.asarray(last)))
+    out = [0.0] * len(changes)
+    done, applied = 0.0, []
+    for i in order:
+        applied.append(changes[i])
+        total = max(before - float(rp.replay(model, cost, _joined(applied))["step_ns"].mean()), 0.0)
+        out[i] = min(max(total - done, 0.0), savings[i])
+        done = max(total, done)
+    return out
+
+
+def _joined(changes: list[rp.Change]) -> rp.Change:
+    """All the changes at once: host time removed added (a piece loses at most its length), GPU factors
+    multiplied, dropped calls together."""
+    removed = [c.host_removed for c in changes if c.host_removed is not None]
+    scales = [c.gpu_scale for c in changes if c.gpu_scale is not None]
+    dropped = [c.calls_dropped for c in changes if c.calls_dropped is not None]
+    return rp.Change(
+        gpu_scale=np.prod(scales, axis=0) if scales else None,
+        host_removed=np.sum(removed, axis=0) if removed else None,
+        calls_dropped=np.any(dropped, axis=0) if dropped else None,
+    )
+
+
+def _covered(intervals: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Time of the union of ``intervals`` (n x 2) before each of ``t``."""
+    start, end = intervals[:, 0], intervals[:, 1]
+    order = np.argsort(start)
+    start, end = start[order], np.maximum.accumulate(end[order])
+    start = np.maximum(start, np.concatenate([[-np.inf], end[:-1]]))  # overlaps counted once
+    length = np.maximum(end - start, 0)
+    before = np.concatenate([[0.0], np.cumsum(length)])
+    j = np.searchsorted(start, t, side="right")  # intervals started by t
+    last = np.maximum(j - 1, 0)
+    partial = np.where(j > 0, np.clip(t - start[last], 0, length[last]) - length[last], 0.0)
+    return before[j] + partial
