@@ -57,7 +57,7 @@ def main(folder: Path) -> None:
         print(f"{name:28s} {truth / 1e6:10.1f} {w['profiled_step_ns'] / 1e6:9.1f} {w['step_ns'] / 1e6:10.1f}"
               f" {w['step_ns'] / truth - 1:+6.1%}")  # fmt: skip
     print("\npair                   measured saving  bad: finding (share of good)  good: finding")
-    for pattern, m in measured.items():
+    for pattern in measured:
         if f"{pattern}_bad" not in seen or f"{pattern}_good" not in seen:
             continue
         saving = measured_step(measured, pattern, "bad") - measured_step(measured, pattern, "good")
