@@ -258,3 +258,36 @@ def test_out_on_a_folder_capture_did_not_write_is_refused(tmp_path: Path) -> Non
         proc = _script("--out", str(mine), "--quiet", *extra)
         _one_line_error(proc, 9, "did not write")
         assert (mine / "notes.txt").read_text() == "keep me" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_capture_calibrates_the_profilers_cost(marked_run) -> None:
+    """A real CPU capture measures the profiler's cost per op (a micro-loop with and without it) and times three
+    steps unprofiled; the trace carries them, and its step without the profiler says ``calibrated``."""
+    import profparse
+    from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+    from profparse.capture import calibrate
+
+    assert calibrate.CALIBRATION_KEY == CALIBRATION_KEY
+    with gzip.open(marked_run.trace_path, "rt") as f:
+        found = json.load(f)[CALIBRATION_KEY]
+    assert found == marked_run.manifest["calibration"]
+    loop = found["micro_loop_ns_per_op"]["cpu"]
+    assert 0 < loop["plain"] < loop["profiled"] <= loop["shapes"] * 1.5  # recording costs; shapes cost more
+    costs = found["per_event_ns"]
+    assert costs["op"] == pytest.approx(loop["profiled"] - loop["plain"], abs=0.1) and costs["op_shapes"] > 0
+    assert len(found["unprofiled_step_ns"]) == 3 and min(found["unprofiled_step_ns"]) > 0
+    p = profparse.parse(marked_run.trace_path)
+    assert without_profiler(p)["basis"] == "calibrated"
+    assert "profiler_cost_uncalibrated" not in set(p.warnings["check"])
+
+
+def test_calibration_is_added_over_the_closing_brace(tmp_path: Path) -> None:
+    from profparse.capture import calibrate
+
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "name": "}"}]}\n\n')
+    calibrate.add_to_trace(path, {"per_event_ns": {"op": 1.5}})
+    assert json.loads(path.read_text()) == {
+        "traceEvents": [{"ph": "X", "name": "}"}],
+        calibrate.CALIBRATION_KEY: {"per_event_ns": {"op": 1.5}},
+    }

@@ -26,12 +26,14 @@ from typing import Any
 from profparse.base import marks
 from profparse.base.errors import InputNotFoundError, UsageError, from_oserror, install_hint
 from profparse.base.files import atomic_dir, check_target
+from profparse.capture import calibrate
 from profparse.capture.model import ensure_model
 from profparse.capture.options import CaptureOptions, CaptureResult
 
 MANIFEST_FORMAT = 1
 EXTRA_HINT = install_hint("capture")
 SYNC_LOAD_ENV = "HF_DEACTIVATE_ASYNC_LOAD"
+CALIBRATION_STEPS = 3  # training steps timed without the profiler after the capture
 
 
 class CaptureDependencyError(ImportError):
@@ -290,11 +292,15 @@ def _capture(
     ]
     torch.manual_seed(options.seed)
     prof, model, losses = _profiled_run(session, model_path, inputs, wall)
+    t0 = time.perf_counter()
+    calibration = _calibration(session, model, inputs[0])
+    wall["calibrate"] = time.perf_counter() - t0
     trace_path = run_dir / "trace.json.gz"
-    json_bytes = _export(prof, run_dir, trace_path, wall, log)
+    json_bytes = _export(prof, run_dir, trace_path, wall, log, calibration)
     wall["total"] = time.perf_counter() - t_start
     manifest = _manifest(session, model, {"source": source, "path": model_path, "built_now": built}, losses, wall)
     manifest["trace"] = {"file": trace_path.name, "bytes": trace_path.stat().st_size, "json_bytes": json_bytes}
+    manifest["calibration"] = calibration
     manifest_path = run_dir / "manifest.json"
     _atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
     return manifest
@@ -386,14 +392,42 @@ def _training_steps(
     return losses, steps_wall
 
 
-def _export(prof: Any, run_dir: Path, trace_path: Path, wall: dict[str, Any], log: Callable[[str], None]) -> int:
-    """Chrome trace to a temporary .json, gzipped to a temporary name, renamed; returns the JSON's size."""
+def _calibration(session: _Session, model: Any, ids: Any) -> dict[str, Any]:
+    """The profiler's cost per event kind (a micro-loop with and without it) and a few training steps timed
+    without it (after one to warm up), for the trace's ``profparse_calibration`` (docs/without_profiler.md)."""
+    torch = session.torch
+    session.log("calibrating the profiler's cost (not profiled)")
+    found = calibrate.micro_loop(torch, session.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=session.options.lr)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    found["unprofiled_step_ns"] = calibrate.unprofiled_steps(step, session.sync, CALIBRATION_STEPS)
+    return found
+
+
+def _export(
+    prof: Any,
+    run_dir: Path,
+    trace_path: Path,
+    wall: dict[str, Any],
+    log: Callable[[str], None],
+    calibration: dict[str, Any] | None = None,
+) -> int:
+    """Chrome trace to a temporary .json (with ``calibration`` added), gzipped to a temporary name, renamed;
+    returns the JSON's size."""
     log("exporting trace")
     tmp_json = run_dir / f".trace.{os.getpid()}.json.tmp"
     try:
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(tmp_json))
         wall["export"] = time.perf_counter() - t0
+        if calibration is not None:
+            calibrate.add_to_trace(tmp_json, calibration)
         json_bytes = tmp_json.stat().st_size
         t0 = time.perf_counter()
         gzip_atomic(tmp_json, trace_path)
