@@ -178,7 +178,7 @@ def test_device_captures_without_profiler_against_measured() -> None:
     for name in DEVICE_WITHIN:
         found = without_profiler(parsed(DEVICE / f"{name}.json.gz"))
         assert found["step_ns"] == pytest.approx(measured[name]["median_ns"], rel=0.15), name
-        assert found["profiled_step_ns"] >= found["step_ns"]
+        assert found["step_ns"] <= 1.02 * found["profiled_step_ns"]  # a GPU-bound step keeps its time
     tiny = without_profiler(parsed(DEVICE / "tiny.json.gz"))
     assert tiny["step_ns"] < tiny["profiled_step_ns"] < 2.5 * measured["tiny"]["median_ns"]
 
