@@ -147,14 +147,16 @@ def _shifted(model: Model, base: int) -> Model:
 def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int) -> Host:
     keep = kind >= 0
     start, end, kind = start[keep], end[keep], kind[keep]
-    knots = np.unique(np.concatenate([[w0, w1], start, end]))
+    knots = np.sort(np.concatenate([[w0, w1], start, end]))  # sorted, then deduplicated: np.unique hashes, slower
+    knots = knots[np.concatenate([[True], knots[1:] != knots[:-1]])]
     pieces = max(len(knots) - 1, 1)
-    counts = np.zeros((pieces, len(OVERHEAD_KINDS)))
+    width = len(OVERHEAD_KINDS)
+    cells = []
     for point in (start, end):
         right = np.searchsorted(knots, point, side="right") - 1  # the piece that starts at the point
-        for at in (right - 1, right):
-            np.add.at(counts, (np.clip(at, 0, pieces - 1), kind), 0.25)
-    return Host(knots, counts)
+        cells += [np.clip(right - 1, 0, pieces - 1) * width + kind, np.clip(right, 0, pieces - 1) * width + kind]
+    flat = np.bincount(np.concatenate(cells), minlength=pieces * width) if cells else np.zeros(pieces * width)
+    return Host(knots, 0.25 * flat.reshape(pieces, width))
 
 
 def _gpu(events: pd.DataFrame, links: Links, steps: pd.DataFrame, w0: int, w1: int) -> tuple[Gpu, np.ndarray]:

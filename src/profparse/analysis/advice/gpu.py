@@ -120,7 +120,8 @@ def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
     rows = np.searchsorted(ctx.events["trace_index"].to_numpy(), fp32_ops["trace_index"].to_numpy())
     flag = np.zeros(len(ctx.events), dtype=bool)
     flag[rows] = True
-    segments = ctx.segments_of(ctx.under(flag)) & ctx.path["bound"].isin(("gpu_compute",)).to_numpy()
+    under = ctx.under(flag)
+    segments = ctx.segments_of(under) & ctx.path["bound"].isin(("gpu_compute",)).to_numpy()
     gpu_ns = fp32_ops["gpu_ns"].to_numpy(dtype=np.float64)
     floor = fp32_ops["bytes"].to_numpy(dtype=np.float64) / (row.memory_gbps * 1e9) * 1e9 if row.memory_gbps else 0
     after = np.maximum(gpu_ns * fp32 / tf32, floor)
@@ -141,7 +142,7 @@ def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
         evidence,
         scale=scale,
     )
-    kernels = np.flatnonzero(ctx.under(flag) & kind_mask(ctx.events, {"kernel"}))
+    kernels = np.flatnonzero(under & kind_mask(ctx.events, {"kernel"}))
     for f in found:  # every fp32 matmul kernel at TF32's rate (or its bytes' time), on the path or not
         f.what_if = WhatIf(gpu_rows=kernels, gpu_factor=1.0 - scale)
     return found
