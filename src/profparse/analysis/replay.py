@@ -228,6 +228,11 @@ class Change:
     calls_dropped: np.ndarray | None = None
 
 
+def mean_step(model: Model, per_event_ns: np.ndarray, change: Change | None = None) -> float:
+    """The mean ``step_ns`` of :func:`replay`."""
+    return float(replay(model, per_event_ns, change)["step_ns"].mean())
+
+
 def replay(model: Model, per_event_ns: np.ndarray, change: Change | None = None) -> pd.DataFrame:
     """Per steady step: replayed host start and end, the end of its GPU work, and its duration in a loop of
     steps (from the end of the step before, or from its start for the first: the later of its host end and its

@@ -82,9 +82,8 @@ def from_segments(ctx: AdviceContext, mask: np.ndarray, scale: float = 1.0) -> W
     """The fix of a path-based finding: its host segments' time removed, its GPU segments' activities shortened,
     both by ``scale`` (the share of them the fix saves)."""
     path = ctx.path
-    bound = path["bound"].astype(object).to_numpy()
-    host = mask & np.isin(bound, _HOST)
-    gpu = mask & np.isin(bound, _GPU)
+    host = mask & path["bound"].isin(_HOST).to_numpy()  # categorical: one test per category
+    gpu = mask & path["bound"].isin(_GPU).to_numpy()
     rows = ctx.segment_rows[gpu]
     intervals = np.stack([path["start_ns"].to_numpy()[host], path["end_ns"].to_numpy()[host]], axis=1)
     return WhatIf(intervals, scale, np.unique(rows[rows >= 0]), 1.0 - scale)

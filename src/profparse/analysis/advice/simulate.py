@@ -30,15 +30,16 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     if model is None:
         return
     cost, basis = per_event_ns(parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
-    before = float(rp.replay(model, cost)["step_ns"].mean())
+    before = rp.mean_step(model, cost)
     changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]
-    savings = [max(before - float(rp.replay(model, cost, c)["step_ns"].mean()), 0.0) for c in changes]
-    # the specific fixes first, the catch-all launch_bound (all host work of a stage) on what they leave
-    general = [f.kind == "launch_bound" for f in todo]
-    marginal = _marginal(model, cost, before, changes, savings, general)
-    for f, alone, saving in zip(todo, savings, marginal, strict=True):
-        if saving < alone:
-            f.evidence["alone_ms_per_step"] = round(alone / 1e6, 3)
+    # the specific fixes first (the biggest on the path first), the catch-all launch_bound (all host work of a
+    # stage) on what they leave
+    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind == "launch_bound", -todo[i].saving_ns_per_step))
+    savings = _marginal(model, cost, before, [changes[i] for i in order])
+    for i, saving in zip(order, savings, strict=True):
+        f = todo[i]
+        if i != order[0]:
+            f.evidence["applied_after"] = sorted({todo[j].kind for j in order[: order.index(i)]})
         f.evidence["path_saving_ms_per_step"] = round(f.saving_ns_per_step / 1e6, 3)
         f.evidence["basis"] = f"simulated: replayed without the profiler ({basis} costs per event)"
         f.evidence["step_without_profiler_ms"] = round(before / 1e6, 3)
@@ -65,24 +66,14 @@ def change(model: rp.Model, what: WhatIf) -> rp.Change:
     return rp.Change(gpu_scale=scale, host_removed=removed, calls_dropped=dropped)
 
 
-def _marginal(
-    model: rp.Model,
-    cost: np.ndarray,
-    before: float,
-    changes: list[rp.Change],
-    savings: list[float],
-    last: list[bool],
-) -> list[float]:
-    """Each fix's saving once the ones before it are applied (the ``last`` ones after the others, each group the
-    biggest first): fixes that free the same time (two stages' launches, a stall and the work behind it) are not
-    counted twice, and together they claim what all of them save at once."""
-    order = np.lexsort((-np.asarray(savings), np.asarray(last)))
-    out = [0.0] * len(changes)
-    done, applied = 0.0, []
-    for i in order:
-        applied.append(changes[i])
-        total = max(before - float(rp.replay(model, cost, _joined(applied))["step_ns"].mean()), 0.0)
-        out[i] = min(max(total - done, 0.0), savings[i])
+def _marginal(model: rp.Model, cost: np.ndarray, before: float, changes: list[rp.Change]) -> list[float]:
+    """Each fix's saving once the ones before it are applied: fixes that free the same time (two stages'
+    launches, a stall and the work behind it) are not counted twice, and together they claim what all of them
+    save at once. One replay per fix."""
+    out, done = [], 0.0
+    for k in range(len(changes)):
+        total = max(before - rp.mean_step(model, cost, _joined(changes[: k + 1])), 0.0)
+        out.append(max(total - done, 0.0))
         done = max(total, done)
     return out
 
