@@ -14,7 +14,8 @@ import pandas as pd
 from profparse.analysis import replay as rp
 from profparse.analysis.advice.build import ms, share
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.finding import Finding, WhatIf
+from profparse.analysis.advice.finding import MIN_SHARE, Finding, WhatIf
+from profparse.analysis.advice.kinds import KINDS
 from profparse.analysis.profiler_cost import per_event_ns
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -32,13 +33,16 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     cost, basis = per_event_ns(parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
     before = rp.mean_step(model, cost)
     changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]
-    # the specific fixes first (the biggest on the path first), the catch-all launch_bound (all host work of a
-    # stage) on what they leave
-    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind == "launch_bound", -todo[i].saving_ns_per_step))
-    savings = _marginal(model, cost, before, [changes[i] for i in order])
-    for i, saving in zip(order, savings, strict=True):
-        f = todo[i]
-        if i != order[0]:
+    alone = [max(before - rp.mean_step(model, cost, c), 0.0) for c in changes]
+    # the fixes that will be listed are applied one after another: the specific ones first (the biggest first),
+    # the catch-all launch_bound (all host work of a stage) on what they leave
+    listed = [i for i in range(len(todo)) if alone[i] >= _threshold(todo[i], before)]
+    order = sorted(listed, key=lambda i: (todo[i].kind == "launch_bound", -alone[i]))
+    savings = dict(enumerate(alone))
+    savings.update(zip(order, _marginal(model, cost, before, [changes[i] for i in order]), strict=True))
+    for i, f in enumerate(todo):
+        saving = savings[i]
+        if i in order[1:]:
             f.evidence["applied_after"] = sorted({todo[j].kind for j in order[: order.index(i)]})
         f.evidence["path_saving_ms_per_step"] = round(f.saving_ns_per_step / 1e6, 3)
         f.evidence["basis"] = f"simulated: replayed without the profiler ({basis} costs per event)"
@@ -64,6 +68,12 @@ def change(model: rp.Model, what: WhatIf) -> rp.Change:
     if len(what.call_rows):
         dropped = np.isin(model.calls.rows, what.call_rows)
     return rp.Change(gpu_scale=scale, host_removed=removed, calls_dropped=dropped)
+
+
+def _threshold(f: Finding, step_ns: float) -> float:
+    """The saving from which a finding of its kind is listed (advice's MIN_SHARE and the kind's own bounds)."""
+    kind = KINDS[f.kind]
+    return max(max(MIN_SHARE, kind.min_share) * step_ns, kind.min_ns)
 
 
 def _marginal(model: rp.Model, cost: np.ndarray, before: float, changes: list[rp.Change]) -> list[float]:
