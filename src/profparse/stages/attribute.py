@@ -447,7 +447,8 @@ def attribute(
     stage = stage_of_rule[rule]
     step = _step_of(ts, steps)
     step[launched] = step[links.launch[launched]]
-    stage_graph_kernels(events, links, rule_names, rule, stage)  # kernels replayed by a CUDA/HIP graph launch
+    evidence = frozenset(r.name for r in rules if r.stage != "other" and not _needs_phases(r))
+    stage_graph_kernels(events, links, rule_names, rule, stage, evidence)  # kernels replayed by a CUDA/HIP graph
     match_collectives(events, links, rule_names, rule, stage, step)  # unlinked NCCL/RCCL kernels: their c10d op
     infer_gpu_stages(events, links, steps, rule_names, rule, stage, step)  # unlinked GPU activity, by inference
     return Attribution(
