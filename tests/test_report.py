@@ -438,16 +438,19 @@ def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
     page = write(trace, tmp_path / "r.html")
     data = payload(page)
     items = {h["key"]: h for h in data["headline"]}
-    assert [h["key"] for h in data["headline"]] == HEADLINE
+    keys = [HEADLINE[0], "warm_up", *HEADLINE[1:]]  # step 0 holds the first optimizer step: warm-up, shown apart
+    assert [h["key"] for h in data["headline"]] == keys
     assert items["step_time"]["value"] == (STEP_US - 10) * 1000  # ground truth: the ProfilerStep windows
+    assert items["warm_up"]["steps"] == [0] and items["step_time"]["detail"] == "1 steady step"
     assert items["exposed_comm"]["value"] == 2 * 2 * TRANSFER_US * 1000
     assert items["exposed_comm"]["detail"].startswith("100.0% of 200 µs collective time")
-    summary = data["summary"]  # the other items are the summary's numbers, picked
-    biggest = max(summary["totals"], key=lambda t: t["host_wall_ns"])
+    summary = data["summary"]  # the other items are the summary's numbers (of the steady step), picked
+    steady = summary["steady_totals"]
+    biggest = max(steady, key=lambda t: t["host_wall_ns"])
     top = items["biggest_stage"]
     assert (top["stage"], top["value"]) == (biggest["stage"], biggest["host_wall_ns"])
-    idle = sum(t["gpu_idle_ns"] for t in summary["totals"])
-    span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in summary["totals"])
+    idle = sum(t["gpu_idle_ns"] for t in steady)
+    span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in steady)
     assert 0 < idle < span and items["gpu_idle"]["value"] == pytest.approx(idle / span)
     assert items["mfu"]["text"] == "-" and summary["warnings"] == []  # no shapes; no check fired
     first = summary["findings"][0]  # 15 us of 1 us kernels in the optimizer: launch-bound, and no other finding
@@ -460,10 +463,10 @@ def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
         )
     )
     seen = read_page(page)
-    assert seen.links == {key: items[key]["href"] for key in HEADLINE}
+    assert seen.links == {key: items[key]["href"] for key in keys}
     for key, href in seen.links.items():  # every item links to a section that is on the page
         assert href.startswith("#") and href[1:] in seen.ids, (key, href)
-    assert seen.values == {key: items[key]["text"] for key in HEADLINE}
+    assert seen.values == {key: items[key]["text"] for key in keys}
 
 
 def test_headline_ends_with_the_top_finding_and_the_printed_lines_name_it(tmp_path, monkeypatch):
@@ -490,7 +493,8 @@ def test_headline_ends_with_the_top_finding_and_the_printed_lines_name_it(tmp_pa
         "#findings",
     )
     assert item["value"] == pytest.approx(saving, abs=1)
-    assert item["text"] == f"data_loading · load: saves {fmt_time(saving)}/step (30.0%)"
+    per = "steady step" if not all(s["steady"] for s in summary["step_totals"]) else "step"  # warm-up left out
+    assert item["text"] == f"data_loading · load: saves {fmt_time(saving)}/{per} (30.0%)"
     fix = KINDS["data_loading"].fix
     assert item["detail"].endswith(" (+1 more)") and len(item["detail"]) <= FIX_CHARS + len(" (+1 more)")
     assert fix.startswith(item["detail"].removesuffix(" (+1 more)").removesuffix(" …"))
@@ -609,7 +613,7 @@ def test_efficiency_section_and_mfu_headline_are_the_summarys(tmp_path):
     data = payload(page)
     section = data["summary"]["efficiency"]
     known = {s["stage"]: s["mfu"] for s in section["stages"] if s["mfu"] is not None and s["flops"] > 0}
-    assert known and data["headline"][HEADLINE.index("mfu")]["value"] == known
+    assert known and {h["key"]: h for h in data["headline"]}["mfu"]["value"] == known
     dom = dump_dom(page)
     read_dom(dom)
     seen = Page()

@@ -69,10 +69,12 @@ def test_step_total_and_share_ground_truth(tmp_path):
     assert walls == {"load": 0, "forward": 40_000, "backward": 60_000, "optimizer": 40_000, "other": 0}
     shares = {r["stage"]: r["share"] for r in data["totals"]}
     assert shares == pytest.approx({"load": 0, "forward": 2 / 7, "backward": 3 / 7, "optimizer": 2 / 7, "other": 0})
-    assert data["step_totals"] == [
-        {"step": 1, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000},
-        {"step": 2, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000},
+    assert data["step_totals"] == [  # step 1 holds the first optimizer step: warm-up
+        {"step": 1, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000, "steady": False},
+        {"step": 2, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000, "steady": True},
     ]
+    steady = {r["stage"]: r["host_wall_ns"] for r in data["steady_totals"]}  # step 2's alone
+    assert steady == {"load": 0, "forward": 20_000, "backward": 30_000, "optimizer": 20_000, "other": 0}
     text = render(data)
     per_step = text.split("Per step")[1].split("\n\n")[0]
     row = next(line.split() for line in per_step.splitlines() if line.strip().startswith("1 "))

@@ -90,14 +90,35 @@ def _top(frame: pd.DataFrame, value: str, n: int, kernel: bool) -> dict[str, lis
 
 
 def _step_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per step: its stages' host wall and GPU busy added up, and its window (end - start in ``parsed.steps``)."""
+    """Per step: its stages' host wall and GPU busy added up, its window (end - start in ``parsed.steps``) and
+    whether it is steady (past warm-up: the ``steady`` column of ``parsed.steps``)."""
     sums = per_step.groupby("step")[["host_wall_ns", "gpu_busy_ns"]].sum()
     out = []
     for r in steps.itertuples(index=False):
         host, busy = (int(v) for v in sums.loc[r.step]) if r.step in sums.index else (0, 0)
-        out.append(
-            {"step": int(r.step), "host_wall_ns": host, "gpu_busy_ns": busy, "window_ns": int(r.end_ns - r.start_ns)}
-        )
+        window = int(r.end_ns - r.start_ns)
+        steady = bool(getattr(r, "steady", True))
+        out.append({"step": int(r.step), "host_wall_ns": host, "gpu_busy_ns": busy, "window_ns": window,
+                    "steady": steady})  # fmt: skip
+    return out
+
+
+STEADY_COLUMNS = ("host_wall_ns", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns")
+
+
+def _steady_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per stage, its host wall and GPU split added up over the steady steps, with its share of their host wall
+    (the headline's scope); empty without steady steps."""
+    steady = steps.loc[steps["steady"].astype(bool), "step"] if "steady" in steps.columns else steps["step"]
+    rows = per_step[per_step["step"].isin(steady)]
+    if rows.empty:
+        return []
+    sums = rows.groupby("stage", observed=True)[list(STEADY_COLUMNS)].sum()
+    whole = float(sums["host_wall_ns"].sum())
+    out = []
+    for stage in STAGES:
+        values = {c: int(sums.loc[stage, c]) if stage in sums.index else 0 for c in STEADY_COLUMNS}
+        out.append({"stage": stage, **values, "share": values["host_wall_ns"] / whole if whole else 0.0})
     return out
 
 
@@ -148,6 +169,7 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "totals": total_rows,
         "per_step": records(per_step),
         "step_totals": _step_totals(per_step, steps),
+        "steady_totals": _steady_totals(per_step, steps),
         "critical_path": critical_path_data(parsed.table("critical_path")),
         "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
         "top_ops": _top(ops, "self_ns", top, kernel=False),
