@@ -167,6 +167,11 @@ NOT_ACTIVITY = "other.not_activity"
 # group and stream (stages/collective_match.py)
 COLLECTIVE_MATCH = "gpu.collective_match"
 COLLECTIVE_KERNEL = r"(?i)nccl|rccl|msccl"
+# a collective kernel launched before the trace began (no launch, no c10d op in the file): the stage at its position
+# in the stream's collective sequence of the later steps, else of the GPU work beside it on other streams
+# (stages/collective_order.py)
+COLLECTIVE_ORDER = "gpu.collective_order"
+COLLECTIVE_NEIGHBOURS = "gpu.collective_neighbours"
 
 
 @dataclass(frozen=True)
