@@ -82,7 +82,12 @@ def _peak_table(device: str, steps: list[dict[str, Any]], several: bool) -> Tabl
     return Table(title, columns, steps, note=note, index=2)
 
 
-_LABELS = {"optimizer_state": "optim state", "activation": "activations", "temporary": "temporaries"}
+_LABELS = {
+    "optimizer_state": "optim state",
+    "activation": "activations",
+    "temporary": "temporaries",
+    "before_trace": "before trace",
+}
 
 
 def memory_categories_tables(data: dict[str, Any]) -> list[Table]:
