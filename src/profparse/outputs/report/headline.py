@@ -5,8 +5,8 @@ Every number comes from :func:`profparse.outputs.summary.summary_data` (``summar
 Each item is ``{key, label, text, detail, href}`` plus ``value`` (the raw number, for tests and tooltips). The last
 item is the top finding (``findings``, what to change first) when the trace has one, else the top warning.
 Where the trace has warm-up steps (the ``steps`` table's ``steady`` column) and steady ones, the step time, the
-biggest stage, GPU idle and the top finding are about the steady steps, each saying so, and a ``warm_up`` item
-shows the warm-up apart ("step 1: warm-up, 2.0 s").
+biggest stage, GPU idle and the top finding are about the steady steps, each saying so, and the step time's
+detail shows the warm-up apart ("step 1: warm-up, 2.0 s"; GPU idle's detail: its idle share).
 """
 
 from __future__ import annotations
@@ -59,25 +59,29 @@ def step_time(summary: dict[str, Any]) -> dict[str, Any]:
     kind = "steady steps" if warm else "steps"
     spread = f" ({fmt_time(min(windows))} to {fmt_time(max(windows))})" if min(windows) < max(windows) else ""
     detail = f"median of {len(windows)} {kind}{spread}" if len(windows) > 1 else f"1 {kind[:-1]}"
-    return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median)
+    if warm:  # shown apart, in the same box: a seventh box would push the sections below the first screen
+        detail += f"; {warm_up_text(summary)}"
+    return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median,
+                 warm_up=[s["step"] for s in warm])  # fmt: skip
 
 
-def warm_up(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The warm-up steps the other items leave out, shown apart ("step 1: warm-up, 2.0 s"); None without any."""
+def warm_up_text(summary: dict[str, Any]) -> str:
+    """The warm-up steps the headline leaves out, in words ("step 1: warm-up, 2.0 s"); "" without any."""
     warm = warm_up_steps(summary)
     if not warm:
-        return None
-    numbers = ", ".join(str(s["step"]) for s in warm)
+        return ""
     total = sum(s["window_ns"] for s in warm)
     took = f"{total / 1e9:.1f} s" if total >= 1e9 else fmt_time(total)  # fmt_time keeps ms up to 99,999 ms
-    which = f"step{'s' if len(warm) > 1 else ''} {numbers}"
-    rows = [r for r in summary.get("per_step") or [] if r["step"] in {s["step"] for s in warm}]
+    return f"step{'s' if len(warm) > 1 else ''} {', '.join(str(s['step']) for s in warm)}: warm-up, {took}"
+
+
+def _warm_up_idle(summary: dict[str, Any]) -> str:
+    """GPU idle in the warm-up steps, for the GPU idle item's detail ("" without warm-up or GPU spans)."""
+    numbers = {s["step"] for s in warm_up_steps(summary)}
+    rows = [r for r in summary.get("per_step") or [] if r["step"] in numbers]
     idle = sum(r["gpu_idle_ns"] or 0 for r in rows)
     span = idle + sum((r["gpu_busy_ns"] or 0) + (r["gpu_overlap_ns"] or 0) for r in rows)
-    idle_text = f"; GPU idle {_share(idle, span)}" if span else ""
-    detail = f"{which}: warm-up, {took}{idle_text}; left out of step time, biggest stage, GPU idle, findings"
-    # the box shows the time under a label naming the steps (a long value is cut in the box); detail says it whole
-    return _item("warm_up", f"Warm-up ({which})", took, detail, "#per-step", total, steps=[s["step"] for s in warm])
+    return f"; warm-up {_share(idle, span)} idle" if span else ""
 
 
 def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +110,7 @@ def gpu_idle(summary: dict[str, Any]) -> dict[str, Any]:
     busy = sum((t["gpu_busy_ns"] or 0) + (t["gpu_overlap_ns"] or 0) for t in rows)
     span = idle + busy
     detail = f"{fmt_time(idle)} idle, {fmt_time(busy)} busy in all stages' GPU spans {scope or 'of the trace'}"
+    detail += _warm_up_idle(summary) if scope else ""
     return _item("gpu_idle", "GPU idle", _share(idle, span), detail, "#view-stages", idle / span if span else None)
 
 
@@ -175,17 +180,15 @@ def what_to_change(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The trace page's headline, in reading order; the warm-up item only where the trace has warm-up steps."""
-    items = [
+    """The trace page's headline, in reading order."""
+    return [
         step_time(summary),
-        warm_up(summary),
         biggest_stage(summary),
         gpu_idle(summary),
         exposed_communication(summary),
         mfu(summary),
         what_to_change(summary),
     ]
-    return [item for item in items if item is not None]
 
 
 def ranks_headline(data: dict[str, Any]) -> list[dict[str, Any]]:
