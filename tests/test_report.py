@@ -431,7 +431,8 @@ def read_page(page: Path, query: str = "") -> Page:
 
 def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
     """One rank of test_ranks_late's run: two steps of 990 us windows, a 50 us broadcast (forward) and allreduce
-    (backward) per step that nothing overlaps: 200 us of exposed communication, all of the collectives' time."""
+    (backward) per step that nothing overlaps: 200 us of exposed communication, all of the collectives' time; the
+    headline reads the steady step (the second: the first holds the first optimizer step): 100 us of it."""
     from test_ranks_late import STEP_US, TRANSFER_US, rank_trace
 
     trace = rank_trace(tmp_path / "rank0.json.gz", [0.0, 0.0])
@@ -443,8 +444,9 @@ def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
     assert items["step_time"]["value"] == (STEP_US - 10) * 1000  # ground truth: the ProfilerStep windows
     # step 0 holds the first optimizer step: warm-up, left out and shown apart
     assert items["step_time"]["warm_up"] == [0] and items["step_time"]["detail"].startswith("1 steady step; step 0:")
-    assert items["exposed_comm"]["value"] == 2 * 2 * TRANSFER_US * 1000
-    assert items["exposed_comm"]["detail"].startswith("100.0% of 200 µs collective time")
+    assert items["exposed_comm"]["value"] == 2 * TRANSFER_US * 1000  # the steady step's two transfers
+    assert items["exposed_comm"]["detail"].startswith("100.0% of 100 µs collective time")
+    assert items["exposed_comm"]["detail"].endswith("of the steady steps' time")
     summary = data["summary"]  # the other items are the summary's numbers (of the steady step), picked
     steady = summary["steady_totals"]
     biggest = max(steady, key=lambda t: t["host_wall_ns"])

@@ -115,17 +115,20 @@ def gpu_idle(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def exposed_communication(summary: dict[str, Any]) -> dict[str, Any]:
-    """Collective kernel time that no other GPU work overlaps, against all collective time and the steps' time."""
-    exposure = (summary.get("communication") or {}).get("exposure") or []
+    """Collective kernel time that no other GPU work overlaps, against all collective time and the steps' time
+    (the steady steps' where the trace has warm-up steps)."""
+    section = summary.get("communication") or {}
+    _, scope = _scope(summary)
+    exposure = (section.get("steady_exposure") if scope else section.get("exposure")) or []
     comm = sum(r["comm_ns"] or 0 for r in exposure)
     if not comm:
-        return _item("exposed_comm", "Exposed communication", "none", "no NCCL/RCCL collective kernels",
-                     "#view-communication", 0)  # fmt: skip
+        none = "no NCCL/RCCL collective kernels" + (f" {scope}" if scope else "")
+        return _item("exposed_comm", "Exposed communication", "none", none, "#view-communication", 0)
     exposed = sum(r["exposed_ns"] or 0 for r in exposure)
     detail = f"{_share(exposed, comm)} of {fmt_time(comm)} collective time is not overlapped"
-    steps = sum(s["window_ns"] for s in summary["step_totals"])
+    steps = sum(s["window_ns"] for s in summary["step_totals"] if not scope or s.get("steady", True))
     if steps:
-        detail += f"; {_share(exposed, steps)} of the steps' time"
+        detail += f"; {_share(exposed, steps)} of the {'steady ' if scope else ''}steps' time"
     return _item("exposed_comm", "Exposed communication", fmt_time(exposed), detail, "#view-communication", exposed)
 
 

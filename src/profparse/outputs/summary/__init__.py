@@ -176,7 +176,11 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "runtime_calls": top_calls(parsed.runtime_calls, top),
-        "communication": communication_data(parsed.table("collectives"), parsed.table("comm_exposure")),
+        "communication": communication_data(
+            parsed.table("collectives"),
+            parsed.table("comm_exposure"),
+            [int(x) for x in steps.loc[steps["steady"].astype(bool), "step"]] if "steady" in steps.columns else None,
+        ),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analyses.summary_sections(parsed),
         "efficiency": efficiency_data(parsed),
