@@ -69,7 +69,7 @@ def order_collectives(
     for part in np.split(rows, bounds):
         if (rule[part] == unlinked).any() and placed[part].any():
             found, found_step = _by_position(names[part], stage[part], step[part], placed[part], ts[part], starts)
-            hit = found >= 0
+            hit = (found >= 0) & (rule[part] == unlinked)  # a linked kernel decided by no rule keeps its launch
             rule[part[hit]], stage[part[hit]], step[part[hit]] = code, found[hit], found_step[hit]
     left = np.flatnonzero(comm & (rule == unlinked))
     if len(left):
