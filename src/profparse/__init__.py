@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from profparse.base.marks import STAGES
+from profparse.base.requirements import check_dependencies
 from profparse.base.version import __version__
 
 __all__ = ["ParsedTrace", "STAGES", "__version__", "load", "on_trace_ready", "parse", "summarize"]
@@ -21,6 +22,7 @@ _LAZY = {
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
+        check_dependencies()
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
@@ -29,6 +31,7 @@ def __getattr__(name: str) -> object:
 
 def summarize(path: str, fmt: str = "text", **kwargs) -> str:
     """The stage summary of a trace as text (``fmt``: text, json, csv or markdown)."""
+    check_dependencies()
     from profparse.api import parse
     from profparse.outputs.summary import render_summary
 

@@ -189,7 +189,9 @@ def _main(argv: Sequence[str] | None) -> int:
         except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
             return exc.code if isinstance(exc.code, int) else UsageError.exit_code
         from profparse.base import files
+        from profparse.base.requirements import check_dependencies
 
+        check_dependencies()  # before a verb imports numpy, pandas or pyarrow
         quiet = getattr(args, "quiet", False)
         files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
         previous_term = _set_handler(_terminate, signal.SIGTERM)
@@ -216,6 +218,9 @@ def _report(exc: Exception, args: argparse.Namespace | None) -> int:
     if isinstance(exc, MemoryError):
         print("profparse: error: out of memory", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
+    if isinstance(exc, ImportError) and not (exc.name or "").startswith("profparse"):
+        print(f"profparse: error: a dependency failed to import: {display(exc)} (reinstall it)", file=sys.stderr)
+        return UsageError.exit_code
     if isinstance(exc, BrokenPipeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
