@@ -17,7 +17,7 @@ from profparse.base.errors import UsageError
 
 #: the floors ``pyproject.toml`` declares
 FLOORS = {
-    "numpy": "1.24",
+    "numpy": "1.24.1",
     "pandas": "2.0",
     "pyarrow": "14",
     "matplotlib": "3.7",
