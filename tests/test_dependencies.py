@@ -126,6 +126,7 @@ def test_installed_versions_read_as_importlib_reads_them():
         ),
         ({"numpy": "2.0.0", "matplotlib": "3.8.3"}, "matplotlib 3.8.3 is installed; profparse needs matplotlib>=3.8.4"),
         ({"xxhash": None}, "xxhash is not installed; profparse needs xxhash>=3.0"),
+        ({"numpy": "2.0.2", "pandas": "2.1.4"}, "pandas 2.1.4 is installed; profparse needs pandas>=2.2.2 with numpy"),
     ],
 )
 def test_a_dependency_below_its_floor_is_one_line_exit_2(monkeypatch, capsys, tmp_path, installed, named):

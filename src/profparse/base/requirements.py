@@ -27,7 +27,7 @@ FLOORS = {
 }
 #: floors under numpy 2: older wheels of these were built against numpy 1 and fail to import (a pip resolver cannot
 #: say this in pyproject.toml, so it is checked here)
-NUMPY2_FLOORS = {"pyarrow": "16", "matplotlib": "3.8.4"}
+NUMPY2_FLOORS = {"pandas": "2.2.2", "pyarrow": "16", "matplotlib": "3.8.4"}
 
 
 class DependencyError(UsageError):
