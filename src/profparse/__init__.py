@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-
+from profparse.base.lazy import lazy_exports
 from profparse.base.marks import STAGES
 from profparse.base.requirements import check_dependencies
 from profparse.base.version import __version__
@@ -20,13 +19,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        check_dependencies()
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'profparse' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY, before=check_dependencies)
 
 
 def summarize(path: str, fmt: str = "text", **kwargs) -> str:
