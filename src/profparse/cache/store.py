@@ -20,6 +20,7 @@ from profparse.cache.folders import (
     ENTRY_NAME,
     MARKER,
     MARKER_TEXT,
+    MODELS,
     RECORD_NAME,
     SUBFOLDER,
     TEMP_NAME,
@@ -142,7 +143,7 @@ class Cache:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not has_marker(self.root):
-                if any(os.scandir(self.root)):  # files appeared since the cache was opened: not ours to take
+                if any(c.name != MODELS for c in os.scandir(self.root)):  # files appeared since it was opened: not ours
                     self.disable(f"{self.root} holds files profparse did not make")
                     return False
                 try:
