@@ -4,6 +4,7 @@ its last step. ``handler.wait()`` returns only when every cycle is final and say
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -11,7 +12,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -172,3 +175,49 @@ def test_a_worker_killed_while_waiting_is_a_failed_cycle_not_a_hang(tmp_path: Pa
     os.kill(handler._worker.process.pid, signal.SIGKILL)
     assert handler.wait(timeout=60) == 1
     assert handler.cycles[0].status == "failed" and "exit -9" in handler.cycles[0].error
+
+
+def trainer_run(tmp_path: Path, prof: Path) -> tuple[SimpleNamespace, list[str]]:
+    """The tiny Trainer run of tests/test_integrations_trainer.py into ``prof``; its profparse warnings."""
+    for module in ("transformers", "accelerate"):
+        pytest.importorskip(module, reason=f"the Trainer needs {module}")
+    from test_integrations_trainer import _tiny_run
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = _tiny_run(tmp_path, prof)
+    return run, [str(w.message) for w in caught if str(w.message).startswith("profparse: ProfileCallback")]
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_a_trainer_whose_out_dir_is_a_file_trains_to_the_end(tmp_path: Path, where: str) -> None:
+    (tmp_path / "taken").write_text("the user's file")
+    prof = tmp_path / "taken" if where == "file" else tmp_path / "taken" / "prof"
+    run, caught = trainer_run(tmp_path, prof)
+    assert run.trainer.state.global_step == 5  # every step ran
+    assert len(caught) == 1 and "no trace written" in caught[0] and "training goes on" in caught[0]
+    assert run.callback.error and run.callback.files == [] and run.callback.trace_path is None
+    assert (tmp_path / "taken").read_text() == "the user's file"
+
+
+@pytest.mark.parametrize("stage", ["trace", "summary"])
+def test_a_trainer_whose_out_dir_is_full_trains_to_the_end(tmp_path: Path, monkeypatch, stage: str) -> None:
+    """A full disk (ENOSPC from the write) at the trace or at the summary: a warning, no half file, training on."""
+    import profparse.integrations.transformers as module
+
+    real = module.atomic_file
+    calls = []
+
+    def full(path, *args, **kwargs):  # the first atomic write is the trace's, the second the summary's
+        calls.append(path)
+        if len(calls) == (1 if stage == "trace" else 2):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(module, "atomic_file", full)
+    prof = tmp_path / "prof"
+    run, caught = trainer_run(tmp_path, prof)
+    assert run.trainer.state.global_step == 5
+    assert len(caught) == 1 and "No space left" in caught[0]
+    left = sorted(p.name for p in prof.iterdir())
+    assert left == ([] if stage == "trace" else ["trainer_steps_1-3.json.gz"])  # no temporary, no half file
