@@ -340,13 +340,27 @@ def clean_stale(target: PathLike) -> list[Path]:
         if st.st_uid != os.geteuid():
             continue
         if stat.S_ISDIR(st.st_mode):
-            if read_marker(path) is not None or not any(os.scandir(path)):
+            if read_marker(path) is not None or _empty_or_broken_marker(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
         elif stat.S_ISREG(st.st_mode):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def _empty_or_broken_marker(folder: Path) -> bool:
+    """A folder holding nothing, or only a marker file that is empty or not profparse's JSON (a run that died, or
+    hit a full disk, while writing it): what :func:`atomic_dir` leaves at worst, so safe to remove."""
+    try:
+        entries = list(os.scandir(folder))
+        if not entries:
+            return True
+        if len(entries) != 1 or entries[0].name != MARKER or not entries[0].is_file(follow_symlinks=False):
+            return False
+        return entries[0].stat(follow_symlinks=False).st_size < 4096
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -401,12 +415,15 @@ def atomic_dir(
     with output_lock(p):
         exists = check_target(p, kind="dir", verb=verb, force=force, inputs=inputs)
         clean_stale(p)
+        tmp = None
         try:
             tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(p.name), suffix=".partial", dir=p.parent))
             tmp.chmod(0o777 & ~_umask())
             write_marker(tmp, verb)
         except OSError as exc:
-            raise from_oserror(exc) from None
+            if tmp is not None:  # a full disk can fail the marker's write: no half folder is left
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise from_oserror(exc, where=str(p)) from None
         try:
             yield tmp
             if not exists:
