@@ -5,6 +5,7 @@ and its check is a reason to retry, not a planted lock."""
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from profparse.base import files
-from profparse.base.errors import NoSpaceError
+from profparse.base.errors import NoSpaceError, OutputRefusedError
 from profparse.base.files import MARKER, atomic_dir, clean_stale
 from profparse.cli.main import main
 
@@ -74,3 +75,34 @@ def test_a_partial_folder_with_more_than_a_broken_marker_is_kept(tmp_path: Path)
     (live / MARKER).write_bytes(b"")
     assert clean_stale(tmp_path / "out") == []
     assert beside.is_dir() and folder_marker.is_dir() and live.is_dir()
+
+
+def test_a_lock_unlinked_between_open_and_check_is_retried(tmp_path: Path, monkeypatch) -> None:
+    """The finishing run unlinks its lock just as a waiter opens it: the waiter sees 0 links and starts over,
+    never "profparse did not create it" (exit 9)."""
+    target = tmp_path / "out"
+    lock = files.lock_path(target)
+    lock.write_text("4242\n")  # the finishing run's lock, still there when the waiter looks
+    real_open = os.open
+    unlinked = []
+
+    def open_then_unlink(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if Path(path) == lock and not flags & os.O_CREAT and not unlinked:
+            os.unlink(lock)  # the finishing run, between this open and the fstat
+            unlinked.append(True)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_unlink)
+    with files.output_lock(target) as held:
+        assert unlinked and held == lock and lock.read_text() == f"{os.getpid()}\n"  # its own lock now
+    assert not lock.exists()
+
+
+def test_a_hard_linked_lock_is_still_refused(tmp_path: Path) -> None:
+    target = tmp_path / "out"
+    lock = files.lock_path(target)
+    lock.write_text("")
+    os.link(lock, tmp_path / "other")
+    with pytest.raises(OutputRefusedError, match="2 hard links"), files.output_lock(target):
+        pass

@@ -212,7 +212,8 @@ _LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONB
 
 
 def _open_lock(lock: Path) -> tuple[int, bool] | None:
-    """Open ``lock``: ``(fd, created)``, or None when it vanished between two looks (try again).
+    """Open ``lock``: ``(fd, created)``, or None when it vanished between two looks, or was unlinked once open
+    (its run finished: try again).
 
     A new lock is created with ``O_EXCL``, so this run knows it is its own. An existing one is used only when it is a
     regular file of this user with one link (checked before opening, so a device is never opened, and on the open
@@ -234,7 +235,11 @@ def _open_lock(lock: Path) -> tuple[int, bool] | None:
             raise _lock_refused(lock, "is a symbolic link") from None
         raise from_oserror(exc) from None
     try:
-        _check_lock(lock, os.fstat(fd))
+        st = os.fstat(fd)
+        if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):  # its run finished and unlinked it since the lstat
+            os.close(fd)
+            return None
+        _check_lock(lock, st)
     except BaseException:
         os.close(fd)
         raise
