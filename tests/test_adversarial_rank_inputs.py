@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from adversarial import assert_clean_failure, assert_success, run_cli
+from adversarial import REPO, assert_clean_failure, assert_success, run_cli
 from tracebuilder import TraceBuilder, training_step
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc (Linux)")
@@ -58,3 +60,32 @@ def test_a_dataset_partition_not_named_by_a_rank_number_is_exit_4(tmp_path: Path
     for argv in (["summarize", str(out)], ["report", str(out), "-o", str(tmp_path / "r.html")]):
         run = run_cli(*argv, "-q")
         assert_clean_failure(run, 4, contains=f"{name} is not a rank number")
+
+
+SCRIPT = """
+import profparse.ranks
+{call}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["no_main_guard", "main_guard"])
+def test_parse_ranks_with_jobs_in_a_script_without_a_main_guard_is_an_error_not_a_hang(tmp_path, guarded) -> None:
+    """The pool's workers import the script again; unguarded, that call waited forever for the parent's lock."""
+    folder = rank_folder(tmp_path / "ranks", deep=False)
+    call = 'profparse.ranks.parse_ranks("ranks", "out", jobs=2)'
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(call=f"if __name__ == '__main__':\n    {call}" if guarded else call))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PROFPARSE_FORCE_JOBS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    if guarded:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "out" / "ranks").is_dir()
+    else:
+        assert done.returncode == 1
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("profparse.base.errors.UsageError: ") and "if __name__ == '__main__':" in last
+        assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ranks", "script.py"] + (["out"] if guarded else []))
+    assert folder.is_dir()
