@@ -39,7 +39,10 @@ def folder_state(folder: Path) -> str:
         if st.st_uid != os.getuid():
             return "foreign"
         with os.scandir(folder) as children:
-            return "foreign" if any(children) else "new"
+            if not any(children):
+                return "new"
+        # another run (or thread) may have marked it since the first look: its files are the cache's then
+        return "ours" if has_marker(folder) else "foreign"
     except OSError:
         return "new"
 

@@ -142,7 +142,9 @@ class Cache:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not has_marker(self.root):
-                if any(os.scandir(self.root)):  # files appeared since the cache was opened: not ours to take
+                # files appeared since the cache was opened: not ours to take, unless another run (or thread)
+                # claimed it between the two looks (its marker is then there: the O_EXCL create below says so)
+                if any(os.scandir(self.root)) and not has_marker(self.root):
                     self.disable(f"{self.root} holds files profparse did not make")
                     return False
                 try:
