@@ -79,3 +79,35 @@ def test_four_threads_loading_into_a_new_cache_folder(tmp_path: Path, monkeypatc
         assert errors == [] and not [n for n in notes if "cache off" in n], notes
         assert not (root / folders.SUBFOLDER).exists() and (root / folders.MARKER).is_file()
         assert os.stat(root).st_mode & 0o777 == 0o700
+
+
+def test_a_cache_dir_linked_to_another_users_folder_creates_nothing_there(tmp_path: Path, monkeypatch) -> None:
+    """``PROFPARSE_CACHE_DIR`` a link to a folder of another user that holds files: cache off with a note, and no
+    ``profparse-cache/`` made inside it (it was)."""
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    other = tmp_path / "shared"
+    other.mkdir()
+    (other / "theirs.txt").write_text("theirs")
+    os.chown(other, 12345, 12345)
+    link = tmp_path / "cache-link"
+    link.symlink_to(other, target_is_directory=True)
+    monkeypatch.setenv(store.DIR_ENV, str(link))
+    notes: list[str] = []
+    profparse.load(small_trace(tmp_path / "trace.json"), notify=notes.append)
+    assert sorted(p.name for p in other.iterdir()) == ["theirs.txt"]
+    assert any("cache off" in n and "another user (uid 12345)" in n for n in notes), notes
+
+
+def test_a_cache_dir_linked_to_the_users_own_folder_is_followed(tmp_path: Path, monkeypatch) -> None:
+    target = tmp_path / "disk" / "cache"
+    target.mkdir(parents=True, mode=0o700)
+    link = tmp_path / "cache-link"
+    link.symlink_to(target, target_is_directory=True)
+    monkeypatch.setenv(store.DIR_ENV, str(link))
+    notes: list[str] = []
+    trace = small_trace(tmp_path / "trace.json")
+    profparse.load(trace, notify=notes.append)
+    assert (target / folders.MARKER).is_file() and link.is_symlink()  # the data lies in the target
+    assert profparse.load(trace, notify=notes.append).cache is not None  # and is read back from there
+    assert not [n for n in notes if "cache off" in n], notes

@@ -71,6 +71,16 @@ def has_marker(folder: Path) -> bool:
     return False
 
 
+def not_own(folder: Path) -> str | None:
+    """Why ``folder`` (followed through a link) is not the user's own, or None."""
+    try:
+        uid = os.stat(folder).st_uid
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    target = f"(a link to {os.path.realpath(folder)}) " if os.path.islink(folder) else ""
+    return f"{target}belongs to another user (uid {uid})" if uid != os.getuid() else None
+
+
 def not_private(folder: Path) -> str | None:
     """Why ``folder`` cannot be trusted with the cache (what another user could plant there), or None."""
     try:

@@ -28,6 +28,7 @@ from profparse.cache.folders import (
     has_marker,
     inside,
     is_real_dir,
+    not_own,
     not_private,
     tree_size,
     unlink,
@@ -119,6 +120,9 @@ class Cache:
                 return None
         folder, state = root, folder_state(root)
         if state == "foreign":  # the user's own folder: never evict or sweep in it
+            if why := not_own(root):  # nor create anything in another user's (a link may point there)
+                notify(f"note: cache off: the cache folder {root} {why}; set {DIR_ENV} to a folder of your own")
+                return None
             folder = root / SUBFOLDER
             state = folder_state(folder)
             if state == "foreign":
