@@ -26,7 +26,7 @@ from profparse.base.formats import plain
 from profparse.cli.main import main
 from profparse.outputs import report
 from profparse.outputs.summary import summary_data
-from profparse.outputs.views import VIEWS
+from profparse.outputs.views import views
 from profparse.trace.kinds import NULL
 
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
@@ -133,7 +133,7 @@ def test_report_embeds_the_summary_and_every_view(tmp_path):
     data = payload(page)
     parsed = parsed_once(trace)
     assert data["summary"] == json.loads(json.dumps(plain(summary_data(parsed), null=NULL)))
-    assert list(data["views"]) == list(VIEWS)  # every registered view has its section, in order
+    assert list(data["views"]) == list(views())  # every registered view has its section, in order
     totals = {r["stage"]: r["host_wall_ns"] for r in data["summary"]["totals"]}
     assert totals == {"load": 0, "forward": 40_000, "backward": 60_000, "optimizer": 40_000, "other": 0}
     # the stages view's host bars add up to the summary's host wall (parts = whole)
@@ -167,7 +167,7 @@ def test_a_new_registered_view_gets_a_section(tmp_path, monkeypatch):
         return fig
 
     extra = types.SimpleNamespace(KIND="flops_demo", TITLE="FLOPs demo", data=data, draw=draw)
-    monkeypatch.setitem(VIEWS, "flops_demo", extra)
+    monkeypatch.setitem(views(), "flops_demo", extra)
     page = write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "r.html")
     entry = payload(page)["views"]["flops_demo"]
     assert entry["title"] == "FLOPs demo" and not entry["native"]

@@ -142,3 +142,15 @@ def test_top_kernels_have_distinct_readable_labels_and_json_keeps_the_name():
     assert not any("[2]" in x or "at::" in x or "anonymous" in x for x in multi)  # told apart by their functors
     text = render(data)
     assert all(x in text for x in multi) and "void at::native" not in text
+
+
+def test_the_steps_line_names_a_loading_step():
+    """scripts/capture.py announces "load + 3 steps": the summary's four ProfilerSteps say that step 0 is the load."""
+    from conftest import SAMPLE_TRACES, SHARED_TRACES
+
+    import profparse
+
+    marked = profparse.summarize(str(SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz")).splitlines()[1]
+    assert "4 steps (ProfilerStep): step 0 loads the model, 3 training steps" in marked
+    ddp = profparse.summarize(str(SHARED_TRACES / "a100_ddp_rank0_nccl.json.gz")).splitlines()[1]
+    assert "steps (ProfilerStep)," in ddp and "load" not in ddp  # no step there only loads

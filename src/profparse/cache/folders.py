@@ -20,6 +20,8 @@ MARKER_TEXT = (
 )
 #: Where the cache keeps its data when the configured folder already holds files it did not make.
 SUBFOLDER = "profparse-cache"
+#: The capture's built models live beside the entries (``profparse.capture.model``); the cache never touches them.
+MODELS = "models"
 # the only names the cache ever removes: entries, temporaries (uuid4().hex), stat records
 ENTRY_NAME = re.compile(r"e-[0-9a-f]{32}-[0-9a-f]{16}")
 TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]{32}")
@@ -29,7 +31,7 @@ RECORD_NAME = re.compile(r"[0-9a-f]{32}")
 def folder_state(folder: Path) -> str:
     """``"ours"`` (holds :data:`MARKER`), ``"new"`` (absent, not a folder, or an empty folder of the user's: the
     first write claims it, or fails and turns caching off) or ``"foreign"`` (holds files profparse did not make,
-    or an empty folder of another user's)."""
+    or an empty folder of another user's). A ``models`` folder (the capture's models) alone leaves a folder new."""
     try:
         st = os.stat(folder)
         if not stat.S_ISDIR(st.st_mode):
@@ -39,7 +41,7 @@ def folder_state(folder: Path) -> str:
         if st.st_uid != os.getuid():
             return "foreign"
         with os.scandir(folder) as children:
-            if not any(children):
+            if not any(child.name != MODELS for child in children):
                 return "new"
         # another run (or thread) may have marked it since the first look: its files are the cache's then
         return "ours" if has_marker(folder) else "foreign"

@@ -20,6 +20,7 @@ from profparse.cache.folders import (
     ENTRY_NAME,
     MARKER,
     MARKER_TEXT,
+    MODELS,
     RECORD_NAME,
     SUBFOLDER,
     TEMP_NAME,
@@ -148,7 +149,7 @@ class Cache:
             if not has_marker(self.root):
                 # files appeared since the cache was opened: not ours to take, unless another run (or thread)
                 # claimed it between the two looks (its marker is then there: the O_EXCL create below says so)
-                if any(os.scandir(self.root)) and not has_marker(self.root):
+                if any(c.name != MODELS for c in os.scandir(self.root)) and not has_marker(self.root):
                     self.disable(f"{self.root} holds files profparse did not make")
                     return False
                 try:

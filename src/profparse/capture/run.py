@@ -28,6 +28,7 @@ from profparse.base.errors import InputNotFoundError, UsageError, from_oserror, 
 from profparse.base.files import atomic_dir, check_target
 from profparse.capture.model import ensure_model
 from profparse.capture.options import CaptureOptions, CaptureResult
+from profparse.capture.quiet import kineto_lines_dropped
 
 MANIFEST_FORMAT = 1
 EXTRA_HINT = install_hint("capture")
@@ -289,7 +290,8 @@ def _capture(
         for _ in range(options.steps)
     ]
     torch.manual_seed(options.seed)
-    prof, model, losses = _profiled_run(session, model_path, inputs, wall)
+    with kineto_lines_dropped():
+        prof, model, losses = _profiled_run(session, model_path, inputs, wall)
     trace_path = run_dir / "trace.json.gz"
     json_bytes = _export(prof, run_dir, trace_path, wall, log)
     wall["total"] = time.perf_counter() - t_start

@@ -293,10 +293,28 @@ def summary_tables(data: dict[str, Any]) -> list[Table]:
     return [t for section in SECTIONS for t in section(data)]
 
 
+def steps_line(data: dict[str, Any]) -> str:
+    """``4 steps (ProfilerStep): step 0 loads the model, 3 training steps``: a step that does nothing but load
+    (as scripts/capture.py's step 0) is named, so the count matches what the capture announced."""
+    steps = data["steps"]
+    if not steps["count"]:
+        return "no steps found"
+    wall: dict[int, dict[str, int]] = {}
+    for row in data["per_step"]:
+        wall.setdefault(row["step"], {})[row["stage"]] = row["host_wall_ns"] or 0
+    training = ("forward", "backward", "optimizer")
+    loading = [s for s, w in wall.items() if w.get("load", 0) > 0 and not any(w.get(t, 0) for t in training)]
+    line = f"{steps['count']} steps ({steps['source']})"
+    if loading and len(loading) < steps["count"]:
+        named = ", ".join(str(s) for s in sorted(loading))
+        line += f": step {named} loads the model, " if len(loading) == 1 else f": steps {named} load the model, "
+        line += f"{steps['count'] - len(loading)} training steps"
+    return line
+
+
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
-    steps = data["steps"]
-    where = f"{steps['count']} steps ({steps['source']})" if steps["count"] else "no steps found"
+    where = steps_line(data)
     devices = ", ".join(display(d) for d in sorted(set(data["devices"]))) or "no GPU"
     rank = f", rank {data['rank']}" if data["rank"] is not None else ""
     out.write(f"profparse summary: {display(data['trace'])}\n  {data['events']:,} events, {where}, {devices}{rank}\n")

@@ -44,6 +44,7 @@ def _top_activations(table: pd.DataFrame, device: str, at_ns: int, top: int) -> 
         & (table["category"].astype(str).to_numpy() == "activation")
         & (table["ts_ns"].to_numpy() <= at_ns)
         & ((free == NULL) | (free > at_ns))
+        & table["op_name"].notna().to_numpy()  # no op to name (astype(str) says "nan" before pandas 3, not after)
     )
     rows = table.loc[live, ["op_name", "bytes"]]
     grouped = rows.groupby(rows["op_name"].astype(str), sort=False)["bytes"].agg(["sum", "count"])
