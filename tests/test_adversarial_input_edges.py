@@ -83,3 +83,21 @@ def test_a_complete_document_over_the_budget_is_still_refused_before_reading(tmp
     path.write_bytes(text[:-1] + b" " * (8 << 20) + b"}")  # 8 MB of blanks inside the document
     run = run_cli("summarize", str(path), "--no-cache", env={"PROFPARSE_MEMORY_LIMIT": "130M"})
     assert_clean_failure(run, 8, contains="needs about")
+
+
+def test_a_gzip_trace_with_repeated_events_is_read_again_for_the_duplicate_check(tmp_path: Path) -> None:
+    """The duplicate-events check reads the file again with ``read()``: the gzip reader needed a size (exit 70)."""
+    from tracebuilder import TraceBuilder, training_step
+
+    b = TraceBuilder()
+    t = 1000.0
+    for step in (1, 2, 3):
+        t = training_step(b, step, t) + 10
+    b.events.append(dict(b.events[-1]))  # one event twice, as a writer that flushed it twice
+    path = tmp_path / "twice.json.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(json.dumps(b.document()).encode())
+    run = run_cli("summarize", str(path), "--no-cache", "--format", "json")
+    assert_success(run)
+    warnings = {w["check"]: w for w in json.loads(run.stdout)["warnings"]}
+    assert warnings["duplicate_events"]["count"] == 1
