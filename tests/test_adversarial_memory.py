@@ -84,3 +84,27 @@ def test_a_trace_over_the_cgroup_limit_is_exit_8_before_reading(tmp_path: Path, 
     with pytest.raises(OutOfMemoryError, match="110.0 MiB left under the memory limit of its cgroup") as caught:
         budget.check_memory("t.json", 60e6)
     assert caught.value.exit_code == 8
+
+
+def tiny_events_gzip(path: Path, events: int) -> Path:
+    """A ``.json.gz`` of ``events`` one-field events (~70 bytes of JSON each): a few hundred kB on disk."""
+    import gzip
+
+    event = b'{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1000,"dur":1}'
+    with gzip.open(path, "wb", compresslevel=6) as f:
+        f.write(b'{"traceEvents":[' + event)
+        for _ in range(events // 100_000):
+            f.write((b"," + event) * 100_000)
+        f.write(b"]}")
+    return path
+
+
+def test_many_tiny_events_are_refused_by_their_count(tmp_path: Path) -> None:
+    """1 M events of ~70 bytes: 1.5x the JSON + 128 MiB says ~240 MB and passed a 300 MiB budget, but the tables
+    hold every event (~730 bytes each measured, 0.9 M such events peaked at 764 MB): counted at 250 bytes per event
+    the estimate is ~380 MB, and the run stops with exit 8 after the first 16 MiB of JSON."""
+    from adversarial import assert_clean_failure, run_cli
+
+    path = tiny_events_gzip(tmp_path / "tiny.json.gz", 1_000_000)
+    run = run_cli("summarize", str(path), "--no-cache", env={budget.MEMORY_ENV: "300M"}, timeout=300)
+    assert_clean_failure(run, 8, contains="M events")

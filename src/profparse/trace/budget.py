@@ -15,6 +15,9 @@ MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
 # what Python, pandas and pyarrow take themselves
 NEED_PER_JSON_BYTE = 1.5
 NEED_FIXED = 128 << 20
+# ... or, for events smaller than ~170 bytes of JSON, per event: the tables hold every event whatever its size
+# (a100 tile: ~270 bytes per event in all; 0.9 M one-field events: ~730), so this floor never exceeds a real trace's
+NEED_PER_EVENT = 250
 BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
 
 
@@ -118,14 +121,18 @@ def memory_budget() -> tuple[int | None, str]:
     return min(found) if found else (None, "")
 
 
-def check_memory(path: str, json_bytes: float, disk_bytes: int | None = None) -> None:
-    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON need more memory than there is; ``disk_bytes``:
-    the size of the compressed file they are inflated from, for the message."""
-    need = NEED_PER_JSON_BYTE * json_bytes + NEED_FIXED
+def check_memory(path: str, json_bytes: float, disk_bytes: int | None = None, events: float = 0) -> None:
+    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON (about ``events`` events, 0: not known yet)
+    need more memory than there is; ``disk_bytes``: the size of the compressed file they are inflated from, for
+    the message."""
+    need = max(NEED_PER_JSON_BYTE * json_bytes, NEED_PER_EVENT * events) + NEED_FIXED
     budget, source = memory_budget()
     if budget is None or need <= budget:
         return
     inflated = f", inflated from {_human(disk_bytes)} on disk" if disk_bytes is not None else ""
+    inflated += (
+        f", about {events / 1e6:.1f} M events" if NEED_PER_EVENT * events > NEED_PER_JSON_BYTE * json_bytes else ""
+    )
     raise OutOfMemoryError(
         f"{path}: needs about {_human(need)} of memory for about {_human(json_bytes)} of JSON{inflated}; "
         f"{_human(budget)} {source}. Run it where more memory is free (or set {MEMORY_ENV} to a larger "

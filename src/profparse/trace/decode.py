@@ -96,7 +96,7 @@ class TraceDecoder(ChunkDecoder):
             projected = read * self._disk_bytes / consumed if consumed > 0 else read
         else:
             projected = read if self._size_says_little else max(self._disk_bytes, read)
-        self.check_memory_for(projected)
+        self.check_memory_for(projected, self.report.events_read * projected / read)  # events at the same rate
 
     def _check_plain_size(self, stream: BinaryIO) -> None:
         """A plain file's JSON size is known: decide before reading. Unless the file does not end as a JSON
@@ -109,9 +109,10 @@ class TraceDecoder(ChunkDecoder):
                 raise
             self._size_says_little = True
 
-    def check_memory_for(self, json_bytes: float) -> None:
-        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON need more memory than there is."""
-        check_memory(self.path, json_bytes, self._disk_bytes if self._gzip else None)
+    def check_memory_for(self, json_bytes: float, events: float = 0) -> None:
+        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON (``events`` events) need more memory than
+        there is."""
+        check_memory(self.path, json_bytes, self._disk_bytes if self._gzip else None, events)
 
     @property
     def _gzip(self) -> bool:
