@@ -41,7 +41,10 @@ def folder_state(folder: Path) -> str:
         if st.st_uid != os.getuid():
             return "foreign"
         with os.scandir(folder) as children:
-            return "foreign" if any(child.name != MODELS for child in children) else "new"
+            if not any(child.name != MODELS for child in children):
+                return "new"
+        # another run (or thread) may have marked it since the first look: its files are the cache's then
+        return "ours" if has_marker(folder) else "foreign"
     except OSError:
         return "new"
 
@@ -68,6 +71,16 @@ def has_marker(folder: Path) -> bool:
             return False
         time.sleep(0.01)  # another run created it and is writing it this instant
     return False
+
+
+def not_own(folder: Path) -> str | None:
+    """Why ``folder`` (followed through a link) is not the user's own, or None."""
+    try:
+        uid = os.stat(folder).st_uid
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    target = f"(a link to {os.path.realpath(folder)}) " if os.path.islink(folder) else ""
+    return f"{target}belongs to another user (uid {uid})" if uid != os.getuid() else None
 
 
 def not_private(folder: Path) -> str | None:
