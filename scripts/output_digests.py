@@ -27,31 +27,35 @@ import pyarrow.parquet as pq
 
 
 def frame_digest(frame: pd.DataFrame) -> str:
-    """SHA-256 over the column names and values of ``frame``, independent of integer width and text storage."""
+    """SHA-256 over the column names and values of ``frame``, independent of integer width, text storage and the
+    pandas version (numbers are hashed as their int64 / float64 bytes and a null mask, not by pandas' hash of an
+    extension array, which changed between pandas 2 and 3)."""
     digest = hashlib.sha256()
     for name in frame.columns:
-        series = frame[name]
-        dtype = series.dtype
-        types = pd.api.types
-        if isinstance(dtype, pd.CategoricalDtype) or types.is_object_dtype(dtype) or types.is_string_dtype(dtype):
-            values = series.astype(object).where(series.notna(), None)
-            canon = pd.Series(["\0null" if v is None else str(v) for v in values], dtype=object)
-            kind = "text"
-        elif pd.api.types.is_bool_dtype(dtype):
-            canon = series.astype("boolean").astype("Int64")
-            kind = "bool"
-        elif pd.api.types.is_integer_dtype(dtype):
-            canon = series.astype("Int64")
-            kind = "int"
-        elif pd.api.types.is_float_dtype(dtype):
-            canon = series.astype(np.float64)
-            kind = "float"
-        else:
-            canon = series.astype(str)
-            kind = str(dtype)
-        digest.update(f"{name}\0{kind}\0{len(canon)}\0".encode())
-        digest.update(pd.util.hash_pandas_object(canon, index=False).to_numpy().tobytes())
+        kind, payload = _canonical(frame[name])
+        digest.update(f"{name}\0{kind}\0{len(frame)}\0".encode())
+        for part in payload:
+            digest.update(part)
     return digest.hexdigest()
+
+
+def _canonical(series: pd.Series) -> tuple[str, list[bytes]]:
+    """A column's kind and the bytes that stand for its values."""
+    dtype = series.dtype
+    types = pd.api.types
+    null = series.isna().to_numpy(dtype=bool)
+    if isinstance(dtype, pd.CategoricalDtype) or types.is_object_dtype(dtype) or types.is_string_dtype(dtype):
+        values = series.astype(object).where(~null, None)
+        canon = pd.Series(["\0null" if v is None else str(v) for v in values], dtype=object)
+        return "text", [pd.util.hash_pandas_object(canon, index=False).to_numpy().tobytes()]
+    if types.is_bool_dtype(dtype) or types.is_integer_dtype(dtype):
+        kind = "bool" if types.is_bool_dtype(dtype) else "int"
+        return kind, [series.to_numpy(dtype=np.int64, na_value=0).tobytes(), null.tobytes()]
+    if types.is_float_dtype(dtype):
+        values = series.to_numpy(dtype=np.float64, na_value=np.nan)
+        return "float", [np.where(null, 0.0, values).tobytes(), null.tobytes()]
+    canon = series.astype(str).astype(object)
+    return str(dtype), [pd.util.hash_pandas_object(canon, index=False).to_numpy().tobytes()]
 
 
 def _profparse(*args: str) -> subprocess.CompletedProcess[str]:
@@ -93,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     stored = json.loads(args.file.read_text())
     changed = 0
     for trace, digests in stored.items():
+        if not Path(trace).exists():  # ../shared is not laid beside every clone
+            print(f"{trace}: not here, skipped")
+            continue
         now = trace_digests(Path(trace))
         for key in sorted(set(digests) | set(now)):
             if digests.get(key) != now.get(key):

@@ -32,11 +32,21 @@ if not SHARED_TRACES.is_dir():
     SHARED_TRACES = REPO_GPU_TRACES
 
 
+@pytest.fixture(scope="session")
+def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The capture's built models, shared by the tests of one run (building one takes seconds)."""
+    return tmp_path_factory.mktemp("models")
+
+
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, _session_models: Path
+) -> Path:
     """Every test gets an empty cache folder of its own (docs/cache.md): never the user's ~/.cache, and no
-    test reads what another one parsed. CLI runs in subprocesses inherit it through the environment."""
+    test reads what another one parsed. CLI runs in subprocesses inherit it through the environment. Its
+    ``models`` (where captures find the built model) is the run's shared one."""
     folder = tmp_path_factory.mktemp("cache")
+    (folder / "models").symlink_to(_session_models, target_is_directory=True)
     monkeypatch.setenv("PROFPARSE_CACHE_DIR", str(folder))
     monkeypatch.delenv("PROFPARSE_CACHE_MAX_BYTES", raising=False)
     return folder

@@ -289,7 +289,7 @@ def _numpy_import_broken_by(how: str) -> None:
         ("cause", 130, "profparse: interrupted"),
         ("lost", 130, "profparse: interrupted"),
         ("sigterm", 143, "profparse: terminated (SIGTERM)"),
-        ("plain", 70, "profparse: internal error: ImportError"),
+        ("plain", 2, "profparse: error: a dependency failed to import: "),
     ],
 )
 def test_an_error_a_signal_caused_is_that_signal(
@@ -297,7 +297,8 @@ def test_an_error_a_signal_caused_is_that_signal(
 ) -> None:
     """A Ctrl-C while numpy loads broke its import, and the ImportError hid the KeyboardInterrupt: exit 70 (seen
     once in test_ctrl_c_at_any_moment[parse]). An exception with a KeyboardInterrupt in its __cause__/__context__
-    chain, or raised after SIGINT arrived, is exit 130 (SIGTERM: 143); the same ImportError without one is 70."""
+    chain, or raised after SIGINT arrived, is exit 130 (SIGTERM: 143); the same ImportError without one is a broken
+    dependency: one line and exit 2 (docs/exit-codes.md), never 70."""
     import signal
 
     from profparse.cli import main as cli

@@ -45,6 +45,11 @@ def cache_dir() -> Path:
     return Path(os.environ[store.DIR_ENV])
 
 
+def cache_files() -> list[str]:
+    """What the cache folder holds besides conftest's link to the run's built models (``models``)."""
+    return sorted(p.name for p in cache_dir().iterdir() if p.name != "models")
+
+
 def entries() -> list[Path]:
     return sorted(p for p in cache_dir().glob("e-*") if p.is_dir())
 
@@ -241,15 +246,15 @@ def test_no_marks_is_its_own_entry(tmp_path: Path) -> None:
 def test_no_cache_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     trace = built_trace(tmp_path / "t.json")
     assert run(capsys, "summarize", str(trace), "--no-cache")[0] == 0
-    assert list(cache_dir().iterdir()) == []
+    assert cache_files() == []
     profparse.load(trace, cache=False)
-    assert list(cache_dir().iterdir()) == []
+    assert cache_files() == []
 
 
 def test_max_bytes_zero_turns_the_cache_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(store.MAX_ENV, "0")
     assert profparse.load(built_trace(tmp_path / "t.json")).cache is None
-    assert list(cache_dir().iterdir()) == []
+    assert cache_files() == []
 
 
 # -- damage and failures -------------------------------------------------------------------------------------------
@@ -333,7 +338,7 @@ def test_cache_never_inside_an_output_folder(tmp_path: Path, capsys: pytest.Capt
 def test_cache_never_holds_an_input(tmp_path: Path) -> None:
     trace = built_trace(cache_dir() / "t.json")
     assert profparse.load(trace).cache is None
-    assert sorted(p.name for p in cache_dir().iterdir()) == ["t.json"]
+    assert cache_files() == ["t.json"]
 
 
 def test_fifo_input_is_not_hashed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -341,7 +346,7 @@ def test_fifo_input_is_not_hashed(tmp_path: Path, capsys: pytest.CaptureFixture)
     os.mkfifo(fifo)
     code, _, err = run(capsys, "summarize", str(fifo))
     assert code == 3 and err.count("\n") == 1
-    assert list(cache_dir().iterdir()) == []
+    assert cache_files() == []
 
 
 # -- concurrency and eviction --------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_marked_capture_manifest(marked_run) -> None:
 
 
 def test_script_without_marks_or_stack(marked_run, cache_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setenv("PROFPARSE_CACHE", str(cache_dir))
+    monkeypatch.setenv("PROFPARSE_CACHE_DIR", str(cache_dir))
     script = _load_script()
     out = tmp_path / "run"
     argv = ["--out", str(out), "--steps", "1", "--batch", "1", "--seq-len", "16"]
@@ -234,7 +234,7 @@ def test_out_on_existing_run_needs_force(marked_run, cache_dir: Path, tmp_path: 
     shutil.copytree(marked_run.run_dir, run)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     small = ["--steps", "1", "--batch", "1", "--seq-len", "16", "--quiet"]
-    env_cache = {"PROFPARSE_CACHE": str(cache_dir)}
+    env_cache = {"PROFPARSE_CACHE_DIR": str(cache_dir)}
     os.environ.update(env_cache)
     try:
         proc = _script("--out", str(run), *small)
@@ -258,6 +258,24 @@ def test_out_on_a_folder_capture_did_not_write_is_refused(tmp_path: Path) -> Non
         proc = _script("--out", str(mine), "--quiet", *extra)
         _one_line_error(proc, 9, "did not write")
         assert (mine / "notes.txt").read_text() == "keep me" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_kineto_log_lines_are_kept_off_stderr() -> None:
+    """Kineto's C++ ``USDT:`` lines (profiler_start / profiler_stop) do not reach the user; other output does."""
+    code = (
+        "import os, sys, torch\n"
+        "from profparse.capture.quiet import kineto_lines_dropped\n"
+        "with kineto_lines_dropped():\n"
+        "    print('mine before', file=sys.stderr)\n"
+        "    with torch.profiler.profile():\n"
+        "        torch.ones(3) + 1\n"
+        "    os.write(2, b'USDT:2026-01-01 00:00:00 1:1 X.cpp:1] profiler_stop\\nfrom C\\n')\n"
+        "    print('mine after', file=sys.stderr)\n"
+        "print('outside', file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["mine before", "from C", "mine after", "outside"]
 
 
 def test_capture_calibrates_the_profilers_cost(marked_run) -> None:

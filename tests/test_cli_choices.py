@@ -30,3 +30,16 @@ def test_building_the_parser_imports_no_pandas() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_verb_is_its_module_and_its_name_in_verbs() -> None:
+    """Where a new verb goes: ``cli/<verb>_cmd.py`` with ``add_parser`` and its name in ``VERBS``; the parser
+    (and so ``--help``) is built from that tuple alone."""
+    import argparse
+
+    from profparse.cli import main
+
+    modules = {p.stem.removesuffix("_cmd") for p in (REPO / "src" / "profparse" / "cli").glob("*_cmd.py")}
+    assert modules == set(main.VERBS)
+    sub = next(a for a in main.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert tuple(sub.choices) == main.VERBS

@@ -19,8 +19,8 @@ import profparse
 from profparse.diff import diff_data, render
 from profparse.outputs.perfetto import CRITICAL_PATH_TRACK, PATH_CATEGORY, write_annotated
 from profparse.outputs.summary import summary_data
-from profparse.outputs.views import VIEWS
 from profparse.outputs.views import critical_path as view
+from profparse.outputs.views import views
 from profparse.tables.parsed import ParsedTrace
 
 US = 1000
@@ -106,7 +106,7 @@ def test_view_spans_tile_the_steps_as_the_table_does(trace: Path) -> None:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.close(VIEWS["critical_path"].draw(prepared))
+    plt.close(views()["critical_path"].draw(prepared))
 
 
 # -- annotate -----------------------------------------------------------------------------------------------------

@@ -89,3 +89,60 @@ def test_install_hints_say_checkout_and_index(monkeypatch, capsys, tmp_path):
     assert "pip install -e '.[hta]'" in err and "pip install 'profparse[hta]'" in err
     hinted = [p for p in (REPO / "src").rglob("*.py") if "profparse[" in p.read_text(encoding="utf-8")]
     assert [p.name for p in hinted] == ["errors.py"]  # every hint comes from errors.install_hint
+
+
+def _declared_floors() -> dict[str, str]:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    floors = {}
+    for requirement in project["dependencies"]:
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)", requirement)
+        floors[match.group(1).lower()] = match.group(2)
+    return floors
+
+
+def test_the_checked_floors_are_the_declared_ones():
+    from profparse.base.requirements import FLOORS
+
+    assert FLOORS == _declared_floors()
+    floors = (REPO / ".ci" / "floors.txt").read_text(encoding="utf-8")
+    for name, floor in FLOORS.items():  # CI installs exactly these
+        assert re.search(rf"^{name}=={re.escape(floor)}(\.0)*$", floors, re.M), f".ci/floors.txt does not pin {name}"
+
+
+def test_installed_versions_read_as_importlib_reads_them():
+    from profparse.base.requirements import FLOORS, installed_versions
+
+    assert installed_versions(list(FLOORS)) == {name: importlib.metadata.version(name) for name in FLOORS}
+
+
+@pytest.mark.parametrize(
+    ("installed", "named"),
+    [
+        ({"pandas": "1.5.3"}, "pandas 1.5.3 is installed; profparse needs pandas>=2.0"),
+        (
+            {"numpy": "2.1.0", "pyarrow": "14.0.2"},
+            "pyarrow 14.0.2 is installed; profparse needs pyarrow>=16 with numpy 2",
+        ),
+        ({"numpy": "2.0.0", "matplotlib": "3.8.3"}, "matplotlib 3.8.3 is installed; profparse needs matplotlib>=3.8.4"),
+        ({"xxhash": None}, "xxhash is not installed; profparse needs xxhash>=3.0"),
+        ({"numpy": "2.0.2", "pandas": "2.1.4"}, "pandas 2.1.4 is installed; profparse needs pandas>=2.2.2 with numpy"),
+    ],
+)
+def test_a_dependency_below_its_floor_is_one_line_exit_2(monkeypatch, capsys, tmp_path, installed, named):
+    from profparse.base import requirements
+
+    fine = {"numpy": "1.26.4", "pandas": "2.2.3", "pyarrow": "17.0.0", "matplotlib": "3.9.0", "msgspec": "0.18.6",
+            "tqdm": "4.66.0", "xxhash": "3.4.1"}  # fmt: skip
+    assert requirements.problems(fine) == []
+    monkeypatch.setattr(requirements, "installed_versions", lambda names: {**fine, **installed})
+    assert main(["summarize", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"profparse: error: {named}") and err.count("\n") == 1
+
+
+def test_version_numbers_compare_as_releases():
+    from profparse.base.requirements import version_tuple
+
+    assert version_tuple("3.8.4") > version_tuple("3.8.3") > version_tuple("3.7")
+    assert version_tuple("2.0.0rc1") == (2, 0, 0) and version_tuple("16.1.0") >= version_tuple("16")

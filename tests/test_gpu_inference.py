@@ -14,7 +14,10 @@ from tracebuilder import AUTOGRAD, GPU_PID, STREAM, TraceBuilder
 import profparse
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "Kernel", "Memcpy", "Memset"}
-INFERRED = ("gpu.sequence_match", "gpu.neighbours", "gpu.forward_only")
+INFERRED = (
+    *("gpu.sequence_match", "gpu.neighbours", "gpu.forward_only"),
+    *("gpu.collective_order", "gpu.collective_neighbours"),  # collectives launched before the trace
+)
 
 
 def train_step(b: TraceBuilder, step: int, t0: float, lag: float = 0) -> None:

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import parsed
-from tracebuilder import AUTOGRAD, TraceBuilder
+from tracebuilder import AUTOGRAD, TraceBuilder, backward_node, forward_op
 
 import profparse
 
-GRAPH_RULES = ("gpu.graph_capture", "gpu.graph_sequence", "gpu.graph_launch")
+GRAPH_RULES = ("gpu.graph_capture", "gpu.graph_sequence", "gpu.graph_launch", "gpu.graph_launch_op")
 # the kernels of a step: (name, stage) in launch order, names shared across stages so that a name alone cannot tell
 STEP_KERNELS = [
     ("gemm", "forward"),
@@ -86,7 +86,7 @@ def test_unclassified_capture_launches_are_no_evidence(tmp_path):
     runtime_call(b, "cudaStreamEndCapture", 10)
     replay(b, 1, 100, ["gemm"], within="nn.Module: Block_0")
     k = rows(profparse.parse(b.write(tmp_path / "t.json")))
-    assert list(k["stage_rule"]) == ["gpu.graph_launch"] and list(k["stage"]) == ["forward"]
+    assert list(k["stage_rule"]) == ["gpu.graph_launch_op"] and list(k["stage"]) == ["forward"]
 
 
 def eager_step(b: TraceBuilder, step: int, t0: float) -> None:
@@ -114,8 +114,64 @@ def test_no_evidence_keeps_the_launch_calls_stage(tmp_path):
     replay(b, 1, 0, ["gemm", "mystery", "relu"], within="nn.Module: Block_0")
     replay(b, 2, 100, ["gemm", "mystery", "relu"], within="Optimizer.step#AdamW.step")
     k = rows(profparse.parse(b.write(tmp_path / "t.json")))
-    assert (k["stage_rule"] == "gpu.graph_launch").all()  # replays never match each other
+    # replays never match each other; the module / Optimizer.step around each launch is positive evidence
+    assert (k["stage_rule"] == "gpu.graph_launch_op").all()
     assert list(k["stage"]) == ["forward"] * 3 + ["optimizer"] * 3
+
+
+# a torch.compile(mode="reduce-overhead") step: eager warm-up (step 1), then one graph per stage (steps 2, 3) whose
+# names, matched alone or two at a time, point at the other stage: the copies of the forward graph are only in the
+# warm-up's backward, the backward graph's "gemm copy" only at the warm-up's forward -> backward seam
+WARM_UP = {"forward": ["gemm", "gelu", "gemm"], "backward": ["copy", "gelu_bwd", "copy"], "optimizer": ["adam"]}
+GRAPHS = {"forward": ["copy", "gemm", "gelu", "copy", "gemm"], "backward": ["gelu_bwd", "gemm", "copy", "gemm"]}
+
+
+def compiled_step(b: TraceBuilder, step: int, t0: float, graphs: bool) -> list[str]:
+    """A compiled training step from ``t0`` (100 us): ``CompiledFunction`` (recorded autograd history) launching the
+    forward kernels, the engine's ``CompiledFunctionBackward`` launching the backward ones, an eager optimizer.
+    Returns the stage of each kernel in GPU order."""
+    b.annotation(f"ProfilerStep#{step}", t0, 100)
+    forward_op(b, "CompiledFunction", t0 + 1, 20, seq=step)
+    backward_node(b, "CompiledFunctionBackward", t0 + 30, 30, seq=step)
+    b.annotation("Optimizer.step#AdamW.step", t0 + 70, 20)
+    stages, gpu = [], t0 + 2
+    for stage, at, tid in (("forward", t0 + 2, 100), ("backward", t0 + 31, AUTOGRAD)):
+        names = GRAPHS[stage] if graphs else WARM_UP[stage]
+        if graphs:
+            b.graph_launch(at, [(name, gpu + 3 * i, 2) for i, name in enumerate(names)], tid=tid)
+        else:
+            for i, name in enumerate(names):
+                b.launch(at + i, gpu + 3 * i, 2, tid=tid, name=name)
+        stages += [stage] * len(names)
+        gpu += 3 * len(names) + 25
+    b.launch(t0 + 71, t0 + 75, 2, name="adam")
+    return [*stages, "optimizer"]
+
+
+def test_compiled_graph_per_stage_keeps_its_launch_ops_stage(tmp_path):
+    b = TraceBuilder()
+    truth = [stage for step in (1, 2, 3) for stage in compiled_step(b, step, 100 * step, graphs=step > 1)]
+    k = rows(profparse.parse(b.write(tmp_path / "t.json")))
+    assert list(k["stage"]) == truth
+    graph = k[k["step"] > 1]
+    assert list(graph["stage_rule"]) == ["gpu.graph_launch_op"] * 9 + ["optimizer.range"] + (
+        ["gpu.graph_launch_op"] * 9 + ["optimizer.range"]
+    )
+
+
+def test_whole_step_graph_in_a_compiled_function_still_matches_eager_steps(tmp_path):
+    """A whole step captured as one graph spans stages: the CompiledFunction around its launch does not decide."""
+    b = TraceBuilder()
+    eager_step(b, 1, 0)
+    b.annotation("ProfilerStep#2", 100, 100)
+    forward_op(b, "CompiledFunction", 101, 5, seq=9)
+    backward_node(b, "CompiledFunctionBackward", 150, 5, seq=9)
+    b.graph_launch(102, [(name, 110 + 6 * i, 5) for i, (name, _) in enumerate(STEP_KERNELS)])
+    eager_step(b, 3, 200)
+    k = rows(profparse.parse(b.write(tmp_path / "t.json")))
+    graph = k[k["step"] == 2]
+    assert (graph["stage_rule"] == "gpu.graph_sequence").all()
+    assert list(graph["stage"]) == [stage for _, stage in STEP_KERNELS]
 
 
 def test_hip_graph_launch_is_a_graph_launch(tmp_path):
@@ -217,8 +273,8 @@ def test_shared_trace_step_replayed_as_a_graph(shared_trace, rewritten):
     assert (replayed["step"].to_numpy() == step).all()
     if steps_with_kernels >= 2:  # eager steps to match against: the original stages come back
         assert share >= 0.95
-    else:
-        assert (replayed["stage_rule"] == "gpu.graph_launch").all()
+    else:  # the launch call's stage
+        assert replayed["stage_rule"].isin(["gpu.graph_launch", "gpu.graph_launch_op"]).all()
     # the rest of the trace is untouched
     assert (others["stage"].astype(str) == f.loc[others.index, "stage"].astype(str)).all()
     levels = graph.stage_levels

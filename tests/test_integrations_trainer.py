@@ -23,8 +23,9 @@ TARGET = 0.995  # as tests/test_ground_truth.py
 STEPS = (1, 4)
 
 
-def _tiny_run(out: Path) -> SimpleNamespace:
-    """Train a tiny causal LM for five steps with the user's own collator; steps 1, 2 and 3 profiled."""
+def _tiny_run(out: Path, prof: Path | None = None) -> SimpleNamespace:
+    """Train a tiny causal LM for five steps with the user's own collator; steps 1, 2 and 3 profiled into ``prof``
+    (default ``out/prof``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainingArguments
 
@@ -42,7 +43,7 @@ def _tiny_run(out: Path) -> SimpleNamespace:
 
     args = TrainingArguments(output_dir=str(out / "trainer"), max_steps=5, per_device_train_batch_size=2, report_to=[],
                              save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True)  # fmt: skip
-    callback = ProfileCallback(steps=STEPS, out_dir=out / "prof")
+    callback = ProfileCallback(steps=STEPS, out_dir=out / "prof" if prof is None else prof)
     trainer = Trainer(model=Qwen2ForCausalLM(config), args=args, train_dataset=data, data_collator=collate,
                       callbacks=[callback])  # fmt: skip
     trainer.train()
@@ -159,7 +160,7 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capf
     assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == sorted(names)
     line = [x for x in capfd.readouterr().err.splitlines() if x.startswith("profparse: ")]
     assert len(line) == 1 and line[0].startswith(f"profparse: prof/{{{','.join(names)}}}; step time "), line
-    assert "median of 2 steps" in line[0]
+    assert "(1 steady step; step 0: warm-up, " in line[0]  # the first step holds the first optimizer step
     print(line[0], file=sys.stderr)
 
 

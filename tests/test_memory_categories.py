@@ -253,6 +253,38 @@ def test_hand_built_peak_by_category(tmp_path: Path) -> None:
     assert optimizer["optimizer_state"] == 1000 and optimizer["temporary"] == 500 and optimizer["gradient"] == 1000
 
 
+def test_memory_from_before_the_trace_is_its_own_row(tmp_path: Path) -> None:
+    """A model loaded before profiling: 5000 B already allocated when the first event (a 64 B batch) comes; a
+    pre-trace buffer of 1000 B (address 9, never allocated in the trace) is freed in forward. At each peak the rows
+    add up to Total Allocated, the pre-trace memory as ``before_trace`` (5000, then 4000), not as a parameter (before,
+    it was ``other``; a summary could show ``parameter 64 B`` beside it)."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    _alloc(b, 2, 64, 2, 5064)  # the batch; 5000 B were there before
+    b.py("nn.Module: Linear_0", 9, 30)
+    forward_op(b, "aten::linear", 10, 10, seq=1)
+    _alloc(b, 13, 128, 4, 5192)  # saved for backward: forward's peak
+    _alloc(b, 20, -1000, 9, 4192)  # a buffer allocated before the trace, freed
+    forward_op(b, "aten::relu", 25, 10, seq=2)
+    _alloc(b, 26, 500, 5, 4692)
+    backward_node(b, "AddmmBackward0", 50, 8, seq=1)
+    _alloc(b, 52, -128, 4, 4564, tid=AUTOGRAD)
+    _alloc(b, 53, -500, 5, 4064, tid=AUTOGRAD)
+    _alloc(b, 90, -64, 2, 4000)
+    parsed = profparse.parse(b.write(tmp_path / "t.json"))
+    peak = parsed.memory_peak_categories
+    live = {
+        str(stage): {str(c): int(v) for c, v in rows.set_index("category")["live_bytes"].items() if v}
+        for stage, rows in peak[peak["step"] == 1].groupby("stage", observed=True)
+    }
+    assert live["forward"] == {"before_trace": 5000, "input": 64, "activation": 128}  # at 5192 B, t = 13 us
+    # backward's peak (4564 B) is after its first free: the relu output saved for backward (500) is still live
+    assert live["backward"] == {"before_trace": 4000, "input": 64, "activation": 500}
+    totals = peak[peak["step"] == 1].groupby("stage", observed=True)
+    assert (totals["live_bytes"].sum() == totals["peak_allocated_bytes"].first()).all()
+    assert "parameter" not in live["forward"]
+
+
 def _categories_add_up(path: Path) -> None:
     parsed = profparse.load(path)
     memory = parsed.table("memory")

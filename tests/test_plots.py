@@ -281,11 +281,21 @@ def test_layers_plot_labels_every_bar_with_its_number():
 
 
 def test_every_registered_view_is_a_plot_kind():
-    from profparse.outputs.views import VIEWS
+    from profparse.outputs.views import views
 
-    assert PLOT_KINDS == tuple(VIEWS)
-    for kind, module in VIEWS.items():
+    assert PLOT_KINDS == tuple(views())
+    for kind, module in views().items():
         assert module.KIND == kind and module.TITLE and callable(module.data) and callable(module.draw)
+
+
+def test_a_view_is_its_module_and_its_name_in_kinds():
+    """Where a new plot goes: a module in outputs/views/ and its name in KINDS; plot, report and --kind read KINDS."""
+    from profparse.cli import choices
+    from profparse.outputs import plots, views
+
+    modules = {p.stem for p in Path(views.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(views.KINDS)
+    assert choices.PLOT_KINDS is views.KINDS and plots.PLOT_KINDS is views.KINDS
 
 
 def test_roofline_points_have_their_math_modes_roof_and_one_label_per_op():

@@ -108,3 +108,14 @@ def test_public_tables_have_nulls_not_sentinels(parsed_samples) -> None:
                 assert not isinstance(dtype, pd.SparseDtype), f"{spec.name}.{column} is sparse"
                 if pd.api.types.is_integer_dtype(dtype):
                     assert not (frame[column] == NULL).any(), f"{spec.name}.{column} holds the NULL sentinel"
+
+
+def test_public_tables_are_typed_attributes_in_registry_order() -> None:
+    """IDEs and type checkers see ``parsed.kernels``: ParsedTrace's TYPE_CHECKING block declares one property per
+    public table, in registry order (add the line this test names with a new public table)."""
+    source = (REPO / "src" / "profparse" / "tables" / "parsed.py").read_text(encoding="utf-8")
+    declared = re.findall(r"^        def (\w+)\(self\) -> pd\.DataFrame: \.\.\.$", source, re.M)
+    wanted = [spec.name for spec in registry.public_tables()]
+    missing = [f"        @property\n        def {n}(self) -> pd.DataFrame: ..." for n in wanted if n not in declared]
+    assert declared == wanted, "tables/parsed.py's TYPE_CHECKING block needs:\n" + "\n".join(missing)
+    assert all(isinstance(getattr(ParsedTrace, name), property) for name in wanted)  # attached at run time

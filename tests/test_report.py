@@ -26,7 +26,7 @@ from profparse.base.formats import plain
 from profparse.cli.main import main
 from profparse.outputs import report
 from profparse.outputs.summary import summary_data
-from profparse.outputs.views import VIEWS
+from profparse.outputs.views import views
 from profparse.trace.kinds import NULL
 
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
@@ -133,7 +133,7 @@ def test_report_embeds_the_summary_and_every_view(tmp_path):
     data = payload(page)
     parsed = parsed_once(trace)
     assert data["summary"] == json.loads(json.dumps(plain(summary_data(parsed), null=NULL)))
-    assert list(data["views"]) == list(VIEWS)  # every registered view has its section, in order
+    assert list(data["views"]) == list(views())  # every registered view has its section, in order
     totals = {r["stage"]: r["host_wall_ns"] for r in data["summary"]["totals"]}
     assert totals == {"load": 0, "forward": 40_000, "backward": 60_000, "optimizer": 40_000, "other": 0}
     # the stages view's host bars add up to the summary's host wall (parts = whole)
@@ -167,7 +167,7 @@ def test_a_new_registered_view_gets_a_section(tmp_path, monkeypatch):
         return fig
 
     extra = types.SimpleNamespace(KIND="flops_demo", TITLE="FLOPs demo", data=data, draw=draw)
-    monkeypatch.setitem(VIEWS, "flops_demo", extra)
+    monkeypatch.setitem(views(), "flops_demo", extra)
     page = write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "r.html")
     entry = payload(page)["views"]["flops_demo"]
     assert entry["title"] == "FLOPs demo" and not entry["native"]
@@ -444,23 +444,29 @@ def _no_profiler_cost(trace: Path) -> Path:
 
 def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
     """One rank of test_ranks_late's run: two steps of 990 us windows, a 50 us broadcast (forward) and allreduce
-    (backward) per step that nothing overlaps: 200 us of exposed communication, all of the collectives' time."""
+    (backward) per step that nothing overlaps: 200 us of exposed communication, all of the collectives' time; the
+    headline reads the steady step (the second: the first holds the first optimizer step): 100 us of it."""
     from test_ranks_late import STEP_US, TRANSFER_US, rank_trace
 
     trace = _no_profiler_cost(rank_trace(tmp_path / "rank0.json.gz", [0.0, 0.0]))
     page = write(trace, tmp_path / "r.html")
     data = payload(page)
     items = {h["key"]: h for h in data["headline"]}
-    assert [h["key"] for h in data["headline"]] == HEADLINE
+    keys = HEADLINE
+    assert [h["key"] for h in data["headline"]] == keys
     assert items["step_time"]["value"] == (STEP_US - 10) * 1000  # ground truth: the ProfilerStep windows
-    assert items["exposed_comm"]["value"] == 2 * 2 * TRANSFER_US * 1000
-    assert items["exposed_comm"]["detail"].startswith("100.0% of 200 µs collective time")
-    summary = data["summary"]  # the other items are the summary's numbers, picked
-    biggest = max(summary["totals"], key=lambda t: t["host_wall_ns"])
+    # step 0 holds the first optimizer step: warm-up, left out and shown apart
+    assert items["step_time"]["warm_up"] == [0] and items["step_time"]["detail"].startswith("1 steady step; step 0:")
+    assert items["exposed_comm"]["value"] == 2 * TRANSFER_US * 1000  # the steady step's two transfers
+    assert items["exposed_comm"]["detail"].startswith("100.0% of 100 µs collective time")
+    assert items["exposed_comm"]["detail"].endswith("of the steady steps' time")
+    summary = data["summary"]  # the other items are the summary's numbers (of the steady step), picked
+    steady = summary["steady_totals"]
+    biggest = max(steady, key=lambda t: t["host_wall_ns"])
     top = items["biggest_stage"]
     assert (top["stage"], top["value"]) == (biggest["stage"], biggest["host_wall_ns"])
-    idle = sum(t["gpu_idle_ns"] for t in summary["totals"])
-    span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in summary["totals"])
+    idle = sum(t["gpu_idle_ns"] for t in steady)
+    span = idle + sum(t["gpu_busy_ns"] + t["gpu_overlap_ns"] for t in steady)
     assert 0 < idle < span and items["gpu_idle"]["value"] == pytest.approx(idle / span)
     assert items["mfu"]["text"] == "-"  # no shapes
     assert summary["warnings"] == []  # no check fired (calibrated: no uncalibrated check either)
@@ -477,10 +483,10 @@ def test_headline_is_the_summary_and_links_to_its_sections(tmp_path):
         )
     )
     seen = read_page(page)
-    assert seen.links == {key: items[key]["href"] for key in HEADLINE}
+    assert seen.links == {key: items[key]["href"] for key in keys}
     for key, href in seen.links.items():  # every item links to a section that is on the page
         assert href.startswith("#") and href[1:] in seen.ids, (key, href)
-    assert seen.values == {key: items[key]["text"] for key in HEADLINE}
+    assert seen.values == {key: items[key]["text"] for key in keys}
 
 
 def test_headline_ends_with_the_top_finding_and_the_printed_lines_name_it(tmp_path, monkeypatch):
@@ -507,7 +513,8 @@ def test_headline_ends_with_the_top_finding_and_the_printed_lines_name_it(tmp_pa
         "#findings",
     )
     assert item["value"] == pytest.approx(saving, abs=1)
-    assert item["text"] == f"data_loading · load: saves {fmt_time(saving)}/step (30.0%)"
+    per = "steady step" if not all(s["steady"] for s in summary["step_totals"]) else "step"  # warm-up left out
+    assert item["text"] == f"data_loading · load: saves {fmt_time(saving)}/{per} (30.0%)"
     fix = KINDS["data_loading"].fix
     assert item["detail"].endswith(" (+1 more)") and len(item["detail"]) <= FIX_CHARS + len(" (+1 more)")
     assert fix.startswith(item["detail"].removesuffix(" (+1 more)").removesuffix(" …"))
@@ -626,7 +633,7 @@ def test_efficiency_section_and_mfu_headline_are_the_summarys(tmp_path):
     data = payload(page)
     section = data["summary"]["efficiency"]
     known = {s["stage"]: s["mfu"] for s in section["stages"] if s["mfu"] is not None and s["flops"] > 0}
-    assert known and data["headline"][HEADLINE.index("mfu")]["value"] == known
+    assert known and {h["key"]: h for h in data["headline"]}["mfu"]["value"] == known
     dom = dump_dom(page)
     read_dom(dom)
     seen = Page()

@@ -69,10 +69,12 @@ def test_step_total_and_share_ground_truth(tmp_path):
     assert walls == {"load": 0, "forward": 40_000, "backward": 60_000, "optimizer": 40_000, "other": 0}
     shares = {r["stage"]: r["share"] for r in data["totals"]}
     assert shares == pytest.approx({"load": 0, "forward": 2 / 7, "backward": 3 / 7, "optimizer": 2 / 7, "other": 0})
-    assert data["step_totals"] == [
-        {"step": 1, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000},
-        {"step": 2, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000},
+    assert data["step_totals"] == [  # step 1 holds the first optimizer step: warm-up
+        {"step": 1, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000, "steady": False},
+        {"step": 2, "host_wall_ns": 70_000, "gpu_busy_ns": 35_000, "window_ns": 100_000, "steady": True},
     ]
+    steady = {r["stage"]: r["host_wall_ns"] for r in data["steady_totals"]}  # step 2's alone
+    assert steady == {"load": 0, "forward": 20_000, "backward": 30_000, "optimizer": 20_000, "other": 0}
     text = render(data)
     per_step = text.split("Per step")[1].split("\n\n")[0]
     row = next(line.split() for line in per_step.splitlines() if line.strip().startswith("1 "))
@@ -142,3 +144,15 @@ def test_top_kernels_have_distinct_readable_labels_and_json_keeps_the_name():
     assert not any("[2]" in x or "at::" in x or "anonymous" in x for x in multi)  # told apart by their functors
     text = render(data)
     assert all(x in text for x in multi) and "void at::native" not in text
+
+
+def test_the_steps_line_names_a_loading_step():
+    """scripts/capture.py announces "load + 3 steps": the summary's four ProfilerSteps say that step 0 is the load."""
+    from conftest import SAMPLE_TRACES, SHARED_TRACES
+
+    import profparse
+
+    marked = profparse.summarize(str(SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz")).splitlines()[1]
+    assert "4 steps (ProfilerStep): step 0 loads the model, 3 training steps" in marked
+    ddp = profparse.summarize(str(SHARED_TRACES / "a100_ddp_rank0_nccl.json.gz")).splitlines()[1]
+    assert "steps (ProfilerStep)," in ddp and "load" not in ddp  # no step there only loads

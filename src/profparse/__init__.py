@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-
+from profparse.base.lazy import lazy_exports
 from profparse.base.marks import STAGES
+from profparse.base.requirements import check_dependencies
 from profparse.base.version import __version__
 
 __all__ = ["ParsedTrace", "STAGES", "__version__", "load", "on_trace_ready", "parse", "summarize"]
@@ -19,16 +19,12 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'profparse' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY, before=check_dependencies)
 
 
 def summarize(path: str, fmt: str = "text", **kwargs) -> str:
     """The stage summary of a trace as text (``fmt``: text, json, csv or markdown)."""
+    check_dependencies()
     from profparse.api import parse
     from profparse.outputs.summary import render_summary
 

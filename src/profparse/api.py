@@ -6,16 +6,28 @@ of :data:`profparse.tables.registry.TABLES`) are pandas DataFrames.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from profparse.base import phase_clock
-from profparse.base.errors import TraceFormatError
+from profparse.base.errors import TraceFormatError, UsageError
 from profparse.stages.attribute import attribute
 from profparse.tables.parsed import ParsedTrace
 from profparse.trace.events import read_trace
 from profparse.trace.link import link
+
+
+def trace_path(path: Any) -> str | Path:
+    """``path`` when it names a file (a ``str`` or ``os.PathLike`` of ``str``); else a UsageError (exit 2) that
+    says what was given (None, bytes, a number, a list, an open file, a name with a NUL byte)."""
+    if isinstance(path, str | os.PathLike) and isinstance(os.fspath(path), str):
+        if "\0" not in os.fspath(path):
+            return path
+        raise UsageError(f"{os.fspath(path)!r}: a path cannot hold a NUL byte")
+    what = "an open file: pass its name (f.name)" if hasattr(path, "read") else type(path).__name__
+    raise UsageError(f"a trace path must be a str or os.PathLike, not {what}")
 
 
 def parse(
@@ -28,6 +40,7 @@ def parse(
 ) -> ParsedTrace:
     """Read, link and attribute one trace file. ``peak_tflops``: the peak MFU is measured against (default: the
     device's dense peak for the dominant dtype, from :mod:`profparse.analysis.peaks`)."""
+    path = trace_path(path)
     phase_clock.startup()
     try:
         with phase_clock.phase("read"):
@@ -64,6 +77,7 @@ def load(
     (``docs/cache.md``): a second load of the same file content reads Arrow files instead of the JSON.
     ``notify`` receives the cache's notes and warnings (default: stderr); ``outputs``: folders the cache must
     not lie in."""
+    path = trace_path(path)
     if not cache:
         return parse(path, include_marks=include_marks, strict=strict, progress=progress, peak_tflops=peak_tflops)
     from profparse.cache.keys import load_options

@@ -265,6 +265,26 @@ def _count(v: float) -> str:
     return f"{v:,.0f}" if v == int(v) else f"{v:,.1f}"
 
 
+def _section(out: io.StringIO, title: str, headers: list[str], rows: list[list[str]], empty: str) -> None:
+    """A titled table of the text diff, or its one line saying why it is empty."""
+    out.write(f"\n{title}\n")
+    out.write(_table(headers, rows) + "\n" if rows else f"  ({empty})\n")
+
+
+def _moved_cells(rows: list[dict[str, Any]], kernel: bool) -> list[list[str]]:
+    return [
+        [
+            r["stage"],
+            _short(r["name"], kernel=kernel),
+            f"{r['a_ns'] / 1e6:,.2f} ({_count(r['a_count'])})",
+            f"{r['b_ns'] / 1e6:,.2f} ({_count(r['b_count'])})",
+            _delta("x_ns", r["delta_ns"]),
+            _pct(r["pct"]),
+        ]
+        for r in rows
+    ]
+
+
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
     a, b = data["a"], data["b"]
@@ -273,54 +293,30 @@ def render_text(data: dict[str, Any]) -> str:
         devices = ", ".join(display(x) for x in d["devices"]) or "no GPU"
         out.write(f"  {key}: {display(d['trace'])}  ({d['events']:,} events, {d['steps']} steps, {devices})\n")
     scope = "mean per step" if data["per_step"] else "whole trace"
-    out.write(f"\nPer stage and level ({scope}; times in ms)\n")
-    if data["stages"]:
-        rows = [
-            [
-                r["stage"],
-                r["level"],
-                _value(r["column"], r["a"]),
-                _value(r["column"], r["b"]),
-                _delta(r["column"], r["delta"]),
-                _pct(r["pct"]) if r["delta"] else "",
-            ]
-            for r in data["stages"]
+    stage_rows = [
+        [
+            r["stage"],
+            r["level"],
+            _value(r["column"], r["a"]),
+            _value(r["column"], r["b"]),
+            _delta(r["column"], r["delta"]),
+            _pct(r["pct"]) if r["delta"] else "",
         ]
-        out.write(_table(["stage", "level", "A", "B", "change", "%"], rows) + "\n")
-    else:
-        out.write("  (no time in any stage)\n")
+        for r in data["stages"]
+    ]
+    columns = ["A", "B", "change", "%"]
+    _section(out, f"Per stage and level ({scope}; times in ms)", ["stage", "level", *columns], stage_rows,
+             "no time in any stage")  # fmt: skip
     for title, key, what in (("Kernels", "kernels", "GPU time"), ("Ops", "ops", "host self time")):
-        out.write(f"\n{title} that moved most ({what}, ms; count in parentheses)\n")
-        if key == "kernels" and not data["gpu"]:
-            out.write("  (no GPU activity in either trace)\n")
-            continue
-        if not data[key]:
-            out.write("  (no change)\n")
-            continue
-        rows = [
-            [
-                r["stage"],
-                _short(r["name"], kernel=key == "kernels"),
-                f"{r['a_ns'] / 1e6:,.2f} ({_count(r['a_count'])})",
-                f"{r['b_ns'] / 1e6:,.2f} ({_count(r['b_count'])})",
-                _delta("x_ns", r["delta_ns"]),
-                _pct(r["pct"]),
-            ]
-            for r in data[key]
-        ]
-        out.write(_table(["stage", "name", "A", "B", "change", "%"], rows) + "\n")
-    out.write(f"\nCritical path by stage and bound (ms on the path, {scope}; all = the stage's path)\n")
-    path = data.get("critical_path") or []
-    if path:
-        out.write(_table(["stage", "bound", "A", "B", "change", "%"], _path_cells(path)) + "\n")
-    else:
-        out.write("  (no step has a critical path in either trace)\n")
-    out.write(f"\n{_MEMORY_TITLE} ({_MEMORY_NOTE})\n")
-    memory = data.get("memory_peak_categories") or []
-    if memory:
-        out.write(_table(["device", "category", "A", "B", "change", "%"], _memory_cells(memory)) + "\n")
-    else:
-        out.write("  (no [memory] events in either trace)\n")
+        moved = _moved_cells(data[key], kernel=key == "kernels")
+        gone = "no GPU activity in either trace" if key == "kernels" and not data["gpu"] else "no change"
+        _section(out, f"{title} that moved most ({what}, ms; count in parentheses)", ["stage", "name", *columns],
+                 moved if gone == "no change" else [], gone)  # fmt: skip
+    _section(out, f"Critical path by stage and bound (ms on the path, {scope}; all = the stage's path)",
+             ["stage", "bound", *columns], _path_cells(data.get("critical_path") or []),
+             "no step has a critical path in either trace")  # fmt: skip
+    _section(out, f"{_MEMORY_TITLE} ({_MEMORY_NOTE})", ["device", "category", *columns],
+             _memory_cells(data.get("memory_peak_categories") or []), "no [memory] events in either trace")  # fmt: skip
     return out.getvalue()
 
 

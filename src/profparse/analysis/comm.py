@@ -26,6 +26,7 @@ import pandas as pd
 from profparse.base.intervals import coverage, group_union, merge, on_one_line
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import row_ref, stage_categorical
+from profparse.tables.scopes import by_scope, scope_rank
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
 from profparse.trace.link import Links, kind_mask
 
@@ -285,11 +286,11 @@ def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attrib
             "exposed_ns": comm_ns - overlapped,
         }
     )
-    rows.loc[rows["step"] == NULL, "scope"] = "outside_steps"
+    by_scope(rows)
     sums = ["comm_count", "comm_kernel_ns", "comm_ns", "overlapped_ns", "exposed_ns"]
     totals = rows.groupby(["stage", "device"], sort=True)[sums].sum().reset_index().assign(scope="total", step=NULL)
     out = pd.concat([rows, totals[rows.columns]], ignore_index=True)
-    scope_order = out["scope"].map({"step": 0, "outside_steps": 1, "total": 2}).to_numpy()
+    scope_order = scope_rank(out["scope"])
     out = out.iloc[np.lexsort((out["device"], out["stage"], out["step"], scope_order))].reset_index(drop=True)
     out["stage"] = stage_categorical(out["stage"].to_numpy())
     comm = out["comm_ns"].to_numpy(dtype=np.float64)

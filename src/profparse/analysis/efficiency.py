@@ -78,7 +78,11 @@ def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice)
     frames = []
     for scope, frame, time in (
         ("stage", by_stage, busy.reindex(pd.MultiIndex.from_frame(by_stage[["step", "stage"]])).to_numpy()),
-        ("step", by_step.assign(stage=pd.NA), step_wall.reindex(by_step["step"]).to_numpy()),
+        (
+            "step",
+            by_step.assign(stage=_no_stage(by_stage, len(by_step))),
+            step_wall.reindex(by_step["step"]).to_numpy(),
+        ),
         ("total", by_total.assign(step=NULL), total_busy.reindex(by_total["stage"]).to_numpy()),
     ):
         frames.append(
@@ -134,6 +138,12 @@ def _result(out: pd.DataFrame, peak: PeakChoice, on_gpu: bool) -> pd.DataFrame:
         }
     )
     return result.reset_index(drop=True)
+
+
+def _no_stage(by_stage: pd.DataFrame, rows: int) -> pd.Categorical:
+    """A stage column of ``rows`` missing values, of the stage rows' own categories: concatenated with them it
+    stays categorical on every pandas (an all-NA object column made pandas 2.1+ warn and pandas 3 give objects)."""
+    return pd.Categorical([None] * rows, categories=by_stage["stage"].cat.categories)
 
 
 def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:

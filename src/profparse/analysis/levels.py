@@ -34,6 +34,7 @@ from profparse.stages.attribute import Attribution
 from profparse.stages.graph_launch import graph_rule_mask
 from profparse.tables.host_time import host_time
 from profparse.tables.rows import stage_categorical
+from profparse.tables.scopes import by_scope
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
@@ -147,8 +148,7 @@ def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution
         cols.update(_latency(key[launched], latency, groups))
         frames.append(pd.DataFrame(cols))
     levels = pd.concat(frames, ignore_index=True)
-    levels.loc[(levels["scope"] == "step") & (levels["step"] == NULL), "scope"] = "outside_steps"
-    return levels
+    return by_scope(levels)
 
 
 def _latency(key: np.ndarray, latency: np.ndarray, groups: int) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ import pandas as pd
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
+from profparse.tables.scopes import by_scope, scope_rank
 from profparse.trace.kinds import NULL
 from profparse.trace.link import Links, kind_mask
 
@@ -186,7 +187,7 @@ def memory_by_stage(timeline: pd.DataFrame) -> pd.DataFrame:
         out["scope"] = scope
         frames.append(out)
     out = pd.concat(frames, ignore_index=True)
-    out.loc[(out["scope"] == "step") & (out["step"] == NULL), "scope"] = "outside_steps"
+    by_scope(out)
     result = pd.DataFrame(
         {
             "scope": out["scope"].to_numpy(),
@@ -208,7 +209,7 @@ def memory_by_stage(timeline: pd.DataFrame) -> pd.DataFrame:
             "relative": out["relative"].to_numpy().astype(bool),
         }
     )
-    scope_order = result["scope"].map({"step": 0, "outside_steps": 1, "total": 2}).to_numpy()
+    scope_order = scope_rank(result["scope"])
     order = np.lexsort((result["device"].cat.codes, result["stage"].cat.codes, result["step"], scope_order))
     return result.iloc[order].reset_index(drop=True)
 

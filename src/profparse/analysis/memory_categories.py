@@ -31,6 +31,7 @@ CATEGORIES: tuple[str, ...] = (
     "activation",
     "temporary",
     "input",
+    "before_trace",  # allocated before the trace began: the device's Total Allocated before its first event
     "other",
 )
 CATEGORY_COLUMNS = (
@@ -293,12 +294,14 @@ def live_by_category(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataF
     """Bytes live per category after each event of the memory timeline (rows of ``memory``; one column per
     :data:`CATEGORIES`).
 
-    An allocation adds its bytes to its category and its free takes them back; frees of memory allocated before
-    the trace and the level before a device's first event count as ``other``. Bytes are those that moved Total
-    Allocated (:func:`~profparse.analysis.memory.counted_bytes`), so the columns add up to it.
+    An allocation adds its bytes to its category and its free takes them back. What was already allocated when
+    the trace began (a device's Total Allocated before its first event: the parameters of a model loaded before
+    profiling) is ``before_trace``, and frees of memory allocated before the trace (a free with no allocation of
+    its address in the trace) take from it. Bytes are those that moved Total Allocated
+    (:func:`~profparse.analysis.memory.counted_bytes`), so the columns add up to it.
     """
     n = len(memory)
-    other = CATEGORIES.index("other")
+    other, before_trace = CATEGORIES.index("other"), CATEGORIES.index("before_trace")
     code = np.full(n, other, dtype=np.int64)
     if n == 0:
         return np.zeros((0, len(CATEGORIES)), dtype=np.int64)
@@ -310,11 +313,15 @@ def live_by_category(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataF
     freed = free_of[position]
     code[freed[freed >= 0]] = category[freed >= 0]
     counted = counted_bytes(memory)
+    paired = np.zeros(n, dtype=bool)
+    paired[position] = True
+    paired[freed[freed >= 0]] = True
+    code[(counted < 0) & ~paired] = before_trace  # a free whose allocation came before the trace
     delta = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
     delta[np.arange(n), code] = counted
     device = memory["device"].cat.codes.to_numpy()
     first = np.flatnonzero(np.r_[True, device[1:] != device[:-1]])  # rows are in time order within each device
-    delta[first, other] += memory["allocated_bytes"].to_numpy()[first] - counted[first]
+    delta[first, before_trace] += memory["allocated_bytes"].to_numpy()[first] - counted[first]
     live = np.cumsum(delta, axis=0)
     start_of_row = np.repeat(first, np.diff(np.r_[first, n]))
     before = np.where(start_of_row[:, None] > 0, live[np.maximum(start_of_row - 1, 0)], 0)

@@ -19,6 +19,7 @@ from profparse.analysis.profiler_cost import CALIBRATION_KEY
 from profparse.base.errors import ProfparseError
 from profparse.base.marks import STAGES
 from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES
+from profparse.stages.collective_order import ORDER_RULE_NAMES
 from profparse.stages.gpu_inference import INFERENCE_RULES
 from profparse.stages.rules import GPU_UNLINKED
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
@@ -142,8 +143,15 @@ def gpu_devices(parsed: ParsedTrace) -> list[str]:
     return [f"GPU {int(d)}" for d in np.unique(device)]
 
 
+def _top_names(names: pd.Series, n: int = 3) -> str:
+    """The most frequent names of ``names`` with their counts: ``ncclKernel_SendRecv x3, ...``."""
+    counts = names.astype(str).value_counts()
+    more = f", +{len(counts) - n} more" if len(counts) > n else ""
+    return ", ".join(f"{name} x{int(c)}" for name, c in counts.head(n).items()) + more
+
+
 def _gpu_inference_rows(
-    activity: np.ndarray, launch: np.ndarray, attribution: Any, dur: np.ndarray, gpu_total: int
+    activity: np.ndarray, launch: np.ndarray, attribution: Any, dur: np.ndarray, gpu_total: int, names: pd.Series
 ) -> list[dict[str, Any]]:
     """GPU activity without a launching runtime call: how much got a stage by each inference rule (``info``, value
     in ns), and how much stayed ``other.gpu_unlinked`` (``warning``, value = share of GPU time)."""
@@ -151,19 +159,21 @@ def _gpu_inference_rows(
     no_launch = activity & (launch < 0)
     if not no_launch.any():
         return rows
-    names = attribution.rule_names
+    rule_names = attribution.rule_names
     missing_ns = int(dur[no_launch].sum())
-    for rule in (*COLLECTIVE_RULE_NAMES, *INFERENCE_RULES):
-        mask = no_launch & (attribution.rule == names.index(rule))
+    for rule in (*COLLECTIVE_RULE_NAMES, *ORDER_RULE_NAMES, *INFERENCE_RULES):
+        mask = no_launch & (attribution.rule == rule_names.index(rule))
         if mask.any():
             ns = int(dur[mask].sum())
             share = ns / gpu_total if gpu_total else 0.0
+            # collective kernels launched before the trace began: named, so that a reader can find them
+            named = f": {_top_names(names[mask])}" if rule in ORDER_RULE_NAMES else ""
             rows.append(
                 _row(f"gpu_inferred.{rule.removeprefix('gpu.')}", "info", mask.sum(), ns,
                      f"{int(mask.sum())} GPU events without a recorded launch ({ns} ns, {share:.1%} of GPU time) "
-                     f"got their stage by inference ({rule})")
+                     f"got their stage by inference ({rule}){named}")
             )  # fmt: skip
-    unlinked = no_launch & (attribution.rule == names.index(GPU_UNLINKED))
+    unlinked = no_launch & (attribution.rule == rule_names.index(GPU_UNLINKED))
     if unlinked.any():
         ns = int(dur[unlinked].sum())
         share = ns / gpu_total if gpu_total else 0.0
@@ -358,7 +368,7 @@ def quality_checks(parsed: ParsedTrace) -> pd.DataFrame:
     gpu_total = int(dur[activity].sum())
     rows = [
         *_reading_rows(parsed),
-        *_gpu_inference_rows(activity, parsed.links.launch, parsed.attribution, dur, gpu_total),
+        *_gpu_inference_rows(activity, parsed.links.launch, parsed.attribution, dur, gpu_total, events["name"]),
         *_allocator_churn_row(parsed),
         *_sync_in_step_row(parsed),
         *_inferred_sync_row(parsed),

@@ -17,6 +17,7 @@ import pandas as pd
 from profparse.stages.attribute import Attribution
 from profparse.tables.host_time import SYNC_NAME
 from profparse.tables.rows import stage_categorical
+from profparse.tables.scopes import by_scope, scope_rank
 from profparse.trace.kinds import NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
@@ -67,7 +68,7 @@ def runtime_calls(events: pd.DataFrame, links: Links, attribution: Attribution, 
         out["scope"] = scope
         frames.append(out)
     out = pd.concat(frames, ignore_index=True)
-    out.loc[(out["scope"] == "step") & (out["step"] == NULL), "scope"] = "outside_steps"
+    by_scope(out)
     wall = summary[["scope", "step", "stage", "host_wall_ns"]].assign(stage_code=summary["stage"].cat.codes)
     out = out.merge(wall.drop(columns="stage"), on=["scope", "step", "stage_code"], how="left", sort=False)
     host_wall = out["host_wall_ns"].fillna(0).to_numpy().astype(np.int64)
@@ -95,6 +96,6 @@ def runtime_calls(events: pd.DataFrame, links: Links, attribution: Attribution, 
     if result.empty:
         result["name"] = pd.Categorical([], dtype=events["name"].dtype)
         result["call_class"] = pd.Categorical([], categories=list(CLASSES))
-    scope_order = result["scope"].map({"step": 0, "outside_steps": 1, "total": 2}).to_numpy()
+    scope_order = scope_rank(result["scope"])
     order = np.lexsort((-result["total_ns"].to_numpy(), result["stage"].cat.codes, result["step"], scope_order))
     return result.iloc[order].reset_index(drop=True)[list(COLUMNS)]

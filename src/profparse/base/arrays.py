@@ -42,7 +42,9 @@ def factorize_rows(*columns: np.ndarray, sort: bool = False) -> tuple[np.ndarray
     """Group number of each row by its tuple of ``columns`` (in order of first appearance; ``sort``: in sorted
     tuple order), and the tuples of the groups (one array per column). Like
     ``pd.factorize(pd.MultiIndex.from_arrays(columns), sort=sort)``, by :func:`pack_codes` where the key fits."""
-    packed = pack_codes(*columns, sort=sort) if len(columns[0]) else None
+    if not len(columns[0]):  # pandas < 3 cannot factorize an empty MultiIndex
+        return np.zeros(0, dtype=np.intp), [np.asarray(column)[:0] for column in columns]
+    packed = pack_codes(*columns, sort=sort)
     if packed is None:
         group, uniques = pd.factorize(pd.MultiIndex.from_arrays(list(columns)), sort=sort)
         return group, [uniques.get_level_values(i).to_numpy() for i in range(len(columns))]

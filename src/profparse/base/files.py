@@ -212,7 +212,8 @@ _LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONB
 
 
 def _open_lock(lock: Path) -> tuple[int, bool] | None:
-    """Open ``lock``: ``(fd, created)``, or None when it vanished between two looks (try again).
+    """Open ``lock``: ``(fd, created)``, or None when it vanished between two looks, or was unlinked once open
+    (its run finished: try again).
 
     A new lock is created with ``O_EXCL``, so this run knows it is its own. An existing one is used only when it is a
     regular file of this user with one link (checked before opening, so a device is never opened, and on the open
@@ -234,7 +235,11 @@ def _open_lock(lock: Path) -> tuple[int, bool] | None:
             raise _lock_refused(lock, "is a symbolic link") from None
         raise from_oserror(exc) from None
     try:
-        _check_lock(lock, os.fstat(fd))
+        st = os.fstat(fd)
+        if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):  # its run finished and unlinked it since the lstat
+            os.close(fd)
+            return None
+        _check_lock(lock, st)
     except BaseException:
         os.close(fd)
         raise
@@ -340,13 +345,27 @@ def clean_stale(target: PathLike) -> list[Path]:
         if st.st_uid != os.geteuid():
             continue
         if stat.S_ISDIR(st.st_mode):
-            if read_marker(path) is not None or not any(os.scandir(path)):
+            if read_marker(path) is not None or _empty_or_broken_marker(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
         elif stat.S_ISREG(st.st_mode):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def _empty_or_broken_marker(folder: Path) -> bool:
+    """A folder holding nothing, or only a marker file that is empty or not profparse's JSON (a run that died, or
+    hit a full disk, while writing it): what :func:`atomic_dir` leaves at worst, so safe to remove."""
+    try:
+        entries = list(os.scandir(folder))
+        if not entries:
+            return True
+        if len(entries) != 1 or entries[0].name != MARKER or not entries[0].is_file(follow_symlinks=False):
+            return False
+        return entries[0].stat(follow_symlinks=False).st_size < 4096
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -401,12 +420,15 @@ def atomic_dir(
     with output_lock(p):
         exists = check_target(p, kind="dir", verb=verb, force=force, inputs=inputs)
         clean_stale(p)
+        tmp = None
         try:
             tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(p.name), suffix=".partial", dir=p.parent))
             tmp.chmod(0o777 & ~_umask())
             write_marker(tmp, verb)
         except OSError as exc:
-            raise from_oserror(exc) from None
+            if tmp is not None:  # a full disk can fail the marker's write: no half folder is left
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise from_oserror(exc, where=str(p)) from None
         try:
             yield tmp
             if not exists:

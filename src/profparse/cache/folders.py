@@ -20,6 +20,8 @@ MARKER_TEXT = (
 )
 #: Where the cache keeps its data when the configured folder already holds files it did not make.
 SUBFOLDER = "profparse-cache"
+#: The capture's built models live beside the entries (``profparse.capture.model``); the cache never touches them.
+MODELS = "models"
 # the only names the cache ever removes: entries, temporaries (uuid4().hex), stat records
 ENTRY_NAME = re.compile(r"e-[0-9a-f]{32}-[0-9a-f]{16}")
 TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]{32}")
@@ -29,7 +31,7 @@ RECORD_NAME = re.compile(r"[0-9a-f]{32}")
 def folder_state(folder: Path) -> str:
     """``"ours"`` (holds :data:`MARKER`), ``"new"`` (absent, not a folder, or an empty folder of the user's: the
     first write claims it, or fails and turns caching off) or ``"foreign"`` (holds files profparse did not make,
-    or an empty folder of another user's)."""
+    or an empty folder of another user's). A ``models`` folder (the capture's models) alone leaves a folder new."""
     try:
         st = os.stat(folder)
         if not stat.S_ISDIR(st.st_mode):
@@ -39,7 +41,10 @@ def folder_state(folder: Path) -> str:
         if st.st_uid != os.getuid():
             return "foreign"
         with os.scandir(folder) as children:
-            return "foreign" if any(children) else "new"
+            if not any(child.name != MODELS for child in children):
+                return "new"
+        # another run (or thread) may have marked it since the first look: its files are the cache's then
+        return "ours" if has_marker(folder) else "foreign"
     except OSError:
         return "new"
 
@@ -66,6 +71,16 @@ def has_marker(folder: Path) -> bool:
             return False
         time.sleep(0.01)  # another run created it and is writing it this instant
     return False
+
+
+def not_own(folder: Path) -> str | None:
+    """Why ``folder`` (followed through a link) is not the user's own, or None."""
+    try:
+        uid = os.stat(folder).st_uid
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    target = f"(a link to {os.path.realpath(folder)}) " if os.path.islink(folder) else ""
+    return f"{target}belongs to another user (uid {uid})" if uid != os.getuid() else None
 
 
 def not_private(folder: Path) -> str | None:

@@ -20,6 +20,7 @@ from profparse.cache.folders import (
     ENTRY_NAME,
     MARKER,
     MARKER_TEXT,
+    MODELS,
     RECORD_NAME,
     SUBFOLDER,
     TEMP_NAME,
@@ -28,6 +29,7 @@ from profparse.cache.folders import (
     has_marker,
     inside,
     is_real_dir,
+    not_own,
     not_private,
     tree_size,
     unlink,
@@ -119,6 +121,9 @@ class Cache:
                 return None
         folder, state = root, folder_state(root)
         if state == "foreign":  # the user's own folder: never evict or sweep in it
+            if why := not_own(root):  # nor create anything in another user's (a link may point there)
+                notify(f"note: cache off: the cache folder {root} {why}; set {DIR_ENV} to a folder of your own")
+                return None
             folder = root / SUBFOLDER
             state = folder_state(folder)
             if state == "foreign":
@@ -142,7 +147,9 @@ class Cache:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not has_marker(self.root):
-                if any(os.scandir(self.root)):  # files appeared since the cache was opened: not ours to take
+                # files appeared since the cache was opened: not ours to take, unless another run (or thread)
+                # claimed it between the two looks (its marker is then there: the O_EXCL create below says so)
+                if any(c.name != MODELS for c in os.scandir(self.root)) and not has_marker(self.root):
                     self.disable(f"{self.root} holds files profparse did not make")
                     return False
                 try:

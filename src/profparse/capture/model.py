@@ -36,13 +36,13 @@ _STALE_TMP_S = 24 * 3600
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """``cache_dir``, else ``$PROFPARSE_CACHE``, else ``~/.cache/profparse``."""
+    """``cache_dir``, else the trace cache's folder (``$PROFPARSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/profparse``,
+    else ``~/.cache/profparse``): one setting for both, the models under its ``models/`` (docs/cache.md)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    env = os.environ.get("PROFPARSE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "profparse"
+    from profparse.cache.store import cache_root as trace_cache_root
+
+    return trace_cache_root().expanduser()
 
 
 def model_spec(preset: str | None = None, layers: int | None = None) -> tuple[str, dict[str, Any], str]:

@@ -98,8 +98,8 @@ class CaptureOptions:
     lr: float = 1e-4
     quiet: bool = False
     cache_dir: str | None = None
-    """Where built models are kept (under ``models/<name>``); ``None``: ``$PROFPARSE_CACHE``, else
-    ``~/.cache/profparse``."""
+    """Where built models are kept (under ``models/<name>``); ``None``: the trace cache's folder
+    (``$PROFPARSE_CACHE_DIR``, else ``~/.cache/profparse``; docs/cache.md)."""
 
     def __post_init__(self) -> None:
         if self.model is not None and self.preset is not None:

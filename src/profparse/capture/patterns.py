@@ -141,6 +141,18 @@ def _hf_path() -> Path:
     return ensure_model()[0]
 
 
+def _hf_start(batches: int, with_stack: bool, seed: int = 0, **session: Any) -> tuple[Path, list[Any], _Session]:
+    """What every capture of the tiny Qwen2 starts with: the model built and warmed up, ``batches`` batches of
+    token ids, torch's seed reset, and a profiling session (not yet running)."""
+    import torch
+
+    path = _hf_path()
+    _warm_up(path)
+    ids = _inputs(_vocab(path), batches, seed=seed)
+    torch.manual_seed(0)
+    return path, ids, _Session(with_stack, **session)
+
+
 def load_pretrained(path: Path) -> Any:
     """``AutoModelForCausalLM.from_pretrained`` of the tiny model, quietly (no progress-bar frames)."""
     import torch
@@ -216,11 +228,7 @@ def _hf_session(
     """Load (step 0, ``prepare(model)`` inside the load mark) then :data:`STEPS` plain training steps."""
     import torch
 
-    path = _hf_path()
-    _warm_up(path)
-    ids = _inputs(_vocab(path), STEPS)
-    torch.manual_seed(0)
-    s = _Session(with_stack, scheduled=scheduled)
+    path, ids, s = _hf_start(STEPS, with_stack, scheduled=scheduled)
     with s.running():
         model = _hf_load(s, path, prepare)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -237,11 +245,7 @@ def _hf_session(
 def _grad_accum(out_path: Path, with_stack: bool) -> Path:
     import torch
 
-    path = _hf_path()
-    _warm_up(path)
-    ids = _inputs(_vocab(path), STEPS * MICRO_BATCHES)
-    torch.manual_seed(0)
-    s = _Session(with_stack)
+    path, ids, s = _hf_start(STEPS * MICRO_BATCHES, with_stack)
     with s.running():
         model = _hf_load(s, path)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -299,11 +303,7 @@ def _compiled(out_path: Path, with_stack: bool) -> Path:
 def _zero_grad_first(out_path: Path, with_stack: bool) -> Path:
     import torch
 
-    path = _hf_path()
-    _warm_up(path)
-    ids = _inputs(_vocab(path), STEPS)
-    torch.manual_seed(0)
-    s = _Session(with_stack)
+    path, ids, s = _hf_start(STEPS, with_stack)
     with s.running():
         model = _hf_load(s, path)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
@@ -403,11 +403,7 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str, with_stack: bool,
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        path = _hf_path()
-        _warm_up(path)
-        ids = _inputs(_vocab(path), STEPS, seed=rank)
-        torch.manual_seed(0)
-        s = _Session(with_stack)
+        path, ids, s = _hf_start(STEPS, with_stack, seed=rank)
         with s.running():
             with s.mark("load"):
                 model = DistributedDataParallel(load_pretrained(path).to("cpu"))

@@ -29,6 +29,7 @@ from profparse.base.files import atomic_dir, check_target
 from profparse.capture import calibrate
 from profparse.capture.model import ensure_model
 from profparse.capture.options import CaptureOptions, CaptureResult
+from profparse.capture.quiet import kineto_lines_dropped
 
 MANIFEST_FORMAT = 1
 EXTRA_HINT = install_hint("capture")
@@ -291,10 +292,11 @@ def _capture(
         for _ in range(options.steps)
     ]
     torch.manual_seed(options.seed)
-    prof, model, losses = _profiled_run(session, model_path, inputs, wall)
-    t0 = time.perf_counter()
-    calibration = _calibration(session, model, inputs[0])
-    wall["calibrate"] = time.perf_counter() - t0
+    with kineto_lines_dropped():
+        prof, model, losses = _profiled_run(session, model_path, inputs, wall)
+        t0 = time.perf_counter()
+        calibration = _calibration(session, model, inputs[0])
+        wall["calibrate"] = time.perf_counter() - t0
     trace_path = run_dir / "trace.json.gz"
     json_bytes = _export(prof, run_dir, trace_path, wall, log, calibration)
     wall["total"] = time.perf_counter() - t_start

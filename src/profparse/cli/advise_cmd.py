@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from profparse.cli.common import emit, print_trace_text
 from profparse.cli.options import add_input_options, add_peak_option, add_rank_options
-from profparse.cli.rank_folder import partial_failure, rank_run, resolve_input
+from profparse.cli.rank_folder import run_text_verb
 
 FORMATS = ("text", "json")
 
@@ -39,26 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if resolve_input(args):  # a capture's run folder is its one trace
-        return run_ranks(args)
+    from profparse.outputs.summary.findings import findings_data, render_advice
 
     def render(parsed) -> str:
-        from profparse.outputs.summary.findings import findings_data, render_advice
-
         return render_advice(findings_data(parsed.table("findings")), args.trace, args.format)
 
-    return print_trace_text(args, render)
+    def render_ranks(run_) -> str:
+        from profparse import ranks
 
+        data = ranks.ranks_summary_data(
+            run_.results, folder=args.trace, matches=run_.matches, match_warnings=run_.match_warnings
+        )
+        return render_advice(data["findings"], args.trace, args.format)
 
-def run_ranks(args: argparse.Namespace) -> int:
-    from profparse import ranks
-    from profparse.outputs.summary.findings import render_advice
-
-    run_ = rank_run(args)
-    data = ranks.ranks_summary_data(
-        run_.results, folder=args.trace, matches=run_.matches, match_warnings=run_.match_warnings
-    )
-    emit(render_advice(data["findings"], args.trace, args.format))
-    if run_.failed and not args.keep_going:
-        raise partial_failure(run_, None)
-    return 0
+    return run_text_verb(args, render, render_ranks)

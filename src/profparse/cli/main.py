@@ -37,25 +37,18 @@ _started_with = _set_handler(_interrupted_while_starting)  # restored at the end
 _term_started_with = _set_handler(_interrupted_while_starting, signal.SIGTERM)
 
 import argparse  # noqa: E402
+import importlib  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
 from profparse.base.errors import OutputWriteError, ProfparseError, UsageError, from_oserror  # noqa: E402
 from profparse.base.formats import display  # noqa: E402
 from profparse.base.version import __version__  # noqa: E402
-from profparse.cli import (  # noqa: E402
-    advise_cmd,
-    annotate_cmd,
-    common,
-    diff_cmd,
-    hta_cmd,
-    parse_cmd,
-    plot_cmd,
-    report_cmd,
-    summarize_cmd,
-)
+from profparse.cli import common  # noqa: E402
 
-VERBS = (parse_cmd, summarize_cmd, advise_cmd, plot_cmd, report_cmd, annotate_cmd, diff_cmd, hta_cmd)
+#: The verbs, in the order ``--help`` lists them: each is the module ``profparse/cli/<verb>_cmd.py`` with
+#: ``add_parser(subparsers)``; a new verb is its module plus its name here.
+VERBS = ("parse", "summarize", "advise", "plot", "report", "annotate", "diff", "hta")
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
@@ -136,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for verb in VERBS:
-        verb.add_parser(sub)
+        importlib.import_module(f"profparse.cli.{verb}_cmd").add_parser(sub)
     return parser
 
 
@@ -189,7 +182,9 @@ def _main(argv: Sequence[str] | None) -> int:
         except SystemExit as exc:  # a usage error (one line, already printed), --help or --version
             return exc.code if isinstance(exc.code, int) else UsageError.exit_code
         from profparse.base import files
+        from profparse.base.requirements import check_dependencies
 
+        check_dependencies()  # before a verb imports numpy, pandas or pyarrow
         quiet = getattr(args, "quiet", False)
         files.wait_notice = (lambda text: common.note(text, quiet)) if not quiet else None
         previous_term = _set_handler(_terminate, signal.SIGTERM)
@@ -216,6 +211,9 @@ def _report(exc: Exception, args: argparse.Namespace | None) -> int:
     if isinstance(exc, MemoryError):
         print("profparse: error: out of memory", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
+    if isinstance(exc, ImportError) and not (exc.name or "").startswith("profparse"):
+        print(f"profparse: error: a dependency failed to import: {display(exc)} (reinstall it)", file=sys.stderr)
+        return UsageError.exit_code
     if isinstance(exc, BrokenPipeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from profparse.base.errors import PartialFailureError, UsageError
 from profparse.base.formats import display
-from profparse.cli.common import input_is_dir, note
+from profparse.cli.common import emit, input_is_dir, note, print_trace_text
 from profparse.cli.progress import steps_bar
 
 
@@ -127,3 +128,18 @@ def partial_failure(run: Any, written: str | None) -> PartialFailureError:
     return PartialFailureError(
         f"{len(failed)} of {len(run.results)} ranks could not be read (rank {shown}); {where} (--keep-going to exit 0)"
     )
+
+
+def run_text_verb(
+    args: argparse.Namespace, render_trace: Callable[[Any], str], render_ranks: Callable[[Any], str]
+) -> int:
+    """A verb that prints text (summarize, advise): ``render_trace(parsed)`` of one trace (a capture's run folder is
+    its one trace), else ``render_ranks(run)`` of a rank folder, exit 7 when some ranks failed (unless
+    ``--keep-going``)."""
+    if not resolve_input(args):
+        return print_trace_text(args, render_trace)
+    run = rank_run(args)
+    emit(render_ranks(run))
+    if run.failed and not args.keep_going:
+        raise partial_failure(run, None)
+    return 0

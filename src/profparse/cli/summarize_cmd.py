@@ -14,9 +14,8 @@ import argparse
 
 from profparse.cli.choices import SUMMARY_FORMATS as FORMATS
 from profparse.cli.choices import SUMMARY_TOP_N as TOP_N
-from profparse.cli.common import emit, print_trace_text
 from profparse.cli.options import add_input_options, add_metric_option, add_peak_option, add_rank_options, int_option
-from profparse.cli.rank_folder import partial_failure, rank_run, resolve_input
+from profparse.cli.rank_folder import run_text_verb
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,30 +32,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if resolve_input(args):  # a capture's run folder is its one trace
-        return run_ranks(args)
-
     def render(parsed) -> str:
         from profparse.outputs.summary import render_summary
 
         return render_summary(parsed, fmt=args.format, top=args.top)
 
-    return print_trace_text(args, render)
+    def render_ranks(run_) -> str:
+        from profparse import ranks
 
+        data = ranks.ranks_summary_data(
+            run_.results,
+            metric=args.metric,
+            folder=args.trace,
+            matches=run_.matches,
+            match_warnings=run_.match_warnings,
+            top=args.top,
+        )
+        return ranks.render_ranks(data, args.format)
 
-def run_ranks(args: argparse.Namespace) -> int:
-    from profparse import ranks
-
-    run = rank_run(args)
-    data = ranks.ranks_summary_data(
-        run.results,
-        metric=args.metric,
-        folder=args.trace,
-        matches=run.matches,
-        match_warnings=run.match_warnings,
-        top=args.top,
-    )
-    emit(ranks.render_ranks(data, args.format))
-    if run.failed and not args.keep_going:
-        raise partial_failure(run, None)
-    return 0
+    return run_text_verb(args, render, render_ranks)

@@ -6,7 +6,7 @@ Importing this package imports no integration (and so neither torch nor pandas):
 
 from __future__ import annotations
 
-import importlib
+from profparse.base.lazy import lazy_exports
 
 __all__ = ["TraceHandler", "on_trace_ready"]
 
@@ -14,9 +14,4 @@ _HANDLER = "profparse.integrations.torch_profiler"
 _LAZY = {"TraceHandler": _HANDLER, "on_trace_ready": _HANDLER}
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'profparse.integrations' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

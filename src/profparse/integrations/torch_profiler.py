@@ -21,8 +21,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,27 @@ from profparse.base.files import atomic_file
 TRACE_SUFFIX = ".pt.trace.json.gz"
 
 
-@dataclass(frozen=True)
+@dataclass
 class CycleFiles:
-    """The files of one profiling cycle (``report`` None without ``report=True``)."""
+    """The files of one profiling cycle (``report`` None without ``report=True``) and how it went: ``status`` is
+    "pending" (the worker has it), "written" (every file final) or "failed" (``error`` says why)."""
 
     folder: str
     trace: str
     summary: str
     report: str | None
+    step: int = 0
+    status: str = "pending"
+    error: str | None = None
+
+    def paths(self) -> dict[str, str | None]:
+        """The four paths, what the worker is sent."""
+        return {"folder": self.folder, "trace": self.trace, "summary": self.summary, "report": self.report}
+
+    def settle(self, error: str | None) -> None:
+        """Record the cycle's outcome (the first one counts: a late report of a lost cycle changes nothing)."""
+        if self.status == "pending":
+            self.status, self.error = ("written", None) if error is None else ("failed", error)
 
 
 def distributed_rank() -> int | None:
@@ -60,22 +75,29 @@ def file_stem(worker_name: str | None, rank: int | None) -> str:
     return worker_name or f"{socket.gethostname()}_{os.getpid()}"
 
 
+def planned_files(folder: Path, step: int, stem: str, report: bool) -> CycleFiles:
+    """The names of a cycle's files in ``folder`` (nothing is created)."""
+    return CycleFiles(
+        folder=str(folder),
+        trace=str(folder / f"{stem}{TRACE_SUFFIX}"),
+        summary=str(folder / f"{stem}.summary.txt"),
+        report=str(folder / f"{stem}.report.html") if report else None,
+        step=step,
+    )
+
+
 def cycle_files(dir_name: str | os.PathLike[str], step: int, stem: str, report: bool) -> CycleFiles:
     """Where this cycle's files go: ``DIR/step-N/``, or ``DIR/step-N-2/``... when that one already holds a file of
-    one of this cycle's names (a second profiling session in the same folder: nothing is overwritten); the folder
-    is created."""
+    one of this cycle's names, or is itself something other than a folder (a second profiling session in the same
+    folder, or the user's file: nothing is overwritten); the folder is created."""
     base = Path(dir_name) / f"step-{step}"
     attempt = 1
     while True:
         folder = base if attempt == 1 else base.with_name(f"{base.name}-{attempt}")
-        files = CycleFiles(
-            folder=str(folder),
-            trace=str(folder / f"{stem}{TRACE_SUFFIX}"),
-            summary=str(folder / f"{stem}.summary.txt"),
-            report=str(folder / f"{stem}.report.html") if report else None,
-        )
+        files = planned_files(folder, step, stem, report)
         names = (files.trace, files.summary, files.report)
-        if not any(name is not None and os.path.lexists(name) for name in names):
+        taken = os.path.lexists(folder) and not folder.is_dir()
+        if not taken and not any(name is not None and os.path.lexists(name) for name in names):
             folder.mkdir(parents=True, exist_ok=True)
             return files
         attempt += 1
@@ -131,17 +153,96 @@ def finish_cycle(json_path: str, files: CycleFiles) -> str:
     return headline_line(files, plain(data, null=NULL))
 
 
-def run_cycle(json_path: str, files: CycleFiles, quiet: bool) -> int:
-    """:func:`finish_cycle` with its one line printed; a trace profparse cannot read is one line on stderr, never
-    an exception into the training loop. Returns 0, or 1 after such a failure."""
+def cycle_error(json_path: str, files: CycleFiles, quiet: bool) -> str | None:
+    """:func:`finish_cycle` with its one line printed; None, or why the cycle failed (also one line on stderr):
+    nothing one cycle raises reaches the training loop or ends the worker."""
     try:
         line = finish_cycle(json_path, files)
-    except (ProfparseError, OSError) as exc:
-        print(f"profparse: {files.trace}: not analysed: {exc}", file=sys.stderr, flush=True)
-        return 1
+    except Exception as exc:  # noqa: BLE001 - any failure of a cycle is that cycle's, never the loop's
+        reason = str(exc) if isinstance(exc, (ProfparseError, OSError)) else f"{type(exc).__name__}: {exc}"
+        print(f"profparse: {files.trace}: not analysed: {reason}", file=sys.stderr, flush=True)
+        return reason
     if not quiet:
         print(line, flush=True)
-    return 0
+    return None
+
+
+def run_cycle(json_path: str, files: CycleFiles, quiet: bool) -> int:
+    """:func:`cycle_error` as a status: 0, or 1 after a failure."""
+    return 0 if cycle_error(json_path, files, quiet) is None else 1
+
+
+def loop_folder() -> str:
+    """The training loop's working folder, or an OSError that says it was removed."""
+    try:
+        return os.getcwd()
+    except OSError as exc:
+        raise OSError(exc.errno, "the working folder was removed and the output folder is relative") from exc
+
+
+class Worker:
+    """One background Python (never a fork of the training process; it pays the imports once) and the cycles it
+    was sent; a thread reads the one result line it writes per cycle. It finds this profparse even when it was not
+    installed (its folder leads PYTHONPATH)."""
+
+    def __init__(self, cycles: list[CycleFiles]) -> None:
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        read, write = os.pipe()
+        command = [sys.executable, "-m", "profparse.integrations.torch_profiler", str(write)]
+        try:
+            cwd = None if os.getcwd() else os.sep
+        except OSError:  # a removed working folder: the jobs' paths are absolute then
+            cwd = os.sep
+        try:
+            self.process = subprocess.Popen(
+                command, env=env, stdin=subprocess.PIPE, text=True, encoding="utf-8", pass_fds=(write,), cwd=cwd
+            )
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        self.cycles, self.sent = cycles, []
+        self.reader = threading.Thread(target=self._read, args=(read,), daemon=True)
+        self.reader.start()
+
+    def _read(self, fd: int) -> None:
+        with open(fd, encoding="utf-8") as results:
+            for line in results:
+                result = json.loads(line)
+                self.cycles[result["id"]].settle(result["error"])
+
+    def send(self, index: int, job: dict[str, Any]) -> bool:
+        """Queue cycle ``index`` (a worker busy with an earlier cycle takes it next; the pipe holds some hundred
+        cycles before the loop would wait); False when the worker is gone."""
+        if self.process.poll() is not None:
+            return False
+        try:
+            self.process.stdin.write(json.dumps(job) + "\n")  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+        except OSError:  # BrokenPipeError: it died (the OOM killer, a signal)
+            return False
+        self.sent.append(index)
+        return True
+
+    def close(self) -> None:
+        """No more cycles: the worker finishes those it has, then exits."""
+        try:
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except OSError:  # a dead worker's pipe still held an unsent line
+            pass
+
+    def join(self, timeout: float | None) -> list[CycleFiles]:
+        """Wait for the worker to exit (``subprocess.TimeoutExpired`` after ``timeout``); the cycles it was sent and
+        never finished are failed, and returned."""
+        code = self.process.wait(timeout)
+        self.reader.join(timeout=10)  # EOF once the worker is gone
+        lost = [self.cycles[i] for i in self.sent if self.cycles[i].status == "pending"]
+        for files in lost:
+            files.settle(f"the background worker ended (exit {code}) before finishing this cycle")
+        return lost
 
 
 class TraceHandler:
@@ -160,49 +261,84 @@ class TraceHandler:
         self.worker_name, self.quiet = worker_name, quiet
         self.cycles: list[CycleFiles] = []
         self.export_seconds: list[float] = []  # what each call kept the training loop waiting
-        self._worker: subprocess.Popen | None = None
-        self._failed = 0
+        self._worker: Worker | None = None
+        self._closing: list[Worker] = []  # told to finish, maybe still running
+        self._reported = 0  # cycles before this were counted by an earlier wait()
 
     def __call__(self, prof: Any) -> None:
-        started = time.perf_counter()
-        stem = file_stem(self.worker_name, distributed_rank())
-        files = cycle_files(self.dir_name, int(getattr(prof, "step_num", 0)), stem, self.report)
-        json_path = str(Path(files.folder) / f".{stem}.{os.getpid()}.{time.time_ns()}.json")
-        prof.export_chrome_trace(json_path)
-        self.cycles.append(files)
-        if self.background:
-            self._send(json_path, files)
-        else:
-            self._failed += run_cycle(json_path, files, self.quiet)
+        """One cycle; whatever goes wrong is a warning and a failed entry in ``cycles``, never an exception."""
+        started, count = time.perf_counter(), len(self.cycles)
+        try:
+            self._cycle(prof)
+        except Exception as exc:  # noqa: BLE001 - the handler never raises into the training loop
+            if len(self.cycles) == count:
+                step = getattr(prof, "step_num", 0)
+                self.cycles.append(planned_files(self.dir_name / f"step-{step}", step, "", self.report))
+            files = self.cycles[-1]
+            files.settle(f"{type(exc).__name__}: {exc}")
+            message = f"profparse: the cycle at step {files.step} was not analysed ({files.error}); training goes on"
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         self.export_seconds.append(time.perf_counter() - started)
 
-    def _send(self, json_path: str, files: CycleFiles) -> None:
-        """Queue the cycle for the worker: one line on its stdin (a worker busy with an earlier cycle takes it next;
-        the pipe holds some hundred cycles before the loop would wait)."""
-        if self._worker is None:
-            self._worker = self._start_worker()
-        # the paths are as the user gave them, relative to the loop's working folder at this cycle
-        job = json.dumps({"json_path": json_path, "files": asdict(files), "quiet": self.quiet, "cwd": os.getcwd()})
-        self._worker.stdin.write(job + "\n")  # type: ignore[union-attr]
-        self._worker.stdin.flush()  # type: ignore[union-attr]
+    def _cycle(self, prof: Any) -> None:
+        stem = file_stem(self.worker_name, distributed_rank())
+        # relative paths are the loop's working folder's at this cycle; an absolute folder needs none
+        cwd = None if self.dir_name.is_absolute() else loop_folder()
+        files = cycle_files(self.dir_name, int(getattr(prof, "step_num", 0)), stem, self.report)
+        self.cycles.append(files)
+        json_path = str(Path(files.folder) / f".{stem}.{os.getpid()}.{time.time_ns()}.json")
+        try:
+            prof.export_chrome_trace(json_path)
+        except BaseException:
+            Path(json_path).unlink(missing_ok=True)  # no half export left beside the cycle's files
+            raise
+        if self.background:
+            self._send(len(self.cycles) - 1, json_path, files, cwd)
+        else:
+            files.settle(cycle_error(json_path, files, self.quiet))
 
-    def _start_worker(self) -> subprocess.Popen:
-        """One fresh Python per handler (never a fork of the training process; it pays the imports once), started at
-        the first cycle; it finds this profparse even when it was not installed (its folder leads PYTHONPATH)."""
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        command = [sys.executable, "-m", "profparse.integrations.torch_profiler"]
-        return subprocess.Popen(command, env=env, stdin=subprocess.PIPE, text=True, encoding="utf-8")
+    def _send(self, index: int, json_path: str, files: CycleFiles, cwd: str | None) -> None:
+        """Queue the cycle for the worker; a dead worker is replaced (once per cycle), and a cycle no worker takes
+        is analysed here."""
+        job = {"id": index, "json_path": json_path, "files": files.paths(), "quiet": self.quiet, "cwd": cwd}
+        for _ in range(2):
+            if self._worker is None:
+                try:
+                    self._worker = Worker(self.cycles)
+                except OSError:
+                    break
+            if self._worker.send(index, job):
+                return
+            worker, self._worker = self._worker, None
+            self._retire(worker)
+        files.settle(cycle_error(json_path, files, self.quiet))
+
+    def _retire(self, worker: Worker) -> None:
+        """A worker that died: the cycles it had failed, and a warning says which."""
+        worker.close()
+        try:
+            lost = worker.join(timeout=10)
+        except subprocess.TimeoutExpired:  # not gone yet: a later wait() settles its cycles
+            self._closing.append(worker)
+            return
+        steps = ", ".join(str(files.step) for files in lost) or "none"
+        message = f"profparse: the background worker ended (exit {worker.process.returncode}); cycles not analysed "
+        warnings.warn(message + f"at steps: {steps}; a new worker takes the next cycle", RuntimeWarning, stacklevel=4)
 
     def wait(self, timeout: float | None = None) -> int:
-        """Let the worker finish every cycle so far and exit (a later cycle starts a new one); the number of cycles
-        whose analysis failed (0: every file written)."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stdin.close()  # type: ignore[union-attr]
-            self._failed += worker.wait(timeout)
-        failed, self._failed = self._failed, 0
+        """Block until every cycle so far is final (written or failed); the number of cycles that failed since the
+        previous ``wait()`` that returned (``cycles`` says which and why). After ``timeout`` seconds it raises
+        ``subprocess.TimeoutExpired``: the worker goes on, and a later ``wait()`` waits for it again."""
+        if self._worker is not None:
+            self._worker.close()  # the worker finishes what it has and exits (a later cycle starts a new one)
+            self._closing.append(self._worker)
+            self._worker = None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._closing:
+            self._closing[0].join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            self._closing.pop(0)
+        failed = sum(files.status == "failed" for files in self.cycles[self._reported :])
+        self._reported = len(self.cycles)
         return failed
 
 
@@ -217,18 +353,35 @@ def on_trace_ready(
     """A handler for ``torch.profiler.profile(on_trace_ready=...)``: per cycle the trace (``.json.gz``), its stage
     summary as text, with ``report`` the HTML report, and one printed line. ``background=False`` does the work in
     the training process (the loop waits for it); call ``handler.wait()`` before reading the files (it returns
-    how many cycles failed)."""
+    how many cycles failed; ``handler.cycles`` says which and why). A failure is a warning, never an exception in
+    the training loop."""
     return TraceHandler(dir_name, report=report, background=background, worker_name=worker_name, quiet=quiet)
 
 
-def main() -> int:
-    """The background worker: ``python -m profparse.integrations.torch_profiler`` reads one JSON job per line on
-    stdin until it closes; its exit code is the number of cycles that failed."""
+def job_error(job: dict[str, Any]) -> str | None:
+    """One job of the worker: None, or why its cycle failed."""
+    if job.get("cwd"):
+        try:
+            os.chdir(job["cwd"])
+        except OSError as exc:
+            return f"the training loop's working folder is gone: {exc}"
+    return cycle_error(job["json_path"], CycleFiles(**job["files"]), job["quiet"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The background worker: ``python -m profparse.integrations.torch_profiler FD`` reads one JSON job per line on
+    stdin until it closes and writes one result line per job to file descriptor FD; its exit code is the number
+    of cycles that failed."""
+    args = sys.argv[1:] if argv is None else argv
+    results = open(int(args[0]), "w", encoding="utf-8") if args else None  # noqa: SIM115 - open while jobs come
     failed = 0
     for line in sys.stdin:
         job = json.loads(line)
-        os.chdir(job["cwd"])
-        failed += run_cycle(job["json_path"], CycleFiles(**job["files"]), job["quiet"])
+        error = job_error(job)
+        failed += error is not None
+        if results is not None:
+            results.write(json.dumps({"id": job.get("id"), "error": error}) + "\n")
+            results.flush()
     return min(failed, 125)
 
 

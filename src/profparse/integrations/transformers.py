@@ -169,6 +169,7 @@ class ProfileCallback(TrainerCallback):
         self.trace_path: Path | None = None
         self.name = ""
         self.files: list[Path] = []
+        self.error: str | None = None  # why the files were not (all) written, if they were not
         self._undo: list[Callable[[], None]] = []
 
     # -- the Trainer's hooks ---------------------------------------------------------------------------------
@@ -263,8 +264,21 @@ class ProfileCallback(TrainerCallback):
             name = f"{base}-{attempt}"
         return name
 
+    def _warn(self, what: str, exc: BaseException) -> None:
+        """A failure to write is a warning and ``self.error``: profiling never aborts training."""
+        self.error = f"{what} ({type(exc).__name__}: {exc})"
+        warnings.warn(f"profparse: ProfileCallback: {self.error}; training goes on", RuntimeWarning, stacklevel=3)
+
     def _export(self, profiler: Any) -> None:
-        """``on_trace_ready``: the Chrome trace, gzipped into place atomically (no half file under the name)."""
+        """``on_trace_ready``: the trace written, or a warning (an ``out_dir`` that is a file, read-only or full)."""
+        try:
+            self._export_trace(profiler)
+        except Exception as exc:  # noqa: BLE001 - whatever stops the trace, training goes on
+            self.trace_path, self.files = None, []
+            self._warn(f"no trace written into {self.out_dir}", exc)
+
+    def _export_trace(self, profiler: Any) -> None:
+        """The Chrome trace, gzipped into place atomically (no half file under the name)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.name = self.free_name()
         self.trace_path = self.out_dir / f"{self.name}{OUTPUT_SUFFIXES[0]}"
@@ -286,7 +300,10 @@ class ProfileCallback(TrainerCallback):
         finally:
             self._unwrap_trainer()
         if self.trace_path is not None:
-            self._write_outputs(self.trace_path)
+            try:
+                self._write_outputs(self.trace_path)
+            except Exception as exc:  # noqa: BLE001 - the trace is kept; training goes on
+                self._warn(f"{self.trace_path}: summary or report not written", exc)
 
     def _write_outputs(self, trace: Path) -> None:
         """The summary and the report beside the trace, and one line saying where they are."""

@@ -122,11 +122,12 @@ def _options(schema: pa.Schema) -> dict[str, Any]:
 _CLOCK = phase_clock.Totals()  # with PROFPARSE_PROFILE_PHASES: seconds making tables vs encoding them
 
 
-def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
-    """Write one table. A long table of fixed-width columns is converted (and for :class:`RowSlices` made) one
-    row group at a time, so only one row group's data exists at once."""
+def _write_timed(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
+    """Write one table, timing its making apart from its encoding under PROFPARSE_PROFILE_PHASES. A long table of
+    fixed-width columns is converted (and for :class:`RowSlices` made) one row group at a time, so only one row
+    group's data exists at once."""
     if not phase_clock.ENABLED:
-        _write_timed(table, path, metadata)
+        _write(table, path, metadata)
         return
     t0, making = time.perf_counter(), [0.0]
     if isinstance(table, RowSlices):
@@ -139,12 +140,13 @@ def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
             return frame
 
         table = RowSlices(table.rows, timed)
-    _write_timed(table, path, metadata)
+    _write(table, path, metadata)
     _CLOCK.add("tables", making[0])
     _CLOCK.add("parquet", time.perf_counter() - t0 - making[0])
 
 
-def _write_timed(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
+def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
+    """Write one table to ``path`` (a long one a row group at a time)."""
     if isinstance(table, RowSlices):
         rows, part = table.rows, table.make
     else:
@@ -187,7 +189,7 @@ def write_tables(
         del first
         try:
             for name, item in rest:
-                _write(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
+                _write_timed(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
                 release_memory()
                 if on_table is not None:
                     on_table(name)

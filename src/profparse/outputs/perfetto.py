@@ -54,6 +54,14 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _slice(category: str, name: str, pid: int, tid: int, start: int, stop: int, args: str) -> str:
+    """One complete event (``ph: X``) of the annotation's own tracks; ``args`` is the text inside its braces."""
+    return (
+        f'{{"ph":"X","cat":"{category}","name":{_json(name)},"pid":{pid},"tid":{tid},'
+        f'"ts":{_us(start)},"dur":{_us(stop - start)},"args":{{{args}}}}}'
+    )
+
+
 def _free_pid(parsed: ParsedTrace) -> int:
     """An integer pid no event of the trace uses (the new process must not merge with an existing one)."""
     used = set(np.unique(parsed.raw.events["pid"].to_numpy()).tolist())
@@ -86,12 +94,11 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
     busy = intervals["busy_ns"].to_numpy()
     for i in range(len(intervals)):
         step_text = "null" if step[i] == NULL else str(int(step[i]))
-        yield (
-            f'{{"ph":"X","cat":"{STAGE_CATEGORY}","name":{_json(stage[i])},"pid":{pid},"tid":{track_tid[i]},'
-            f'"ts":{_us(start[i])},"dur":{_us(stop[i] - start[i])},'
-            f'"args":{{"stage":{_json(stage[i])},"rule":{_json(rule[i])},"step":{step_text},'
-            f'"events":{int(count[i])},"busy_us":{_us(busy[i])}}}}}'
+        args = (
+            f'"stage":{_json(stage[i])},"rule":{_json(rule[i])},"step":{step_text},'
+            f'"events":{int(count[i])},"busy_us":{_us(busy[i])}'
         )
+        yield _slice(STAGE_CATEGORY, stage[i], pid, track_tid[i], start[i], stop[i], args)
     yield from critical_path_events(parsed, pid, len(tid_of) + 1)
     substeps = load_substep_intervals(parsed)
     if substeps is not None and len(substeps):
@@ -103,11 +110,8 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
             label = f"load sub-steps: {labels.get((spid, stid), f'pid {spid} tid {stid}')}"
             yield from _thread_metadata(pid, tid, label)
             for r in group.itertuples(index=False):
-                yield (
-                    f'{{"ph":"X","cat":"{LOAD_CATEGORY}","name":{_json(r.substep)},"pid":{pid},"tid":{tid},'
-                    f'"ts":{_us(r.start_ns)},"dur":{_us(r.end_ns - r.start_ns)},'
-                    f'"args":{{"stage":"load","substep":{_json(r.substep)},"events":{int(r.events)}}}}}'
-                )
+                args = f'"stage":"load","substep":{_json(r.substep)},"events":{int(r.events)}'
+                yield _slice(LOAD_CATEGORY, r.substep, pid, tid, r.start_ns, r.end_ns, args)
 
 
 def _thread_metadata(pid: int, tid: int, name: str) -> Iterator[str]:
@@ -132,12 +136,11 @@ def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[st
     index = path["trace_index"].to_numpy()
     for i in range(len(path)):
         event = "null" if index[i] == NULL else str(int(index[i]))
-        yield (
-            f'{{"ph":"X","cat":"{PATH_CATEGORY}","name":"{bound[i]}","pid":{pid},"tid":{tid},'
-            f'"ts":{_us(start[i])},"dur":{_us(stop[i] - start[i])},'
-            f'"args":{{"bound":"{bound[i]}","stage":"{stage[i]}","step":{int(step[i])},'
-            f'"event":{_json(name[i])},"trace_index":{event}}}}}'
+        args = (
+            f'"bound":"{bound[i]}","stage":"{stage[i]}","step":{int(step[i])},'
+            f'"event":{_json(name[i])},"trace_index":{event}'
         )
+        yield _slice(PATH_CATEGORY, bound[i], pid, tid, start[i], stop[i], args)
 
 
 @dataclass

@@ -1,20 +1,7 @@
 """Pictures of a parsed trace: one figure per kind, PNG and SVG, one colour per stage everywhere.
 
-Kinds (:data:`PLOT_KINDS`, in the order of the :data:`~profparse.outputs.views.VIEWS` registry):
-
-``stages``        time per stage, stacked by level (the analyses' ``stage_levels`` when present, else host ops /
-                  rest of host wall and GPU busy / overlap / idle from ``stage_summary``); the host bars are the
-                  stages' host wall, the GPU bars their share of the steps' GPU spans
-``timeline``      stage bands over host threads and GPU streams, step boundaries marked
-``top_kernels``   the kernels with the most GPU time, per stage
-``top_ops``       the CPU ops with the most host self time, per stage
-``top_runtime``   the runtime and driver calls with the most host time, per stage (the analyses' ``runtime_calls``)
-``communication`` exposed vs overlapped collective time per stage (the analyses' ``comm_exposure`` table)
-``roofline``      arithmetic intensity vs achieved TFLOP/s per op and stage, under the device's compute and
-                  memory-bandwidth roofs (the analyses' ``flops`` table)
-``memory``        allocated memory over time per device, over stage bands
-``layers``        forward / backward time per module (the analyses' ``modules`` table)
-``load``          loading sub-steps (the analyses' ``load_breakdown`` table)
+Kinds (:data:`PLOT_KINDS`): the views of :mod:`profparse.outputs.views`, in its :data:`~profparse.outputs.views.KINDS`
+order; each view module's docstring says what it draws.
 
 A kind whose data is absent (no GPU, no ``[memory]`` events, a table not computed) is skipped with a reason. All
 views only read the :class:`~profparse.api.ParsedTrace`; matplotlib runs on the Agg backend.
@@ -32,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profparse.base.files import atomic_dir
-from profparse.outputs.views import VIEWS
+from profparse.outputs.views import KINDS, views
 from profparse.outputs.views._common import STAGE_COLORS, Figure, optional_table, style, time_unit, timeline_intervals
 from profparse.outputs.views.stages import level_panels
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
-PLOT_KINDS: tuple[str, ...] = tuple(VIEWS)
+PLOT_KINDS: tuple[str, ...] = KINDS
 FORMATS: tuple[str, ...] = ("png", "svg")
 MAX_RECTS = 6000  # timeline intervals drawn, all tracks together
 #: PNG pixels per figure: a tall figure (the top lists of many stages) at a high dpi would otherwise take
@@ -71,9 +58,9 @@ class PlotResult:
 
 def make_figure(parsed: ParsedTrace, kind: str) -> tuple[Figure | None, str | None]:
     """Build one figure (Agg backend); returns (figure, None) or (None, why it was skipped)."""
-    if kind not in VIEWS:
+    if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; expected one of {', '.join(PLOT_KINDS)}")
-    prepared, why = VIEWS[kind].data(parsed)
+    prepared, why = views()[kind].data(parsed)
     if prepared is None:
         return None, why
     import matplotlib
@@ -82,7 +69,7 @@ def make_figure(parsed: ParsedTrace, kind: str) -> tuple[Figure | None, str | No
     import matplotlib.pyplot as plt
 
     with plt.rc_context(style()):
-        return VIEWS[kind].draw(prepared), None
+        return views()[kind].draw(prepared), None
 
 
 def png_dpi(fig: Figure, dpi: int, max_pixels: int = MAX_PIXELS) -> int:
@@ -128,7 +115,7 @@ def write_plots(
     """Write ``<kind>.png`` / ``<kind>.svg`` for each kind into ``out_dir`` (created atomically)."""
     kinds = list(kinds) if kinds else list(PLOT_KINDS)
     for kind in kinds:
-        if kind not in VIEWS:
+        if kind not in KINDS:
             raise ValueError(f"unknown plot kind {kind!r}; expected one of {', '.join(PLOT_KINDS)}")
     for fmt in formats:
         if fmt not in FORMATS:

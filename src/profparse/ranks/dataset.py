@@ -186,9 +186,18 @@ def read_table(out_dir: str | Path, table: str, columns: Sequence[str] | None = 
     if partitioned and "rank" not in frame.columns:
         raise TraceFormatError(f"{folder}: not a profparse rank dataset table (no rank=N partitions)")
     if partitioned:
-        frame["rank"] = frame["rank"].astype("int64")
+        frame["rank"] = _rank_numbers(folder, frame["rank"])
         frame = frame.sort_values("rank", kind="stable").reset_index(drop=True)
     return frame
+
+
+def _rank_numbers(folder: Path, ranks: pd.Series) -> pd.Series:
+    """The partitions' ranks as int64; a ``rank=abc`` (or negative, or fractional) folder is a TraceFormatError."""
+    numbers = pd.to_numeric(ranks.astype("string"), errors="coerce")
+    bad = ranks[numbers.isna() | (numbers < 0) | (numbers % 1 != 0)]
+    if len(bad):
+        raise TraceFormatError(f"{folder}: partition rank={bad.iloc[0]} is not a rank number (rank=N, N >= 0)")
+    return numbers.astype("int64")
 
 
 def _nullable_ints(arrow_type: Any) -> Any:

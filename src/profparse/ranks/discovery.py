@@ -141,7 +141,7 @@ def _header_rank(buf: bytes) -> int | None:
         return None
     try:
         info, _ = json.JSONDecoder().raw_decode(head, match.end())
-    except ValueError:
+    except (ValueError, RecursionError):  # a header nested thousands deep states no rank; the file's read says why
         return None
     return valid_rank(info.get("rank")) if isinstance(info, dict) else None
 

@@ -28,11 +28,11 @@ import pandas as pd
 
 from profparse.base.formats import plain
 from profparse.base.marks import STAGES
+from profparse.trace.kinds import NULL
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
-NULL = -(2**63)  # profparse.trace.kinds.NULL: the int64 sentinel of a missing value
 TOP_N = 5
 #: NCCL and RCCL collective kernels: ``ncclKernel_AllReduce_RING_LL_Sum_float(...)``, ``ncclDevKernel_SendRecv(...)``
 COMM_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")

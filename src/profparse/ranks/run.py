@@ -22,7 +22,7 @@ from profparse.ranks.dataset import (
 )
 from profparse.ranks.discovery import RankFile, prepare
 from profparse.ranks.results import RankResult, RankTask
-from profparse.ranks.scheduling import run_tasks
+from profparse.ranks.scheduling import refuse_in_pool_import, run_tasks
 
 
 @dataclass
@@ -111,6 +111,7 @@ def parse_ranks(
     """
     from profparse.base.files import atomic_dir
 
+    refuse_in_pool_import()  # a script without `if __name__ == '__main__':`, imported again by a pool worker
     start = time.perf_counter()
     files = list(files) if files is not None else prepare(folder, rank_from)
     cache = cache and not scheduler

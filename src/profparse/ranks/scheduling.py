@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,6 +53,64 @@ def _worker_start(parent: int, environment: dict[str, str]) -> None:
 
 
 DIED = "the worker process died (killed or out of memory; a script must start it under `if __name__ == '__main__':`)"
+
+
+#: Set while a pool starts: the file a worker that re-imports a script calling ``parse_ranks`` at import writes.
+NOTE_ENV = "PROFPARSE_POOL_NOTE"
+NO_MAIN_GUARD = (
+    "parse_ranks(..., jobs=N) ran again in its own worker process: multiprocessing starts each worker by importing "
+    "the calling script again, and this script calls parse_ranks when imported; put the call under "
+    "`if __name__ == '__main__':` (or use jobs=1)"
+)
+
+
+def _importing_main() -> bool:
+    """True while multiprocessing runs the user's script again in a process it started (as ``__mp_main__``)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def refuse_in_pool_import() -> None:
+    """In a process of profparse's pool that is importing the user's script, and the script calls
+    ``parse_ranks`` at import (no ``if __name__ == '__main__':``): leave a note for the parent and exit, instead of
+    waiting forever for the parent's output lock. Anywhere else, nothing."""
+    note = os.environ.get(NOTE_ENV)
+    if not note or not _importing_main():
+        return
+    try:
+        with open(note, "w", encoding="utf-8") as f:
+            f.write(NO_MAIN_GUARD)
+    except OSError:
+        print(f"profparse: error: {NO_MAIN_GUARD}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+@contextlib.contextmanager
+def _guard_note() -> Iterator[str]:
+    """A path for :func:`refuse_in_pool_import`'s note, in the environment the pool's processes start with."""
+    fd, note = tempfile.mkstemp(prefix="profparse-pool-", suffix=".note")
+    os.close(fd)
+    os.unlink(note)
+    previous = os.environ.get(NOTE_ENV)
+    os.environ[NOTE_ENV] = note
+    try:
+        yield note
+    finally:
+        if previous is None:
+            os.environ.pop(NOTE_ENV, None)
+        else:
+            os.environ[NOTE_ENV] = previous
+        with contextlib.suppress(OSError):
+            os.unlink(note)
+
+
+def _raise_if_unguarded(note: str) -> None:
+    if os.path.exists(note):
+        raise UsageError(NO_MAIN_GUARD)
 
 
 @contextlib.contextmanager
@@ -199,8 +259,8 @@ def run_local(
             results.append(fn(task))
             on_done(results[-1])
         return results
-    with _own_multiprocessing_temp_dir():
-        return _run_pool(tasks, jobs, on_done, fn)
+    with _own_multiprocessing_temp_dir(), _guard_note() as note:
+        return _run_pool(tasks, jobs, on_done, fn, note)
 
 
 def _run_pool(
@@ -208,8 +268,10 @@ def _run_pool(
     jobs: int,
     on_done: Callable[[RankResult], None],
     fn: Callable[[RankTask], RankResult],
+    note: str = "",
 ) -> list[RankResult]:
-    """The tasks in a pool of ``jobs`` forkserver processes (see :func:`run_local`)."""
+    """The tasks in a pool of ``jobs`` forkserver processes (see :func:`run_local`); a script that calls
+    ``parse_ranks`` when imported is a UsageError (its workers, importing it, leave ``note``)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -239,8 +301,11 @@ def _run_pool(
     except BaseException:  # Ctrl-C or an error here: stop the workers now rather than wait for their ranks
         if pool is not None:
             _stop(pool)
+        _raise_if_unguarded(note)
         raise
     pool.shutdown()
+    if broken:
+        _raise_if_unguarded(note)
     # A dead worker takes the pool down with every rank it still held: run those again one by one, each in its own
     # process, so that only a rank that kills its process again fails.
     for i in sorted(broken):

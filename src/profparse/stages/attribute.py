@@ -11,6 +11,7 @@ import pandas as pd
 from profparse.base.arrays import pack_codes
 from profparse.base.marks import STAGES
 from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES, match_collectives
+from profparse.stages.collective_order import ORDER_RULE_NAMES, order_collectives
 from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.graph_launch import GRAPH_RULE_NAMES, stage_graph_kernels
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
@@ -399,7 +400,7 @@ def attribute(
     n = len(events)
     rules = rules_table(include_marks)
     # decided after the host rules, from GPU-side evidence
-    gpu_rules = [*INFERENCE_RULES, *GRAPH_RULE_NAMES, *COLLECTIVE_RULE_NAMES]
+    gpu_rules = [*INFERENCE_RULES, *GRAPH_RULE_NAMES, *COLLECTIVE_RULE_NAMES, *ORDER_RULE_NAMES]
     rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *gpu_rules]
     step_notes: list[str] = []
     steps, main = find_steps(events, links, step_notes)
@@ -447,8 +448,10 @@ def attribute(
     stage = stage_of_rule[rule]
     step = _step_of(ts, steps)
     step[launched] = step[links.launch[launched]]
-    stage_graph_kernels(events, links, rule_names, rule, stage)  # kernels replayed by a CUDA/HIP graph launch
+    evidence = frozenset(r.name for r in rules if r.stage != "other" and not _needs_phases(r))
+    stage_graph_kernels(events, links, rule_names, rule, stage, evidence)  # kernels replayed by a CUDA/HIP graph
     match_collectives(events, links, rule_names, rule, stage, step)  # unlinked NCCL/RCCL kernels: their c10d op
+    order_collectives(events, links, rule_names, rule, stage, step, steps)  # the rest: their place in the sequence
     infer_gpu_stages(events, links, steps, rule_names, rule, stage, step)  # unlinked GPU activity, by inference
     return Attribution(
         stage=stage,

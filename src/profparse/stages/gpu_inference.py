@@ -158,12 +158,14 @@ def _nearest_same(h: np.ndarray, queries: np.ndarray, refs: np.ndarray) -> np.nd
     return out
 
 
-def _run_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray) -> np.ndarray:
+def _run_match(
+    codes: np.ndarray, query: np.ndarray, ref: np.ndarray, windows: tuple[int, ...] = _WINDOWS
+) -> np.ndarray:
     """Per position of ``codes``, the reference position whose name windows equal its own (-1: none or no query)."""
     match = np.full(len(codes), -1, dtype=np.int64)
     hashes = _window_hashes(codes)
     todo = np.flatnonzero(query)
-    for k in _WINDOWS:
+    for k in windows:
         if k not in hashes:
             continue
         h = hashes[k]
@@ -179,11 +181,14 @@ def _run_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray) -> np.ndar
     return match
 
 
-def _sequence_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage: np.ndarray) -> np.ndarray:
+def _sequence_match(
+    codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage: np.ndarray, min_window: int = 1
+) -> np.ndarray:
     """Per event of one stream, the index of the reference event it aligns with (-1: none or not a query).
 
     Alignment is on runs of equal names (a run of 100 ``Memcpy DtoD`` is one letter), so that windows see past long
     repeats; an event takes the event at its offset in the matched run (clipped), or the nearest reference there.
+    Only windows of at least ``min_window`` runs count (1: a single name too).
     """
     n = len(codes)
     first = np.concatenate([[True], codes[1:] != codes[:-1]])
@@ -195,6 +200,7 @@ def _sequence_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage
         codes[run_start],
         np.bincount(run_of[query], minlength=runs) > 0,
         np.bincount(run_of[ref], minlength=runs) > 0,
+        tuple(k for k in _WINDOWS if k >= min_window),
     )
     match = np.full(n, -1, dtype=np.int64)
     todo = np.flatnonzero(query)
@@ -204,7 +210,7 @@ def _sequence_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage
     at = run_start[matched_run] + np.minimum(todo - run_start[run_of[todo]], run_len[matched_run] - 1)
     match[todo] = _nearest_in_run(ref, run_of, at)
     todo = np.flatnonzero(query & (match < 0))
-    if len(todo):  # a single name, where all its linked events on this stream have one stage
+    if len(todo) and min_window <= 1:  # a single name, where all its linked events on this stream have one stage
         ref_rows = np.flatnonzero(ref)
         pairs = pd.DataFrame({"name": codes[ref_rows], "stage": stage[ref_rows]}).drop_duplicates()
         counts = pairs["name"].value_counts()
@@ -271,7 +277,10 @@ def _step_by_time(launch_ts: np.ndarray, steps: pd.DataFrame, repeats_a_step: np
     return out
 
 
-def sequence_match(codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage: np.ndarray) -> np.ndarray:
+def sequence_match(
+    codes: np.ndarray, query: np.ndarray, ref: np.ndarray, stage: np.ndarray, min_window: int = 1
+) -> np.ndarray:
     """Per event of one name sequence, the index of the reference event it aligns with (-1: none or not a query):
-    the matching of ``gpu.sequence_match``, for other callers (graph-replayed kernels, stages/graph_launch)."""
-    return _sequence_match(codes, query, ref, stage)
+    the matching of ``gpu.sequence_match``, for other callers (graph-replayed kernels, stages/graph_launch); with
+    ``min_window`` > 1 only windows of at least that many runs of names count (no short or single-name match)."""
+    return _sequence_match(codes, query, ref, stage, min_window)

@@ -11,6 +11,11 @@ evidence the trace holds, with a rule of its own (``GRAPH_RULES`` in :mod:`profp
                         such launches (the latest one that ended before the replay, else the nearest one after
                         it): its i-th activity in GPU start order takes the stage of the capture's i-th launch.
                         Launches decided by ``other.unclassified`` are no evidence.
+``gpu.graph_launch_op`` the launch call lies in an op whose stage rests on positive evidence (a first-pass rule
+                        that names a stage: ``CompiledFunction`` / ``CompiledFunctionBackward``, an autograd engine
+                        node, ``Optimizer.step``, a user's mark) and the graph does not span stages: that stage. A
+                        graph spans stages when windows of at least ``GRAPH_SPAN_WINDOW`` runs of its names align
+                        with eager activity of two or more stages (a whole training step captured as one graph).
 ``gpu.graph_sequence``  the activity's run of names repeats among eagerly launched activity of its device (warm-up
                         or eager steps): ``gpu.sequence_match``'s window matching over the device's streams laid end
                         to end (a separator between streams, so that no window spans two).
@@ -34,13 +39,15 @@ from profparse.stages.rules import (
     GRAPH_LAUNCH,
     GRAPH_NODE_CALL,
     GRAPH_RULES,
+    GRAPH_SPAN_SHARE,
+    GRAPH_SPAN_WINDOW,
     UNCLASSIFIED,
 )
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask, name_mask, track_keys
 
 GRAPH_RULE_NAMES = tuple(r.name for r in GRAPH_RULES)
-CAPTURE, SEQUENCE, LAUNCH = range(3)  # indexes into GRAPH_RULES
+CAPTURE, SEQUENCE, LAUNCH, LAUNCH_OP = range(4)  # indexes into GRAPH_RULES
 
 
 def graph_replayed(events: pd.DataFrame, links: Links) -> np.ndarray:
@@ -64,9 +71,11 @@ def stage_graph_kernels(
     rule_names: list[str],
     rule: np.ndarray,
     stage: np.ndarray,
+    evidence_rules: frozenset[str] = frozenset(),
 ) -> None:
     """Give GPU activity replayed by a graph launch its stage and graph rule (in place); its step stays the launch
-    call's. ``rule`` and ``stage`` hold the host attribution (replayed activity: its launch call's)."""
+    call's. ``rule`` and ``stage`` hold the host attribution (replayed activity: its launch call's);
+    ``evidence_rules`` names the host rules whose stage is positive evidence (``gpu.graph_launch_op``)."""
     replayed = graph_replayed(events, links)
     if not replayed.any():
         return
@@ -77,13 +86,32 @@ def stage_graph_kernels(
     hit = captured >= 0
     new_stage[hit], decided[hit] = captured[hit], CAPTURE
     if not hit.all():
-        matched = _sequence_stages(events, links, rule_names, rule, stage, rows[~hit])
         left = np.flatnonzero(~hit)
-        found = matched >= 0
+        matched = _sequence_stages(events, links, rule_names, rule, stage, rows[left])
+        strong = _sequence_stages(events, links, rule_names, rule, stage, rows[left], GRAPH_SPAN_WINDOW)
+        codes = [rule_names.index(name) for name in evidence_rules if name in rule_names]
+        backed = np.isin(rule[rows[left]], codes) & ~_spans_stages(links.launch[rows[left]], strong)
+        decided[left[backed]] = LAUNCH_OP
+        found = (matched >= 0) & ~backed
         new_stage[left[found]], decided[left[found]] = matched[found], SEQUENCE
     codes = np.array([rule_names.index(name) for name in GRAPH_RULE_NAMES], dtype=rule.dtype)
     rule[rows] = codes[decided]
     stage[rows] = new_stage.astype(stage.dtype)
+
+
+def _spans_stages(launch: np.ndarray, strong: np.ndarray) -> np.ndarray:
+    """Per replayed activity: its graph (one launch call) spans stages, i.e. its long-window matches (``strong``,
+    -1: none) name two or more stages, each for at least 2 activities and ``GRAPH_SPAN_SHARE`` of them."""
+    frame = pd.DataFrame({"launch": launch, "stage": strong})
+    frame = frame[frame["stage"] >= 0]
+    if frame.empty:
+        return np.zeros(len(launch), dtype=bool)
+    counts = frame.groupby(["launch", "stage"]).size()
+    totals = counts.groupby(level="launch").transform("sum")
+    clear = counts[(counts >= 2) & (counts >= GRAPH_SPAN_SHARE * totals)]
+    stages = clear.groupby(level="launch").size()
+    spanning = stages.index[stages.to_numpy() >= 2].to_numpy()
+    return np.isin(launch, spanning)
 
 
 def _capture_windows(events: pd.DataFrame, links: Links) -> pd.DataFrame:
@@ -187,9 +215,10 @@ def _sequence_stages(
     rule: np.ndarray,
     stage: np.ndarray,
     query_rows: np.ndarray,
+    min_window: int = 1,
 ) -> np.ndarray:
     """Per row of ``query_rows``, the stage of the eagerly launched activity it aligns with by name sequence on its
-    device (-1: none)."""
+    device (-1: none); ``min_window``: only windows of at least that many runs of names count."""
     activity = np.flatnonzero(kind_mask(events, GPU_ACTIVITY_KINDS))
     is_query = np.zeros(len(events), dtype=bool)
     is_query[query_rows] = True
@@ -217,7 +246,7 @@ def _sequence_stages(
         staged[at] = stage[rows[part]]
         back = np.full(size, -1, dtype=np.int64)
         back[at] = rows[part]
-        match = sequence_match(codes, query, ref, staged)
+        match = sequence_match(codes, query, ref, staged, min_window)
         hit = np.flatnonzero(match >= 0)
         out[back[hit]] = stage[back[match[hit]]]
     return out[query_rows]

@@ -167,6 +167,11 @@ NOT_ACTIVITY = "other.not_activity"
 # group and stream (stages/collective_match.py)
 COLLECTIVE_MATCH = "gpu.collective_match"
 COLLECTIVE_KERNEL = r"(?i)nccl|rccl|msccl"
+# a collective kernel launched before the trace began (no launch, no c10d op in the file): the stage at its position
+# in the stream's collective sequence of the later steps, else of the GPU work beside it on other streams
+# (stages/collective_order.py)
+COLLECTIVE_ORDER = "gpu.collective_order"
+COLLECTIVE_NEIGHBOURS = "gpu.collective_neighbours"
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,17 @@ GRAPH_RULES: tuple[GpuRule, ...] = (
         "gpu.graph_launch",
         "a graph-replayed kernel with no capture and no eager match: the stage of the graph launch call",
     ),
+    GpuRule(
+        "gpu.graph_launch_op",
+        "a graph-replayed kernel without a capture whose launch call lies in an op with positive stage evidence "
+        "(CompiledFunction / CompiledFunctionBackward, an autograd engine node, Optimizer.step, a user's mark) and "
+        "whose graph does not span stages: that op's stage",
+    ),
 )
+# a graph spans stages when windows of at least this many runs of its names align with eager activity of two or
+# more stages (GRAPH_SPAN_SHARE of its so aligned activities each, and at least 2): a whole step captured as one graph
+GRAPH_SPAN_WINDOW = 8
+GRAPH_SPAN_SHARE = 0.1
 
 
 def rules_table(include_marks: bool = True) -> list[StageRule]:

@@ -15,6 +15,7 @@ import pandas as pd
 from profparse.base.intervals import group_running_max, group_start_order, line_union, on_one_line
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import STEP_NAME, Attribution, step_window
+from profparse.tables.scopes import by_scope
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, depth_order, kind_mask, name_mask
@@ -312,5 +313,4 @@ def host_time(events: pd.DataFrame, links: Links, attribution: Attribution) -> p
         )
         frames.append(frame)
     out = pd.concat(frames, ignore_index=True)
-    out.loc[(out["scope"] == "step") & (out["step"] == NULL), "scope"] = "outside_steps"
-    return out
+    return by_scope(out)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -35,7 +35,8 @@ class ParsedTrace:
     """A trace after linking and stage attribution; tables are computed on first access.
 
     Every table of :data:`~profparse.tables.registry.TABLES` marked ``public`` is an attribute with nullable
-    columns (``parsed.kernels``); :meth:`table` gives the internal form (int64 ``NULL`` = -1 for missing)."""
+    columns (``parsed.kernels``); :meth:`table` gives the internal form (int64 ``NULL``, int64's minimum, for
+    missing)."""
 
     raw: RawTrace
     links: Links
@@ -44,6 +45,51 @@ class ParsedTrace:
     cache: TableStore | None = None  # the cache entry this trace was read from or stored in, if any
     _internal: dict[str, Any] = field(default_factory=dict, init=False)
     _public: dict[str, pd.DataFrame] = field(default_factory=dict, init=False)
+
+    if TYPE_CHECKING:  # the registry's public tables, attached below; seen by IDEs and type checkers
+        # (tests/test_registry.py keeps this list equal to registry.public_tables(), in order)
+        @property
+        def events(self) -> pd.DataFrame: ...
+        @property
+        def kernels(self) -> pd.DataFrame: ...
+        @property
+        def ops(self) -> pd.DataFrame: ...
+        @property
+        def stage_summary(self) -> pd.DataFrame: ...
+        @property
+        def steps(self) -> pd.DataFrame: ...
+        @property
+        def warnings(self) -> pd.DataFrame: ...
+        @property
+        def load_breakdown(self) -> pd.DataFrame: ...
+        @property
+        def stage_levels(self) -> pd.DataFrame: ...
+        @property
+        def modules(self) -> pd.DataFrame: ...
+        @property
+        def memory(self) -> pd.DataFrame: ...
+        @property
+        def memory_by_stage(self) -> pd.DataFrame: ...
+        @property
+        def memory_categories(self) -> pd.DataFrame: ...
+        @property
+        def memory_peak_categories(self) -> pd.DataFrame: ...
+        @property
+        def runtime_calls(self) -> pd.DataFrame: ...
+        @property
+        def collectives(self) -> pd.DataFrame: ...
+        @property
+        def comm_exposure(self) -> pd.DataFrame: ...
+        @property
+        def critical_path(self) -> pd.DataFrame: ...
+        @property
+        def flops(self) -> pd.DataFrame: ...
+        @property
+        def efficiency(self) -> pd.DataFrame: ...
+        @property
+        def gemms(self) -> pd.DataFrame: ...
+        @property
+        def findings(self) -> pd.DataFrame: ...
 
     @property
     def path(self) -> str:

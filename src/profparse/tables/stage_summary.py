@@ -10,6 +10,7 @@ from profparse.stages.attribute import Attribution
 from profparse.tables.gpu_time import gpu_time
 from profparse.tables.host_time import host_time, step_labels
 from profparse.tables.rows import stage_categorical
+from profparse.tables.scopes import by_scope
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
 from profparse.trace.link import Links, kind_mask
 
@@ -99,5 +100,4 @@ def stage_summary(
     summary = pd.concat([frame, totals[frame.columns]], ignore_index=True)
     for column in values:
         summary[column] = summary[column].astype(np.int64)
-    summary.loc[(summary["scope"] == "step") & (summary["step"] == NULL), "scope"] = "outside_steps"
-    return summary.reset_index(drop=True)
+    return by_scope(summary).reset_index(drop=True)

@@ -15,6 +15,9 @@ MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
 # what Python, pandas and pyarrow take themselves
 NEED_PER_JSON_BYTE = 1.5
 NEED_FIXED = 128 << 20
+# ... or, for events smaller than ~170 bytes of JSON, per event: the tables hold every event whatever its size
+# (a100 tile: ~270 bytes per event in all; 0.9 M one-field events: ~730), so this floor never exceeds a real trace's
+NEED_PER_EVENT = 250
 BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
 
 
@@ -35,9 +38,61 @@ def _human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+# (controller folder under the cgroup mount, limit file, usage file); v1's "no limit" is a number near 2**63
+CGROUP_FILES = {
+    "v2": ("", "memory.max", "memory.current"),
+    "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
+
+
+def _cgroup_left(folder: Path, limit_name: str, usage_name: str) -> int | None:
+    """``limit - usage`` of one cgroup folder, or None when it has no limit (or the files cannot be read)."""
+    try:
+        limit = (folder / limit_name).read_text().strip()
+        usage = int((folder / usage_name).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit() or int(limit) >= 1 << 60:  # "max" (v2), or v1's page-rounded 2**63
+        return None
+    return max(int(limit) - usage, 0)
+
+
+def cgroup_memory_left(proc: Path | None = None, root: Path | None = None) -> int | None:
+    """Bytes left under the memory limits of this process's cgroups (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``, each less what is in use), the tightest of its folder and every parent up to the
+    mount; None where none is set. A container that shows its own cgroup as the mount's root is read there."""
+    proc, root = proc or PROC_CGROUP, root or CGROUP_ROOT
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    lefts = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        version = "v2" if hierarchy == "0" and not controllers else "v1" if "memory" in controllers.split(",") else ""
+        if not version:
+            continue
+        sub, limit_name, usage_name = CGROUP_FILES[version]
+        base = root / sub if sub else root
+        folder = base / path.strip("/")
+        folder = folder if folder.is_dir() else base
+        while True:
+            left = _cgroup_left(folder, limit_name, usage_name)
+            if left is not None:
+                lefts.append(left)
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(lefts) if lefts else None
+
+
 def memory_budget() -> tuple[int | None, str]:
-    """Bytes this process may still take, and what says so: ``$PROFPARSE_MEMORY_LIMIT``, else the smaller of
-    ``MemAvailable`` (/proc/meminfo) and the address-space limit (``ulimit -v``) minus what is mapped already."""
+    """Bytes this process may still take, and what says so: ``$PROFPARSE_MEMORY_LIMIT``, else the smallest of
+    ``MemAvailable`` (/proc/meminfo), what is left under the cgroup memory limit (v1 or v2: a container's or a
+    job's; exceeding it is the kernel's OOM kill) and the address-space limit (``ulimit -v``) minus what is
+    mapped already."""
     env = os.environ.get(MEMORY_ENV, "").strip()
     if env:
         return _size(env), f"allowed by {MEMORY_ENV}"
@@ -48,6 +103,9 @@ def memory_budget() -> tuple[int | None, str]:
                 found.append((int(line.split()[1]) * 1024, "available"))
     except (OSError, ValueError, IndexError):
         pass
+    cgroup = cgroup_memory_left()
+    if cgroup is not None:
+        found.append((cgroup, "left under the memory limit of its cgroup"))
     try:
         import resource
 
@@ -63,14 +121,18 @@ def memory_budget() -> tuple[int | None, str]:
     return min(found) if found else (None, "")
 
 
-def check_memory(path: str, json_bytes: float, disk_bytes: int | None = None) -> None:
-    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON need more memory than there is; ``disk_bytes``:
-    the size of the compressed file they are inflated from, for the message."""
-    need = NEED_PER_JSON_BYTE * json_bytes + NEED_FIXED
+def check_memory(path: str, json_bytes: float, disk_bytes: int | None = None, events: float = 0) -> None:
+    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON (about ``events`` events, 0: not known yet)
+    need more memory than there is; ``disk_bytes``: the size of the compressed file they are inflated from, for
+    the message."""
+    need = max(NEED_PER_JSON_BYTE * json_bytes, NEED_PER_EVENT * events) + NEED_FIXED
     budget, source = memory_budget()
     if budget is None or need <= budget:
         return
     inflated = f", inflated from {_human(disk_bytes)} on disk" if disk_bytes is not None else ""
+    inflated += (
+        f", about {events / 1e6:.1f} M events" if NEED_PER_EVENT * events > NEED_PER_JSON_BYTE * json_bytes else ""
+    )
     raise OutOfMemoryError(
         f"{path}: needs about {_human(need)} of memory for about {_human(json_bytes)} of JSON{inflated}; "
         f"{_human(budget)} {source}. Run it where more memory is free (or set {MEMORY_ENV} to a larger "

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
-from profparse.base.errors import TraceFormatError, TruncatedTraceError
+from profparse.base.errors import OutOfMemoryError, TraceFormatError, TruncatedTraceError
 from profparse.trace.budget import check_memory
 from profparse.trace.recovery import ChunkDecoder
 from profparse.trace.scan import after_separator, event_boundaries, event_ends, trailer_follows, unmatched_close
@@ -36,6 +36,12 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _HEADER = msgspec.json.Decoder(dict[str, Any])
 _TRAILER_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
+
+
+def ends_like_json(fd: int, size: int) -> bool:
+    """Whether the file ends, blanks aside, with the ``}`` that closes a JSON document (its last 64 KiB read)."""
+    tail = os.pread(fd, min(size, 64 << 10), max(size - (64 << 10), 0)).rstrip()
+    return tail.endswith(b"}")
 
 
 class ReadSequentially(Exception):
@@ -61,6 +67,8 @@ class TraceDecoder(ChunkDecoder):
         self._stream_handle: BinaryIO | None = None
         self._disk_bytes = 0
         self._memory_checked_at = 0  # bytes read when the memory need was last projected
+        self._size_says_little = False  # a plain file that does not end as a JSON document: check what is read
+        self._array_closed = False  # what follows the event array is counted, never held: no memory check then
         self._scan_at = 0  # a buffer without an event boundary is scanned for the array's end at this size
 
     def _read(self, stream: BinaryIO) -> bytes:
@@ -79,19 +87,32 @@ class TraceDecoder(ChunkDecoder):
         the machine has (:func:`memory_budget`). Checked at 16 MiB of JSON and every doubling after, so a gzip
         bomb is stopped after reading a few MiB per GiB it would inflate to, long before it fills the memory."""
         read = self.report.bytes_read
-        if read < max(16 << 20, 2 * self._memory_checked_at):
+        step = self._memory_checked_at + (64 << 20) if self._size_says_little else 2 * self._memory_checked_at
+        if self._array_closed or read < max(16 << 20, step):
             return
         self._memory_checked_at = read
         if isinstance(stream, Gunzip):
             consumed = stream.compressed_offset()
             projected = read * self._disk_bytes / consumed if consumed > 0 else read
         else:
-            projected = max(self._disk_bytes, read)
-        self.check_memory_for(projected)
+            projected = read if self._size_says_little else max(self._disk_bytes, read)
+        self.check_memory_for(projected, self.report.events_read * projected / read)  # events at the same rate
 
-    def check_memory_for(self, json_bytes: float) -> None:
-        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON need more memory than there is."""
-        check_memory(self.path, json_bytes, self._disk_bytes if self._gzip else None)
+    def _check_plain_size(self, stream: BinaryIO) -> None:
+        """A plain file's JSON size is known: decide before reading. Unless the file does not end as a JSON
+        document does (bytes after the document, or cut short): its size then says little (20 GB of junk after a
+        small trace), and the bytes read are checked instead, every 64 MiB, until the event array closes."""
+        try:
+            self.check_memory_for(self._disk_bytes)
+        except OutOfMemoryError:
+            if ends_like_json(stream.fileno(), self._disk_bytes):
+                raise
+            self._size_says_little = True
+
+    def check_memory_for(self, json_bytes: float, events: float = 0) -> None:
+        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON (``events`` events) need more memory than
+        there is."""
+        check_memory(self.path, json_bytes, self._disk_bytes if self._gzip else None, events)
 
     @property
     def _gzip(self) -> bool:
@@ -134,7 +155,7 @@ class TraceDecoder(ChunkDecoder):
             self._stream_handle = stream
             self._disk_bytes = os.fstat(stream.raw.fileno() if isinstance(stream, Gunzip) else stream.fileno()).st_size
             if not isinstance(stream, Gunzip):
-                self.check_memory_for(self._disk_bytes)  # the JSON's size is known: decide before reading
+                self._check_plain_size(stream)
             buf = self._read(stream)
             blank = bom = 0
             if buf.startswith(BOM):
@@ -146,6 +167,8 @@ class TraceDecoder(ChunkDecoder):
                 if blank:
                     raise TraceFormatError(f"{self.path}: only whitespace ({blank} bytes), no JSON")
                 raise TraceFormatError(f"{self.path}: file is empty")
+            if not buf.lstrip().startswith((b"{", b"[")):  # NULs, binary: no JSON, decided at the first block
+                self._no_events_array(buf[:4096])
             match = _EVENTS_KEY.search(buf)
             while match is None:
                 if len(buf) > MAX_HEADER_BYTES:
@@ -339,6 +362,7 @@ class TraceDecoder(ChunkDecoder):
         up to the ``}`` that closes the document (found by structure, held up to :data:`MAX_HEADER_BYTES`) gives
         header keys; what comes after it is counted, not held (``report.trailing_bytes``)."""
         self.report.events_end_byte = base = self._consumed
+        self._array_closed = True
         state = [0, 0, 0]
         pieces: list[bytes] = []
         held = 0

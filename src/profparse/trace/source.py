@@ -57,7 +57,13 @@ class Gunzip:
             return None
         return data
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes of the inflated stream; with ``n`` negative, all that is left (as a file's read)."""
+        if n < 0:
+            parts = []
+            while part := self.read(1 << 20):
+                parts.append(part)
+            return b"".join(parts)
         out: list[bytes] = []
         got = 0
         while got < n and not self.eof:

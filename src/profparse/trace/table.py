@@ -28,6 +28,8 @@ _ARG_KEYS = frozenset(column for column, _ in INT_ARG_COLUMNS) | frozenset(TEXT_
 #: they were most of the event table's memory. A reader's ``.to_numpy()`` makes the dense column for as long as it
 #: keeps it.
 SPARSE_SHARE = 2
+#: ``SparseArray.from_indices`` (pandas >= 3.1) builds the column from its rows without a dense pass
+_FROM_INDICES = getattr(SparseArray, "from_indices", None)
 
 
 def _code_dtype(categories: int) -> type:
@@ -57,7 +59,9 @@ def sparse_column(values: np.ndarray, fill: int, present: np.ndarray | None = No
     """``values`` as a sparse column of ``fill`` (``present``: the rows that hold something else, when known)."""
     if present is None:
         present = np.flatnonzero(values != fill)
-    return SparseArray.from_indices(values[present], present.astype(np.int32), length=len(values), fill_value=fill)
+    if _FROM_INDICES is not None:
+        return _FROM_INDICES(values[present], present.astype(np.int32), length=len(values), fill_value=fill)
+    return SparseArray(values, fill_value=fill, kind="integer")  # the same array, made from the dense column
 
 
 class EventTableBuilder:

@@ -25,7 +25,7 @@ from profparse.base.names import shorten_name
 from profparse.base.version import __version__
 from profparse.outputs.report.headline import ranks_headline, trace_headline
 from profparse.outputs.summary.critical_path import GPU_BOUNDS, LABEL_WIDTH
-from profparse.outputs.views import VIEWS
+from profparse.outputs.views import views
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.outputs.views.memory import CATEGORY_COLORS
 from profparse.trace.kinds import NULL
@@ -78,7 +78,7 @@ def _png(module: Any, prepared: Any) -> str | None:
 def view_payload(parsed: ParsedTrace) -> dict[str, Any]:
     """Every registered view's prepared data (or why it is skipped), in registry order."""
     out = {}
-    for kind, module in VIEWS.items():
+    for kind, module in views().items():
         prepared, why = module.data(parsed, **OPTIONS.get(kind, {}))
         entry: dict[str, Any] = {"title": module.TITLE, "native": kind in NATIVE}
         if prepared is None:

@@ -4,6 +4,9 @@ Every number comes from :func:`profparse.outputs.summary.summary_data` (``summar
 ``ranks_summary_data``: the headline only picks and words them, so it can never disagree with the sections below.
 Each item is ``{key, label, text, detail, href}`` plus ``value`` (the raw number, for tests and tooltips). The last
 item is the top finding (``findings``, what to change first) when the trace has one, else the top warning.
+Where the trace has warm-up steps (the ``steps`` table's ``steady`` column) and steady ones, the step time, the
+biggest stage, GPU idle and the top finding are about the steady steps, each saying so, and the step time's
+detail shows the warm-up apart ("step 1: warm-up, 2.0 s"; GPU idle's detail: its idle share).
 """
 
 from __future__ import annotations
@@ -30,16 +33,56 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.1%}" if whole else "-"
 
 
+def warm_up_steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The warm-up steps (``steady`` false) of a trace that also has steady ones: the headline leaves them out."""
+    steps = summary["step_totals"]
+    warm = [s for s in steps if not s.get("steady", True)]
+    return warm if len(warm) < len(steps) and summary.get("steady_totals") else []
+
+
+def _scope(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The per-stage totals the headline reads and the words that say which: the steady steps' where the trace has
+    warm-up steps to leave out, else the whole trace's."""
+    if warm_up_steps(summary):
+        steady = sum(1 for s in summary["step_totals"] if s.get("steady", True))
+        return summary["steady_totals"], f"in the {steady} steady step{'s' if steady > 1 else ''}"
+    return summary["totals"], ""
+
+
 def step_time(summary: dict[str, Any]) -> dict[str, Any]:
-    """The median step window (the span from a step's start to its end), with the fastest and slowest step."""
-    windows = [s["window_ns"] for s in summary["step_totals"]]
+    """The median step window (the span from a step's start to its end) of the steady steps, with the fastest and
+    slowest of them."""
+    warm = warm_up_steps(summary)
+    windows = [s["window_ns"] for s in summary["step_totals"] if not warm or s.get("steady", True)]
     if not windows:
         return _item("step_time", "Step time", "no steps", "no ProfilerStep# or step marks in this trace", "#overview")
     median = statistics.median(windows)
-    many = len(windows) > 1
+    kind = "steady steps" if warm else "steps"
     spread = f" ({fmt_time(min(windows))} to {fmt_time(max(windows))})" if min(windows) < max(windows) else ""
-    detail = f"median of {len(windows)} steps{spread}" if many else "1 step"
-    return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median)
+    detail = f"median of {len(windows)} {kind}{spread}" if len(windows) > 1 else f"1 {kind[:-1]}"
+    if warm:  # shown apart, in the same box: a seventh box would push the sections below the first screen
+        detail += f"; {warm_up_text(summary)}"
+    return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median,
+                 warm_up=[s["step"] for s in warm])  # fmt: skip
+
+
+def warm_up_text(summary: dict[str, Any]) -> str:
+    """The warm-up steps the headline leaves out, in words ("step 1: warm-up, 2.0 s"); "" without any."""
+    warm = warm_up_steps(summary)
+    if not warm:
+        return ""
+    total = sum(s["window_ns"] for s in warm)
+    took = f"{total / 1e9:.1f} s" if total >= 1e9 else fmt_time(total)  # fmt_time keeps ms up to 99,999 ms
+    return f"step{'s' if len(warm) > 1 else ''} {', '.join(str(s['step']) for s in warm)}: warm-up, {took}"
+
+
+def _warm_up_idle(summary: dict[str, Any]) -> str:
+    """GPU idle in the warm-up steps, for the GPU idle item's detail ("" without warm-up or GPU spans)."""
+    numbers = {s["step"] for s in warm_up_steps(summary)}
+    rows = [r for r in summary.get("per_step") or [] if r["step"] in numbers]
+    idle = sum(r["gpu_idle_ns"] or 0 for r in rows)
+    span = idle + sum((r["gpu_busy_ns"] or 0) + (r["gpu_overlap_ns"] or 0) for r in rows)
+    return f"; warm-up {_share(idle, span)} idle" if span else ""
 
 
 def without_profiler(summary: dict[str, Any]) -> dict[str, Any]:
@@ -53,41 +96,50 @@ def without_profiler(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:
-    """The stage with the most host wall time, its share of all stages and, with a GPU, its GPU busy time."""
-    totals = [t for t in summary["totals"] if t["host_wall_ns"]]
+    """The stage with the most host wall time (in the steady steps where the trace has warm-up steps), its share of
+    all stages and, with a GPU, its GPU busy time."""
+    rows, scope = _scope(summary)
+    totals = [t for t in rows if t["host_wall_ns"]]
     if not totals:
         return _item("biggest_stage", "Biggest stage", "-", "no host time in any stage", "#overview")
     top = max(totals, key=lambda t: t["host_wall_ns"])
     detail = f"{fmt_time(top['host_wall_ns'])} host wall, {top['share']:.1%} of all stages"
     if summary["gpu_activity_ns"] > 0:
         detail += f"; GPU busy {fmt_time(top['gpu_busy_ns'] or 0)}"
+    detail += f" {scope}" if scope else ""
     return _item("biggest_stage", "Biggest stage", top["stage"], detail, "#overview", top["host_wall_ns"],
                  stage=top["stage"])  # fmt: skip
 
 
 def gpu_idle(summary: dict[str, Any]) -> dict[str, Any]:
-    """GPU idle as a share of the stages' GPU spans (busy + overlap + idle, the overview's additive split)."""
+    """GPU idle as a share of the stages' GPU spans (busy + overlap + idle, the overview's additive split), in the
+    steady steps where the trace has warm-up steps."""
     if summary["gpu_activity_ns"] <= 0:
         return _item("gpu_idle", "GPU idle", "no GPU", "no GPU activity in this trace", "#view-stages")
-    idle = sum(t["gpu_idle_ns"] or 0 for t in summary["totals"])
-    busy = sum((t["gpu_busy_ns"] or 0) + (t["gpu_overlap_ns"] or 0) for t in summary["totals"])
+    rows, scope = _scope(summary)
+    idle = sum(t["gpu_idle_ns"] or 0 for t in rows)
+    busy = sum((t["gpu_busy_ns"] or 0) + (t["gpu_overlap_ns"] or 0) for t in rows)
     span = idle + busy
-    detail = f"{fmt_time(idle)} idle, {fmt_time(busy)} busy in all stages' GPU spans"
+    detail = f"{fmt_time(idle)} idle, {fmt_time(busy)} busy in all stages' GPU spans {scope or 'of the trace'}"
+    detail += _warm_up_idle(summary) if scope else ""
     return _item("gpu_idle", "GPU idle", _share(idle, span), detail, "#view-stages", idle / span if span else None)
 
 
 def exposed_communication(summary: dict[str, Any]) -> dict[str, Any]:
-    """Collective kernel time that no other GPU work overlaps, against all collective time and the steps' time."""
-    exposure = (summary.get("communication") or {}).get("exposure") or []
+    """Collective kernel time that no other GPU work overlaps, against all collective time and the steps' time
+    (the steady steps' where the trace has warm-up steps)."""
+    section = summary.get("communication") or {}
+    _, scope = _scope(summary)
+    exposure = (section.get("steady_exposure") if scope else section.get("exposure")) or []
     comm = sum(r["comm_ns"] or 0 for r in exposure)
     if not comm:
-        return _item("exposed_comm", "Exposed communication", "none", "no NCCL/RCCL collective kernels",
-                     "#view-communication", 0)  # fmt: skip
+        none = "no NCCL/RCCL collective kernels" + (f" {scope}" if scope else "")
+        return _item("exposed_comm", "Exposed communication", "none", none, "#view-communication", 0)
     exposed = sum(r["exposed_ns"] or 0 for r in exposure)
     detail = f"{_share(exposed, comm)} of {fmt_time(comm)} collective time is not overlapped"
-    steps = sum(s["window_ns"] for s in summary["step_totals"])
+    steps = sum(s["window_ns"] for s in summary["step_totals"] if not scope or s.get("steady", True))
     if steps:
-        detail += f"; {_share(exposed, steps)} of the steps' time"
+        detail += f"; {_share(exposed, steps)} of the {'steady ' if scope else ''}steps' time"
     return _item("exposed_comm", "Exposed communication", fmt_time(exposed), detail, "#view-communication", exposed)
 
 
@@ -118,12 +170,14 @@ def top_warning(warnings: list[dict[str, Any]]) -> dict[str, Any]:
                  "#checks", first["severity"])  # fmt: skip
 
 
-def top_finding(findings: list[dict[str, Any]]) -> dict[str, Any]:
+def top_finding(findings: list[dict[str, Any]], steady: bool = False) -> dict[str, Any]:
     """The finding that saves the most per step (the summary lists them biggest first): its kind, stage, saving
-    and share of a step, and its fix shortened; how many more there are."""
+    and share of a step (a steady step where ``steady``: the detectors count steady steps only), and its fix
+    shortened; how many more there are."""
     first = findings[0]
+    per = "steady step" if steady else "step"
     text = (
-        f"{first['kind']} · {first['stage']}: saves {fmt_time(first['saving_ns_per_step'])}/step "
+        f"{first['kind']} · {first['stage']}: saves {fmt_time(first['saving_ns_per_step'])}/{per} "
         f"({share_text(first['saving_share'])})"
     )
     fix = textwrap.shorten(str(first["fix"]), FIX_CHARS, placeholder=" …")
@@ -136,7 +190,7 @@ def what_to_change(summary: dict[str, Any]) -> dict[str, Any]:
     """The headline's last item: the top finding where the trace has one (what to change first), else the top
     warning, as before findings existed."""
     findings = summary.get("findings") or []
-    return top_finding(findings) if findings else top_warning(summary["warnings"])
+    return top_finding(findings, bool(warm_up_steps(summary))) if findings else top_warning(summary["warnings"])
 
 
 def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:

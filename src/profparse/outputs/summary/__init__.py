@@ -91,14 +91,35 @@ def _top(frame: pd.DataFrame, value: str, n: int, kernel: bool) -> dict[str, lis
 
 
 def _step_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per step: its stages' host wall and GPU busy added up, and its window (end - start in ``parsed.steps``)."""
+    """Per step: its stages' host wall and GPU busy added up, its window (end - start in ``parsed.steps``) and
+    whether it is steady (past warm-up: the ``steady`` column of ``parsed.steps``)."""
     sums = per_step.groupby("step")[["host_wall_ns", "gpu_busy_ns"]].sum()
     out = []
     for r in steps.itertuples(index=False):
         host, busy = (int(v) for v in sums.loc[r.step]) if r.step in sums.index else (0, 0)
-        out.append(
-            {"step": int(r.step), "host_wall_ns": host, "gpu_busy_ns": busy, "window_ns": int(r.end_ns - r.start_ns)}
-        )
+        window = int(r.end_ns - r.start_ns)
+        steady = bool(getattr(r, "steady", True))
+        out.append({"step": int(r.step), "host_wall_ns": host, "gpu_busy_ns": busy, "window_ns": window,
+                    "steady": steady})  # fmt: skip
+    return out
+
+
+STEADY_COLUMNS = ("host_wall_ns", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns")
+
+
+def _steady_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per stage, its host wall and GPU split added up over the steady steps, with its share of their host wall
+    (the headline's scope); empty without steady steps."""
+    steady = steps.loc[steps["steady"].astype(bool), "step"] if "steady" in steps.columns else steps["step"]
+    rows = per_step[per_step["step"].isin(steady)]
+    if rows.empty:
+        return []
+    sums = rows.groupby("stage", observed=True)[list(STEADY_COLUMNS)].sum()
+    whole = float(sums["host_wall_ns"].sum())
+    out = []
+    for stage in STAGES:
+        values = {c: int(sums.loc[stage, c]) if stage in sums.index else 0 for c in STEADY_COLUMNS}
+        out.append({"stage": stage, **values, "share": values["host_wall_ns"] / whole if whole else 0.0})
     return out
 
 
@@ -149,6 +170,7 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "totals": total_rows,
         "per_step": records(per_step),
         "step_totals": _step_totals(per_step, steps),
+        "steady_totals": _steady_totals(per_step, steps),
         "critical_path": critical_path_data(parsed.table("critical_path")),
         "without_profiler": without_profiler(parsed),  # the steps replayed without the profiler's own cost
         "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
@@ -156,7 +178,11 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "runtime_calls": top_calls(parsed.runtime_calls, top),
-        "communication": communication_data(parsed.table("collectives"), parsed.table("comm_exposure")),
+        "communication": communication_data(
+            parsed.table("collectives"),
+            parsed.table("comm_exposure"),
+            [int(x) for x in steps.loc[steps["steady"].astype(bool), "step"]] if "steady" in steps.columns else None,
+        ),
         "warnings": parsed.warnings.to_dict("records"),
         "analyses": analyses.summary_sections(parsed),
         "efficiency": efficiency_data(parsed),
@@ -295,10 +321,28 @@ def summary_tables(data: dict[str, Any]) -> list[Table]:
     return [t for section in SECTIONS for t in section(data)]
 
 
+def steps_line(data: dict[str, Any]) -> str:
+    """``4 steps (ProfilerStep): step 0 loads the model, 3 training steps``: a step that does nothing but load
+    (as scripts/capture.py's step 0) is named, so the count matches what the capture announced."""
+    steps = data["steps"]
+    if not steps["count"]:
+        return "no steps found"
+    wall: dict[int, dict[str, int]] = {}
+    for row in data["per_step"]:
+        wall.setdefault(row["step"], {})[row["stage"]] = row["host_wall_ns"] or 0
+    training = ("forward", "backward", "optimizer")
+    loading = [s for s, w in wall.items() if w.get("load", 0) > 0 and not any(w.get(t, 0) for t in training)]
+    line = f"{steps['count']} steps ({steps['source']})"
+    if loading and len(loading) < steps["count"]:
+        named = ", ".join(str(s) for s in sorted(loading))
+        line += f": step {named} loads the model, " if len(loading) == 1 else f": steps {named} load the model, "
+        line += f"{steps['count'] - len(loading)} training steps"
+    return line
+
+
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
-    steps = data["steps"]
-    where = f"{steps['count']} steps ({steps['source']})" if steps["count"] else "no steps found"
+    where = steps_line(data)
     devices = ", ".join(display(d) for d in sorted(set(data["devices"]))) or "no GPU"
     rank = f", rank {data['rank']}" if data["rank"] is not None else ""
     out.write(f"profparse summary: {display(data['trace'])}\n  {data['events']:,} events, {where}, {devices}{rank}\n")

@@ -12,21 +12,27 @@ from profparse.base.formats import Column, Table, display, ms_text, plain, total
 from profparse.trace.kinds import NULL
 
 
-def communication_data(table: pd.DataFrame, exposure: pd.DataFrame) -> dict[str, list[dict]]:
+def communication_data(
+    table: pd.DataFrame, exposure: pd.DataFrame, steady: list[int] | None = None
+) -> dict[str, list[dict]]:
     """The section's data: :func:`~profparse.analysis.comm.by_stage` rows and the exposure per stage (devices
-    summed)."""
+    summed), over the whole trace and (``steady_exposure``) over the ``steady`` steps alone."""
     rows = [{k: plain(v, null=NULL) for k, v in r.items()} for r in by_stage(table).to_dict("records")]
     total = exposure[exposure["scope"] == "total"]
+    in_steady = exposure[(exposure["scope"] == "step") & exposure["step"].isin(steady or [])]
+    return {"by_stage": rows, "exposure": _per_stage(total), "steady_exposure": _per_stage(in_steady)}
+
+
+def _per_stage(exposure: pd.DataFrame) -> list[dict]:
     sums = ["comm_count", "comm_ns", "overlapped_ns", "exposed_ns"]
-    per_stage = total.groupby("stage", observed=True, sort=True)[sums].sum().reset_index()
-    exposed = [
+    per_stage = exposure.groupby("stage", observed=True, sort=True)[sums].sum().reset_index()
+    return [
         {
             **{k: plain(v, null=NULL) for k, v in r.items()},
             "overlap_pct": 100 * r["overlapped_ns"] / r["comm_ns"] if r["comm_ns"] else None,
         }
         for r in per_stage.to_dict("records")
     ]
-    return {"by_stage": rows, "exposure": exposed}
 
 
 def _gbps(v: Any) -> str:

@@ -44,6 +44,7 @@ def _top_activations(table: pd.DataFrame, device: str, at_ns: int, top: int) -> 
         & (table["category"].astype(str).to_numpy() == "activation")
         & (table["ts_ns"].to_numpy() <= at_ns)
         & ((free == NULL) | (free > at_ns))
+        & table["op_name"].notna().to_numpy()  # no op to name (astype(str) says "nan" before pandas 3, not after)
     )
     rows = table.loc[live, ["op_name", "bytes"]]
     grouped = rows.groupby(rows["op_name"].astype(str), sort=False)["bytes"].agg(["sum", "count"])
@@ -82,7 +83,12 @@ def _peak_table(device: str, steps: list[dict[str, Any]], several: bool) -> Tabl
     return Table(title, columns, steps, note=note, index=2)
 
 
-_LABELS = {"optimizer_state": "optim state", "activation": "activations", "temporary": "temporaries"}
+_LABELS = {
+    "optimizer_state": "optim state",
+    "activation": "activations",
+    "temporary": "temporaries",
+    "before_trace": "before trace",
+}
 
 
 def memory_categories_tables(data: dict[str, Any]) -> list[Table]:

@@ -44,9 +44,10 @@ def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
             value = "dur_ns"
         else:
             return None, f"load_breakdown has no sub-step/time columns ({', '.join(map(str, table.columns))})"
-    grouped = table.groupby(label, sort=False)[value].sum()
+    grouped = table.groupby(label, sort=False, observed=True)[value].sum()
     if "start_ns" in table.columns:
-        grouped = grouped.reindex(table.groupby(label, sort=False)["start_ns"].min().sort_values().index)
+        starts = table.groupby(label, sort=False, observed=True)["start_ns"].min()
+        grouped = grouped.reindex(starts.sort_values().index)
     grouped = grouped[grouped > 0]
     if grouped.empty:
         return None, "load_breakdown has no time"

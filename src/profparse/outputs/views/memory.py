@@ -36,6 +36,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "activation": "#c44e52",
     "temporary": "#e5c062",
     "input": "#55a868",
+    "before_trace": "#8c8c8c",
     "other": "#b8b8b8",
 }
 
