@@ -15,7 +15,7 @@ import statistics
 import textwrap
 from typing import Any
 
-from profparse.analysis.profiler_cost import without_profiler_basis, without_profiler_text
+from profparse.analysis.profiler_cost import without_profiler_basis
 from profparse.base.formats import share_text
 from profparse.outputs.views._common import fmt_time
 
@@ -62,8 +62,9 @@ def step_time(summary: dict[str, Any]) -> dict[str, Any]:
     detail = f"median of {len(windows)} {kind}{spread}" if len(windows) > 1 else f"1 {kind[:-1]}"
     if warm:  # shown apart, in the same box: a seventh box would push the sections below the first screen
         detail += f"; {warm_up_text(summary)}"
-    return _item("step_time", "Step time", fmt_time(median), detail, "#per-step", median,
-                 warm_up=[s["step"] for s in warm])  # fmt: skip
+    replayed = (summary.get("without_profiler") or {}).get("step_ns")
+    return _item("step_time", "Step time", fmt_time(median), without_profiler(summary) + detail, "#per-step", median,
+                 warm_up=[s["step"] for s in warm], without_profiler_ns=replayed)  # fmt: skip
 
 
 def warm_up_text(summary: dict[str, Any]) -> str:
@@ -85,14 +86,13 @@ def _warm_up_idle(summary: dict[str, Any]) -> str:
     return f"; warm-up {_share(idle, span)} idle" if span else ""
 
 
-def without_profiler(summary: dict[str, Any]) -> dict[str, Any]:
-    """The mean steady step replayed without the profiler's own cost (docs/without_profiler.md)."""
+def without_profiler(summary: dict[str, Any]) -> str:
+    """The step time's first words: the mean steady step replayed without the profiler's own cost
+    (docs/without_profiler.md), with what the estimate rests on; "" when no step could be replayed."""
     data = summary.get("without_profiler") or {}
     if not data:
-        return _item("without_profiler", "Without the profiler", "-", "no steady step to replay", "#overview")
-    detail = f"{without_profiler_text(data)} ({without_profiler_basis(data)})"
-    text = f"~{fmt_time(data['step_ns'])}/step"
-    return _item("without_profiler", "Without the profiler", text, detail, "#overview", data["step_ns"])
+        return ""
+    return f"~{fmt_time(data['step_ns'])} without the profiler ({without_profiler_basis(data)}); "
 
 
 def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:
@@ -196,8 +196,7 @@ def what_to_change(summary: dict[str, Any]) -> dict[str, Any]:
 def trace_headline(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The trace page's headline, in reading order."""
     return [
-        step_time(summary),
-        without_profiler(summary),
+        step_time(summary),  # with the step without the profiler: a seventh box would wrap the headline
         biggest_stage(summary),
         gpu_idle(summary),
         exposed_communication(summary),
