@@ -160,7 +160,7 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capf
     assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == sorted(names)
     line = [x for x in capfd.readouterr().err.splitlines() if x.startswith("profparse: ")]
     assert len(line) == 1 and line[0].startswith(f"profparse: prof/{{{','.join(names)}}}; step time "), line
-    assert "(1 steady step; step 0: warm-up, " in line[0]  # the first step holds the first optimizer step
+    assert "; 1 steady step; step 0: warm-up, " in line[0]  # the first step holds the first optimizer step
     print(line[0], file=sys.stderr)
 
 

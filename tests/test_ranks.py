@@ -400,6 +400,7 @@ def test_partitions_share_one_schema(tmp_path):
     run = ranks.parse_ranks(folder, out, jobs=1)
     assert not run.failed
     warnings = pd.read_parquet(out / "warnings")
+    warnings = warnings[warnings["check"] != "profiler_cost_uncalibrated"]  # every built rank: no calibration
     assert warnings["rank"].astype(int).tolist() == [1]
     assert "truncated" in warnings["check"].tolist()
     assert any("truncated" in n for n in run.results[1].notes)

@@ -15,7 +15,6 @@ import statistics
 import textwrap
 from typing import Any
 
-from profparse.analysis.profiler_cost import without_profiler_basis
 from profparse.base.formats import share_text
 from profparse.outputs.views._common import fmt_time
 
@@ -92,7 +91,9 @@ def without_profiler(summary: dict[str, Any]) -> str:
     data = summary.get("without_profiler") or {}
     if not data:
         return ""
-    return f"~{fmt_time(data['step_ns'])} without the profiler ({without_profiler_basis(data)}); "
+    basis = "calibrated at capture" if data["basis"] == "calibrated" else "uncalibrated"
+    cost = fmt_time(data["overhead_ns_per_step"])
+    return f"~{fmt_time(data['step_ns'])} without the profiler: its own cost ~{cost}/step, {basis}; "
 
 
 def biggest_stage(summary: dict[str, Any]) -> dict[str, Any]:
