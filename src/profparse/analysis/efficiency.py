@@ -88,7 +88,9 @@ def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice)
         frames.append(
             frame.assign(scope=scope, module="", recompute=False, time_ns=np.nan_to_num(time).astype(np.int64))
         )
-    frames.append(_module_rows(parsed, f))
+    modules = _module_rows(parsed, f)
+    if len(modules):  # an empty frame's dtypes would count from pandas 3 on (and pandas 2.1+ warns)
+        frames.append(modules)
     out = pd.concat(frames, ignore_index=True)
     out = out[(out["flops"] > 0) | (out["uncounted_gpu"] > 0) | (out["scope"] == "step")]
     out = out[~((out["scope"] == "step") & (out["step"] == NULL))]
