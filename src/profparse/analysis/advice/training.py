@@ -193,6 +193,8 @@ def _first_backward(ctx: AdviceContext) -> np.ndarray:
     cut = forwards[forwards["ts"] > forwards["bwd"]].groupby("step")["ts"].min()
     step_end = ctx.steps.set_index("step")["end_ns"]
     limit = cut.reindex(step_end.index).fillna(step_end).astype(np.int64)
+    # a plain index: a RangeIndex's reindex by NULL steps warns "invalid value encountered in cast" on pandas 3.0
+    limit.index = pd.Index(limit.index.to_numpy(dtype=np.int64))
     step_limit = limit.reindex(attribution.step).to_numpy(dtype=np.float64)  # NaN outside the steady steps
     return np.where(np.isnan(step_limit), False, ts < np.nan_to_num(step_limit, nan=0.0))
 
