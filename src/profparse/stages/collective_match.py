@@ -35,7 +35,7 @@ import pandas as pd
 
 from profparse.stages.rules import COLLECTIVE, COLLECTIVE_KERNEL, COLLECTIVE_MATCH, GPU_UNLINKED, HOST_SPANS
 from profparse.trace.kinds import NULL
-from profparse.trace.link import Links, first_row_of, kind_mask, track_keys
+from profparse.trace.link import Links, first_row_of, kind_mask, name_mask, track_keys
 
 COLLECTIVE_RULE_NAMES = (COLLECTIVE_MATCH,)
 #: collective host spans that launch no GPU kernel: waiting on a work object, CPU (gloo) collectives
@@ -51,7 +51,7 @@ def match_collectives(
     step: np.ndarray,
 ) -> None:
     """Give unlinked collective kernels the stage and step of the c10d op they match (in place)."""
-    comm = _name_mask(events, COLLECTIVE_KERNEL) & kind_mask(events, {"kernel"})
+    comm = name_mask(events, COLLECTIVE_KERNEL) & kind_mask(events, {"kernel"})
     wanted = comm & (rule == rule_names.index(GPU_UNLINKED))
     if not wanted.any():
         return
@@ -77,15 +77,6 @@ def match_collectives(
     step[target] = step[source]
 
 
-def _name_mask(events: pd.DataFrame, pattern: str | re.Pattern) -> np.ndarray:
-    """Per row: does its name match ``pattern`` (``re.search``, tested once per distinct name)?"""
-    search = re.compile(pattern).search
-    names = events["name"].cat.categories
-    hit = np.fromiter((search(str(n)) is not None for n in names), dtype=bool, count=len(names))
-    codes = events["name"].cat.codes.to_numpy()
-    return (codes >= 0) & hit[np.maximum(codes, 0)]
-
-
 def _outermost_span(rows: np.ndarray, parent: np.ndarray, spans: pd.Index) -> np.ndarray:
     """Per row: the outermost of itself and its ancestors that is in ``spans`` (-1: none). One vectorised step per
     level of nesting, over these rows only."""
@@ -104,7 +95,7 @@ def c10d_ops(events: pd.DataFrame, links: Links) -> tuple[pd.DataFrame, np.ndarr
     """The c10d ops, one row per nest of collective host spans, indexed by its outermost span's row: ``ts_ns``,
     ``pg`` (process group name, "" when none), ``seq`` (NULL when none) and ``launches`` (False for ``wait`` and
     gloo ops); and, per collective span (its row), its op's row."""
-    spans = np.flatnonzero(links.host & kind_mask(events, HOST_SPANS) & _name_mask(events, COLLECTIVE))
+    spans = np.flatnonzero(links.host & kind_mask(events, HOST_SPANS) & name_mask(events, COLLECTIVE))
     if not spans.size:
         return pd.DataFrame(columns=["ts_ns", "pg", "seq", "launches"]), spans, spans
     root = _outermost_span(spans, links.parent, pd.Index(spans))
