@@ -105,6 +105,31 @@ def test_a_removed_working_folder_does_not_stop_an_absolute_output(tmp_path: Pat
     assert [c[:2] for c in result["cycles"]] == [["step-5", "written"], ["step-10", "written"]]
 
 
+def test_the_worker_starts_even_when_the_loop_folder_goes_while_it_starts(tmp_path: Path, monkeypatch) -> None:
+    """A starting Python makes each PYTHONPATH entry absolute and dies ("failed to make path absolute") on an
+    empty or relative one in a removed folder: the worker's PYTHONPATH has only absolute entries."""
+    from profparse.integrations.torch_profiler import worker_pythonpath
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        "import os, subprocess, sys\n"
+        "os.chdir(sys.argv[1]); os.rmdir(sys.argv[1])\n"
+        "env = {**os.environ, 'PYTHONPATH': sys.argv[2]}\n"
+        "done = subprocess.run([sys.executable, '-c', 'pass'], env=env, capture_output=True, text=True)\n"
+        "print(done.returncode)\n"
+    )
+    raw = str(REPO / "src") + os.pathsep + os.pathsep + "relative"
+    monkeypatch.chdir(tmp_path)
+    starts = []
+    for pythonpath in (raw, worker_pythonpath(raw)):
+        gone.mkdir(exist_ok=True)
+        done = subprocess.run([sys.executable, "-c", script, str(gone), pythonpath], capture_output=True, text=True)
+        starts.append(done.stdout.strip())
+    assert starts == ["1", "0"]  # the loop's own PYTHONPATH kills a Python started there; the worker's does not
+    assert all(Path(entry).is_absolute() for entry in worker_pythonpath(raw).split(os.pathsep))
+
+
 def test_a_removed_working_folder_with_a_relative_output_is_a_warning(tmp_path: Path) -> None:
     result = run_loop(tmp_path, "relative")
     assert result["steps"] == 12 and result["failed"] == 1

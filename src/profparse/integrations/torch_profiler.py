@@ -180,6 +180,18 @@ def loop_folder() -> str:
         raise OSError(exc.errno, "the working folder was removed and the output folder is relative") from exc
 
 
+def worker_pythonpath(pythonpath: str) -> str:
+    """The worker's PYTHONPATH: this profparse's folder first, then the loop's entries made absolute (a starting
+    Python makes each entry absolute and dies when an empty or relative one meets a removed working folder)."""
+    entries = [str(Path(__file__).resolve().parents[2])]
+    for entry in filter(None, pythonpath.split(os.pathsep)):
+        try:
+            entries.append(os.path.abspath(entry))
+        except OSError:  # relative to a removed working folder: nothing to find there
+            continue
+    return os.pathsep.join(entries)
+
+
 class Worker:
     """One background Python (never a fork of the training process; it pays the imports once) and the cycles it
     was sent; a thread reads the one result line it writes per cycle. It finds this profparse even when it was not
@@ -187,17 +199,14 @@ class Worker:
 
     def __init__(self, cycles: list[CycleFiles]) -> None:
         env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH", ""))
         read, write = os.pipe()
         command = [sys.executable, "-m", "profparse.integrations.torch_profiler", str(write)]
         try:
-            cwd = None if os.getcwd() else os.sep
-        except OSError:  # a removed working folder: the jobs' paths are absolute then
-            cwd = os.sep
-        try:
+            # it starts in the root folder: the loop's folder may be removed under a starting Python; a job with
+            # relative paths carries its folder
             self.process = subprocess.Popen(
-                command, env=env, stdin=subprocess.PIPE, text=True, encoding="utf-8", pass_fds=(write,), cwd=cwd
+                command, env=env, stdin=subprocess.PIPE, text=True, encoding="utf-8", pass_fds=(write,), cwd=os.sep
             )
         except BaseException:
             os.close(read)
