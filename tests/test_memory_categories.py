@@ -97,6 +97,32 @@ def test_hand_built_categories_and_rules(tmp_path: Path) -> None:
     assert row.loc[8, "free_ts_ns"] - row.loc[8, "ts_ns"] == 7000
 
 
+def test_a_temporary_is_freed_inside_the_outermost_op(tmp_path: Path) -> None:
+    """torch's rule: a tensor made and freed inside one outermost op with a schema is a temporary, even when the
+    inner op that made it ended before the free (log_softmax's output inside cross_entropy_loss). A user range
+    recorded as an op (older traces) is not such an op: what it frees outside any op is an intermediate."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    b.op("## forward ##", 5, 40)  # a user range as older Kineto recorded it
+    forward_op(b, "aten::cross_entropy_loss", 10, 10, seq=1)
+    b.op("aten::log_softmax", 11, 3)
+    _alloc(b, 12, 256, 1, 256)  # made by log_softmax, freed by cross_entropy_loss after log_softmax ended
+    b.op("aten::nll_loss", 15, 3)
+    _alloc(b, 18.5, -256, 1, 0)
+    forward_op(b, "aten::mul", 22, 2, seq=2)
+    _alloc(b, 26, 64, 2, 64)  # made in the user range outside any op, freed by a later op of the same forward
+    forward_op(b, "aten::add", 29, 2, seq=3)
+    _alloc(b, 30, -64, 2, 0)
+    backward_node(b, "AddBackward0", 48, 1, seq=3)
+    backward_node(b, "MulBackward0", 50, 8, seq=2)
+    backward_node(b, "NllLossBackward0", 60, 8, seq=1)
+    parsed = profparse.parse(b.write(tmp_path / "outermost.json"))
+    table = parsed.memory_categories
+    labels = zip(table["category"].astype(str), table["rule"].astype(str), strict=True)
+    found = {int(a): label for a, label in zip(_addresses(parsed, table), labels, strict=True)}
+    assert found == {1: ("temporary", "op.temporary"), 2: ("activation", "forward.intermediate")}
+
+
 def test_every_allocation_has_one_row(sample_trace: Path) -> None:
     parsed = profparse.load(sample_trace)
     table, memory = parsed.memory_categories, parsed.memory

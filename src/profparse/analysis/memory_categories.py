@@ -22,7 +22,7 @@ from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
 from profparse.trace.kinds import NULL
-from profparse.trace.link import Links, innermost_ancestor_of_kind
+from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask, outermost_ancestor_of_kind
 
 CATEGORIES: tuple[str, ...] = (
     "parameter",
@@ -98,7 +98,9 @@ MEMORY_RULES: tuple[MemoryRule, ...] = (
         (),
         "made by Optimizer.step and alive after it (exp_avg, exp_avg_sq, momentum buffers, step counts)",
     ),
-    MemoryRule("op.temporary", "temporary", ("freed_in_op",), (), "freed before the op that made it ends"),
+    MemoryRule(
+        "op.temporary", "temporary", ("freed_in_op",), (), "freed before the outermost op around its allocation ends"
+    ),
     MemoryRule(
         "backward.gradient",
         "gradient",
@@ -157,6 +159,9 @@ MEMORY_RULES: tuple[MemoryRule, ...] = (
 
 _ACCUMULATE_GRAD = re.compile(r"AccumulateGrad")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+# ops with a schema (aten::mm, c10d::allreduce_) and autograd nodes (MmBackward0): torch's memory profiler calls a
+# tensor made and freed inside the outermost of these a temporary; user ranges and ProfilerStep#N are not ops here
+_SCHEMA_OP = re.compile(r"^\w+(?:::\w+)+$|^\w+Backward\d*$")
 _FORWARD, _BACKWARD, _OPTIMIZER = (STAGES.index(s) for s in ("forward", "backward", "optimizer"))
 
 
@@ -204,7 +209,9 @@ def allocation_features(
     ts = timeline["ts_ns"].to_numpy()
     a_ts, f_ts = ts[alloc], np.where(has_free, ts[np.maximum(free, 0)], np.iinfo(np.int64).max)
     ends = events["ts_ns"].to_numpy() + np.maximum(events["dur_ns"].to_numpy(), 0)
-    op = links.enclosing_op[a_row]
+    op = outermost_ancestor_of_kind(
+        links.parent, links.depth, kind_mask(events, {"cpu_op"}) & _name_rows(events, _SCHEMA_OP)
+    )[a_row]
     op_end = np.where(op >= 0, ends[np.maximum(op, 0)], np.iinfo(np.int64).min)
     opt = innermost_ancestor_of_kind(links.parent, links.depth, _name_rows(events, _OPTIMIZER_STEP))
     acc = innermost_ancestor_of_kind(links.parent, links.depth, _name_rows(events, _ACCUMULATE_GRAD))

@@ -230,6 +230,22 @@ def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: n
     return found
 
 
+def outermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
+    """For every row: the farthest proper ancestor with ``is_kind`` (``-1`` if none); level by level from the roots
+    down, as :func:`innermost_ancestor_of_kind`, keeping the answer the level above found first."""
+    n = len(parent)
+    found = np.full(n, -1, dtype=parent.dtype)
+    if n == 0:
+        return found
+    order, bounds = depth_order(depth)
+    for d in range(1, len(bounds) - 1):
+        rows = order[bounds[d] : bounds[d + 1]]
+        if rows.size:
+            p = parent[rows]
+            found[rows] = np.where(found[p] >= 0, found[p], np.where(is_kind[p], p, -1))
+    return found
+
+
 def first_row_of(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """For each of ``wanted``: the first of ``rows`` (in their order) whose key (``keys``, one per row) equals it,
     -1 where none. A stable sort and a binary search: a third of the time of pandas' ``duplicated`` +
