@@ -123,6 +123,32 @@ def test_a_temporary_is_freed_inside_the_outermost_op(tmp_path: Path) -> None:
     assert found == {1: ("temporary", "op.temporary"), 2: ("activation", "forward.intermediate")}
 
 
+def test_cuda_order_blocks_reused_and_kernels_after_the_frees(tmp_path: Path) -> None:
+    """As a CUDA trace orders it: the host frees a temporary while the kernels that use it are still queued, and
+    the caching allocator hands the same block (address) to the next tensor. Lifetimes come from the host's
+    allocation and free of each use of a block, not from the kernels."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 200)
+    forward_op(b, "aten::cross_entropy_loss", 10, 10, seq=1)
+    b.op("aten::log_softmax", 11, 3)
+    _alloc(b, 12, 512, 7, 512)  # a temporary: freed on the host before its kernels run
+    b.launch(13, 60, 20, name="log_softmax_kernel")
+    _alloc(b, 18, -512, 7, 0)
+    forward_op(b, "aten::mul", 22, 4, seq=2)
+    _alloc(b, 23, 512, 7, 512)  # the same block again: saved for backward
+    b.launch(24, 85, 10, name="mul_kernel")
+    backward_node(b, "MulBackward0", 120, 8, seq=2)
+    _alloc(b, 125, -512, 7, 0, tid=AUTOGRAD)
+    backward_node(b, "NllLossBackward0", 130, 8, seq=1)
+    parsed = profparse.parse(b.write(tmp_path / "cuda_order.json"))
+    table = parsed.memory_categories.sort_values("ts_ns")
+    assert list(zip(table["category"].astype(str), table["rule"].astype(str), strict=True)) == [
+        ("temporary", "op.temporary"),
+        ("activation", "forward.activation"),
+    ]
+    assert (table["device"].astype(str).str.contains("cuda")).all()
+
+
 def test_every_allocation_has_one_row(sample_trace: Path) -> None:
     parsed = profparse.load(sample_trace)
     table, memory = parsed.memory_categories, parsed.memory
