@@ -8,10 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
-from tracebuilder import TraceBuilder, backward_node, forward_op
+from tracebuilder import TraceBuilder, backward_node, forward_op, training_step
 
 import profparse
-from profparse.analysis.advice import COLUMNS, KINDS, Finding
+from profparse.analysis import advice
+from profparse.analysis.advice import COLUMNS, KINDS, Finding, detectors, kinds
 from profparse.analysis.advice.finding import frame, parse_steps, steps_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,6 +23,47 @@ def test_every_kind_has_a_paragraph_in_the_docs_and_no_other() -> None:
     doc = (REPO / "docs" / "advice.md").read_text()
     documented = re.findall(r"^### ([a-z0-9_]+)$", doc, flags=re.M)
     assert sorted(documented) == sorted(KINDS)
+
+
+def test_every_single_trace_kind_has_its_detector_in_kinds_order() -> None:
+    found = detectors.registered()
+    assert [f.__name__ for f in found] == [k.name for k in KINDS.values() if not k.across_ranks]
+    assert KINDS["late_rank"].detector is None  # found across ranks, by profparse.ranks.advice
+
+
+def test_a_detector_must_be_named_as_a_kind(monkeypatch) -> None:
+    monkeypatch.setattr(kinds, "_DETECTORS", dict(kinds._DETECTORS))
+    with pytest.raises(ValueError, match="faster_please"):
+
+        @kinds.detector
+        def faster_please(ctx):
+            return []
+
+    with pytest.raises(ValueError, match="late_rank"):
+
+        @kinds.detector
+        def late_rank(ctx):
+            return []
+
+
+def test_a_new_kind_is_one_entry_plus_its_detector(tmp_path: Path, monkeypatch) -> None:
+    """Nothing else to edit: the kind's entry and its marked function make ``findings`` run it and list it."""
+    monkeypatch.setattr(kinds, "_DETECTORS", dict(kinds._DETECTORS))
+    monkeypatch.setitem(KINDS, "slow_everything", kinds.Kind("slow_everything", "all of it", "make it faster"))
+
+    @kinds.detector
+    def slow_everything(ctx) -> list[Finding]:
+        steps = [int(s) for s in ctx.steps["step"]]
+        return [Finding("slow_everything", "forward", steps, 0.5 * ctx.step_ns, ctx.step_ns, "low", "planted")]
+
+    assert detectors.registered()[-1] is slow_everything
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(4):
+        t = training_step(b, step, t) + 10.0
+    table = advice.findings(profparse.load(b.write(tmp_path / "t.json.gz"), cache=False))
+    row = table[table["kind"] == "slow_everything"]
+    assert len(row) == 1 and row["fix"].iloc[0] == "make it faster" and row["saving_share"].iloc[0] == 0.5
 
 
 @pytest.mark.parametrize("steps", [[1], [1, 2, 3, 5], [2, 4, 6], [1, 2, 3, 4, 7, 8], [10, 11, 12, 100]])

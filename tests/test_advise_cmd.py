@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.analysis import advice
 from profparse.analysis.advice import detectors
 from profparse.analysis.advice.finding import Finding
 from profparse.analysis.advice.kinds import KINDS
@@ -54,8 +53,7 @@ def planted(ctx) -> list[Finding]:
 
 
 def plant(monkeypatch, found=(planted,)) -> None:
-    monkeypatch.setattr(advice, "DETECTORS", tuple(found))
-    monkeypatch.setattr(detectors, "DETECTORS", tuple(found))
+    monkeypatch.setattr(detectors, "registered", lambda: tuple(found))
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ def _nearest_ancestor_walk(parent: np.ndarray, is_kind: np.ndarray) -> np.ndarra
 def test_innermost_ancestor_level_sweep_equals_walking_up(shared_trace):
     """The level-by-level sweep gives each row's nearest ancestor of a kind, as walking up its parents does, on
     a real trace's tree (cpu ops, and a random sparse mask) and on a random deep tree."""
-    from profparse.trace.link import depth_order, innermost_ancestor_of_kind, kind_mask, nest
+    from profparse.trace.ancestors import depth_order, innermost_ancestor_of_kind
+    from profparse.trace.link import kind_mask, nest
 
     p = parsed(shared_trace)
     rng = np.random.default_rng(7)

@@ -11,7 +11,6 @@ from test_ranks_late import gloo_ddp_folder  # noqa: F401 - the shared capture (
 
 import profparse
 from profparse import ranks
-from profparse.analysis import advice
 from profparse.analysis.advice import detectors
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
@@ -29,8 +28,7 @@ def one_per_rank(ctx) -> list[Finding]:
 
 
 def plant(monkeypatch, found=(one_per_rank,)) -> None:
-    monkeypatch.setattr(advice, "DETECTORS", tuple(found))
-    monkeypatch.setattr(detectors, "DETECTORS", tuple(found))
+    monkeypatch.setattr(detectors, "registered", lambda: tuple(found))
 
 
 def advise_json(capsys, *argv: str) -> list[dict]:

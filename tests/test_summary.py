@@ -14,8 +14,8 @@ from tracebuilder import TraceBuilder, training_step
 
 import profparse
 from profparse.base.formats import Column, Table
+from profparse.outputs import summary
 from profparse.outputs.summary import LABEL_WIDTH, render, render_summary, summary_data
-from profparse.outputs.summary import analyses as analysis_report
 
 SUMMARY_TRACES = [
     SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz",
@@ -111,15 +111,15 @@ def test_markdown_and_csv_carry_every_section_of_the_text(path):
     assert window["value"].astype("int64").tolist() == [t["window_ns"] for t in data["step_totals"]]
 
 
-def test_a_new_analysis_section_is_one_entry(monkeypatch, tmp_path):
-    extra = analysis_report.Section(
+def test_a_new_section_is_one_entry(monkeypatch, tmp_path):
+    extra = summary.Section(
         data=lambda parsed: {"answer": [{"stage": "forward", "value_ns": 42_000_000}]},
-        tables=lambda analyses: [
+        tables=lambda data: [
             Table("Answers", [Column("stage", "stage"), Column("value_ns", "ms", lambda v: f"{v / 1e6:.2f}")],
-                  analyses["answer"])
+                  data["analyses"]["answer"])
         ],
     )  # fmt: skip
-    monkeypatch.setattr(analysis_report, "SECTIONS", [*analysis_report.SECTIONS, extra])
+    monkeypatch.setattr(summary, "SECTIONS", [*summary.SECTIONS, extra])
     data = summary_data(profparse.parse(_two_steps(tmp_path)))
     assert data["analyses"]["answer"] == [{"stage": "forward", "value_ns": 42_000_000}]
     assert "\nAnswers\n" in render(data) and "42.00" in render(data)

@@ -25,12 +25,12 @@ import pandas as pd
 
 from profparse.base.intervals import coverage, group_union, merge, on_one_line
 from profparse.stages.attribute import Attribution
+from profparse.stages.rules import COLLECTIVE_KERNEL
 from profparse.tables.rows import row_ref, stage_categorical
 from profparse.tables.scopes import by_scope, scope_rank
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, kind_mask, name_mask
 
-COMM_KERNEL = re.compile(r"(?i)nccl|rccl")
 #: (kind, pattern) in order: the first that matches an arg ``Collective name`` or a kernel name decides.
 KIND_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
     ("reduce_scatter", re.compile(r"(?i)reduce_?scatter")),
@@ -121,10 +121,7 @@ def _int(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
 
 def collective_rows(events: pd.DataFrame) -> np.ndarray:
     """Positions of the collective kernels (by kernel name, decided once per name category)."""
-    names = events["name"].cat.categories
-    is_comm = np.fromiter((COMM_KERNEL.search(str(n)) is not None for n in names), dtype=bool, count=len(names))
-    codes = events["name"].cat.codes.to_numpy()
-    return np.flatnonzero(kind_mask(events, {"kernel"}) & (codes >= 0) & is_comm[np.maximum(codes, 0)])
+    return np.flatnonzero(kind_mask(events, {"kernel"}) & name_mask(events, COLLECTIVE_KERNEL))
 
 
 def device_ids(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.comm import COMM_KERNEL
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import STEP_NAME, Attribution
+from profparse.stages.rules import COLLECTIVE_KERNEL
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL
 from profparse.trace.link import Links, kind_mask, name_mask
@@ -520,7 +520,7 @@ def thread_joins(events: pd.DataFrame, links: Links, attribution: Attribution, r
 
 def _kernel_bounds(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     kind = events["kind"].cat.codes.to_numpy()[rows]
-    comm = name_mask(events, COMM_KERNEL)[rows]
+    comm = name_mask(events, COLLECTIVE_KERNEL)[rows]
     bound = np.full(len(rows), BOUND_CODE["gpu_compute"], dtype=np.int8)
     bound[kind == KIND_CODE["gpu_memcpy"]] = BOUND_CODE["memcpy"]
     bound[comm & (kind == KIND_CODE["kernel"])] = BOUND_CODE["gpu_comm"]

@@ -20,8 +20,8 @@ from profparse.analysis.modules import backward_node_measures, call_levels, roll
 from profparse.analysis.peaks import PeakChoice
 from profparse.base.marks import STAGES
 from profparse.tables.rows import stage_categorical
+from profparse.trace.ancestors import innermost_ancestor_of_kind
 from profparse.trace.kinds import NULL
-from profparse.trace.link import innermost_ancestor_of_kind
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace

@@ -30,8 +30,9 @@ from profparse.analysis.modules import MODULE_EVENT
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical, take_categorical
+from profparse.trace.ancestors import ancestors_of, has_ancestor_in, innermost_ancestor_of_kind
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, depth_order, innermost_ancestor_of_kind, kind_mask
+from profparse.trace.link import Links, kind_mask
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
 STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded or unfit", "around counted ops")
@@ -121,32 +122,6 @@ def _unique_first_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return np.asarray(uniques)[by_value], first[by_value], rank[codes]
 
 
-def _above(parent: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Every proper ancestor of the rows in ``mask`` (each row is marked once: O(n) plus one pass per level)."""
-    out = np.zeros(len(parent), dtype=bool)
-    frontier = parent[mask]
-    while frontier.size:
-        frontier = np.unique(frontier[frontier >= 0])
-        frontier = frontier[~out[frontier]]
-        out[frontier] = True
-        frontier = parent[frontier]
-    return out
-
-
-def _below(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Rows with a proper ancestor in ``mask``: ``innermost_ancestor_of_kind(...) >= 0`` as a boolean sweep, level by
-    level from the roots (half the time of the index sweep)."""
-    out = np.zeros(len(parent), dtype=bool)
-    if not len(parent):
-        return out
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
-        p = parent[rows]
-        out[rows] = mask[p] | out[p]
-    return out
-
-
 def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) -> Counts:
     """Decide, for every CPU op, whether and how its FLOPs count (see the module docstring)."""
     n = len(events)
@@ -159,12 +134,12 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     view = has_cost & (costs.family == "view")[combo] if len(costs.family) else np.zeros(n, bool)  # per combo, not
     # per row: comparing a gathered string per row costs far more than one per combination
     vector = has_cost & ~tensor & ~view
-    tensor &= ~_above(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
-    vector &= ~_above(parent, tensor) & ~_below(parent, depth, tensor)
-    vector &= ~_below(parent, depth, vector)  # outermost: layer_norm, not its parts
+    tensor &= ~ancestors_of(parent, tensor)  # innermost tensor op: linear -> addmm counts at addmm
+    vector &= ~ancestors_of(parent, tensor) & ~has_ancestor_in(parent, depth, tensor)
+    vector &= ~has_ancestor_in(parent, depth, vector)  # outermost: layer_norm, not its parts
     work = tensor | vector
     # views (no work) count only alone: a reshape that copies is counted at its clone
-    view &= ~_above(parent, work) & ~_below(parent, depth, work | view)
+    view &= ~ancestors_of(parent, work) & ~has_ancestor_in(parent, depth, work | view)
     counted = work | view
     flops, nbytes = np.zeros(n), np.zeros(n)
     counted_rows = np.flatnonzero(counted)
@@ -186,7 +161,7 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     counting = innermost_ancestor_of_kind(parent, depth, counted)  # once for covered and owner (one sweep)
     covered = counting >= 0
     status[covered & op] = -1
-    status[op & _above(parent, counted) & (status >= 0)] = 4
+    status[op & ancestors_of(parent, counted) & (status >= 0)] = 4
     status[counted] = 0
     status[linked] = 1
     owner = np.where(counted, np.arange(n), counting)
@@ -219,7 +194,7 @@ def _link_backward_nodes(
     has_seq = op & (seq != NULL)
     is_bwd = has_seq & (fwd_tid != NULL) & (fwd_tid > 0)
     node = is_bwd & ~((parent >= 0) & is_bwd[np.maximum(parent, 0)])  # outermost event of each node
-    node &= ~_above(parent, counted) & ~counted
+    node &= ~ancestors_of(parent, counted) & ~counted
     node_rows = np.flatnonzero(node)
     if node_rows.size and counted_rows.size:
         fwd_op = has_seq & ~is_bwd

@@ -21,8 +21,9 @@ from profparse.analysis.memory import counted_bytes
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
+from profparse.trace.ancestors import innermost_ancestor_of_kind, outermost_ancestor_of_kind
 from profparse.trace.kinds import NULL
-from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask, outermost_ancestor_of_kind
+from profparse.trace.link import Links, kind_mask
 
 CATEGORIES: tuple[str, ...] = (
     "parameter",

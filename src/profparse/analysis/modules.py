@@ -22,8 +22,9 @@ import pandas as pd
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
+from profparse.trace.ancestors import innermost_ancestor_of_kind
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, innermost_ancestor_of_kind, kind_mask
+from profparse.trace.link import Links, kind_mask
 
 MODULE_EVENT = re.compile(r"^nn\.Module: .")
 MODULE_NAME = r"^(.+?)(?:_(\d+))?$"  # Class_instance

@@ -28,14 +28,15 @@ import pandas as pd
 
 from profparse.base.formats import plain
 from profparse.base.marks import STAGES
+from profparse.stages.rules import NAMED_COLLECTIVE_KERNEL
+from profparse.trace.ancestors import flagged_on_chain, nearest_flagged
 from profparse.trace.kinds import NULL
+from profparse.trace.link import first_row_of, name_mask
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
 
 TOP_N = 5
-#: NCCL and RCCL collective kernels: ``ncclKernel_AllReduce_RING_LL_Sum_float(...)``, ``ncclDevKernel_SendRecv(...)``
-COMM_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
 COMM_OP = "record_param_comms"
 #: host collective ops: the c10d dispatcher ops and ``record_param_comms``; on a CPU (gloo) rank they launch no kernel
 HOST_COLLECTIVE = re.compile(r"^(?:c10d::|record_param_comms$)")
@@ -121,69 +122,27 @@ def _normal_name(name: str) -> str:
 # -- per rank: the collective rows (runs in the rank worker) -------------------------------------------------------
 
 
-def _name_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
-    """Which names match ``pattern``, each distinct name of a categorical tested once."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        hits = np.asarray(names.cat.categories.astype(str).str.match(pattern.pattern), dtype=bool)
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hits[np.maximum(codes, 0)], False)
-    return names.astype(str).str.match(pattern.pattern).to_numpy(dtype=bool)
-
-
 def _comm_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
-    return kernels[_name_mask(kernels["name"], COMM_KERNEL)]
+    return kernels[name_mask(kernels, NAMED_COLLECTIVE_KERNEL)]
 
 
-class _OpTree:
-    """The ops sorted by trace index, to walk from an op to its parents (vectorised, one hop per call)."""
+def _op_rows(ops: pd.DataFrame, trace_index: np.ndarray) -> np.ndarray:
+    """Per trace index: the row of ``ops`` with it (-1: not an op of this trace)."""
+    return first_row_of(ops["trace_index"].to_numpy(dtype=np.int64), np.arange(len(ops)), trace_index)
 
-    def __init__(self, ops: pd.DataFrame, flags: np.ndarray) -> None:
-        order = np.argsort(ops["trace_index"].to_numpy(dtype=np.int64), kind="stable")
-        self.order = order
-        self.index = ops["trace_index"].to_numpy(dtype=np.int64)[order]
-        self.parents = _ints(ops["parent_trace_index"])[order]
-        self.flags = flags[order]  # the ops looked for (record_param_comms, c10d ops, ...)
 
-    def find(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions (in sorted order) of the ops ``current`` and whether each is an op of this trace."""
-        if not len(self.index):
-            return np.zeros(len(current), dtype=np.int64), np.zeros(len(current), dtype=bool)
-        pos = np.minimum(np.searchsorted(self.index, current), len(self.index) - 1)
-        return pos, (current != NULL) & (self.index[pos] == current)
-
-    def first_flagged(self, start: np.ndarray) -> np.ndarray:
-        """The trace index of the first flagged op at or above each of ``start`` (MAX_OP_HOPS ops up), else NULL."""
-        found = np.full(len(start), NULL, dtype=np.int64)
-        current = start.astype(np.int64).copy()
-        for _ in range(MAX_OP_HOPS):
-            pos, known = self.find(current)
-            hit = known & self.flags[pos] & (found == NULL)
-            found[hit] = current[hit]
-            current = np.where(known & ~hit & (found == NULL), self.parents[pos], NULL)
-            if not (current != NULL).any():
-                break
-        return found
-
-    def all_flagged(self, start: np.ndarray) -> np.ndarray:
-        """Per op (in the ops' own order): whether it is a flagged op at or above one of ``start``."""
-        marked = np.zeros(len(self.index), dtype=bool)
-        current = start.astype(np.int64).copy()
-        for _ in range(MAX_OP_HOPS):
-            pos, known = self.find(current)
-            marked[pos[known & self.flags[pos]]] = True
-            current = np.where(known, self.parents[pos], NULL)
-            if not (current != NULL).any():
-                break
-        out = np.zeros(len(marked), dtype=bool)
-        out[self.order] = marked
-        return out
+def _op_parents(ops: pd.DataFrame) -> np.ndarray:
+    """Per op: the row of its parent op (-1: none), the tree that :mod:`profparse.trace.ancestors` walks."""
+    return _op_rows(ops, _ints(ops["parent_trace_index"]))
 
 
 def _comm_op_of(ops: pd.DataFrame, launch_ops: np.ndarray) -> np.ndarray:
     """The ``record_param_comms`` op around each launch op (its trace index), else NULL."""
     if not len(ops):
         return np.full(len(launch_ops), NULL, dtype=np.int64)
-    return _OpTree(ops, (ops["name"] == COMM_OP).to_numpy(dtype=bool)).first_flagged(launch_ops)
+    is_comm = (ops["name"] == COMM_OP).to_numpy(dtype=bool)
+    found = nearest_flagged(_op_parents(ops), _op_rows(ops, launch_ops), is_comm, hops=MAX_OP_HOPS)
+    return np.where(found >= 0, ops["trace_index"].to_numpy(dtype=np.int64)[np.maximum(found, 0)], NULL)
 
 
 def _event_args(events: pd.DataFrame, trace_index: np.ndarray) -> dict[str, np.ndarray]:
@@ -260,7 +219,8 @@ def _kernel_rows(parsed: ParsedTrace, kernels: pd.DataFrame) -> pd.DataFrame:
         }
     )
     frame = _with_args(frame, _event_args(events, k_index), _event_args(events, comm_ops))
-    from_kernel = [_normal_name(m.group(1)) if (m := COMM_KERNEL.match(n)) else "" for n in frame["kernel_name"]]
+    named = (NAMED_COLLECTIVE_KERNEL.match(n) for n in frame["kernel_name"])
+    from_kernel = [_normal_name(m.group(1)) if m else "" for m in named]
     frame["collective"] = _collective_names(frame["collective"], from_kernel)
     frame = frame.sort_values(["start_ns", "end_ns"], kind="stable")
     first = {c: "first" for c in frame.columns if c not in ("instance", "start_ns", "end_ns")}
@@ -273,15 +233,17 @@ def _host_collective_ops(ops: pd.DataFrame, launch_ops: np.ndarray) -> pd.DataFr
     """The outermost host collective ops (``c10d::*``, ``record_param_comms``) that launched no collective kernel,
     in start order, each with ``args_index``: the ``record_param_comms`` op (itself or one inside it) whose args
     describe it, else itself."""
-    is_host = _name_mask(ops["name"], HOST_COLLECTIVE)
+    is_host = name_mask(ops, HOST_COLLECTIVE)
     if not is_host.any():
         return ops.iloc[:0].assign(args_index=np.zeros(0, dtype=np.int64))
-    tree = _OpTree(ops, is_host)
+    parent = _op_parents(ops)
     candidates = ops[is_host]
     index = candidates["trace_index"].to_numpy(dtype=np.int64)
-    above = tree.first_flagged(_ints(candidates["parent_trace_index"]))  # the host collective op around it
-    outermost = above == NULL
-    keep = outermost & ~tree.all_flagged(launch_ops)[is_host]
+    above = nearest_flagged(parent, parent[is_host], is_host, hops=MAX_OP_HOPS)  # the host collective op around it
+    outermost = above < 0
+    above = ops["trace_index"].to_numpy(dtype=np.int64)[np.maximum(above, 0)]
+    launched = flagged_on_chain(parent, _op_rows(ops, launch_ops), is_host, hops=MAX_OP_HOPS)
+    keep = outermost & ~launched[is_host]
     inner = ~outermost & (candidates["name"] == COMM_OP).to_numpy(dtype=bool)
     args_of = pd.Series(index[inner], index=above[inner])
     args_of = args_of[~args_of.index.duplicated()]
@@ -305,7 +267,7 @@ def _host_rows(parsed: ParsedTrace, launch_ops: np.ndarray) -> pd.DataFrame:
     if not len(host):
         return pd.DataFrame()
     events = parsed.raw.events
-    gloo = events[_name_mask(events["name"], GLOO_RANGE)].sort_values(["ts_ns", "trace_index"], kind="stable")
+    gloo = events[name_mask(events, GLOO_RANGE)].sort_values(["ts_ns", "trace_index"], kind="stable")
     gloo = gloo[gloo["ts_ns"].to_numpy(dtype=np.int64) >= int(host["ts_ns"].min())]
     if len(gloo):
         n = min(len(gloo), len(host))
@@ -527,7 +489,8 @@ def differences(
             if frame is None or not len(frame):
                 continue
             sel = frame[(frame["kind"] == kind) & (frame["stage"] == stage)]
-            sel = sel[~sel["name"].str.match((COMM_KERNEL if kind == "kernel" else HOST_COLLECTIVE).pattern)]
+            own = NAMED_COLLECTIVE_KERNEL if kind == "kernel" else HOST_COLLECTIVE
+            sel = sel[~sel["name"].str.match(own.pattern)]
             parts.append(sel[["name", "total_ns"]].assign(rank=r))
         if not parts:
             out[kind + "s"] = []

@@ -16,8 +16,9 @@ from profparse.stages.gpu_inference import INFERENCE_RULES, infer_gpu_stages
 from profparse.stages.graph_launch import GRAPH_RULE_NAMES, stage_graph_kernels
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
+from profparse.trace.ancestors import depth_order
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
-from profparse.trace.link import Links, depth_order, first_row_of, kind_mask, name_mask
+from profparse.trace.link import Links, first_row_of, kind_mask, name_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")  # the profiler's step ranges

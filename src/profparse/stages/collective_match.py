@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.stages.rules import COLLECTIVE, COLLECTIVE_KERNEL, COLLECTIVE_MATCH, GPU_UNLINKED, HOST_SPANS
+from profparse.trace.ancestors import outermost_flagged
 from profparse.trace.kinds import NULL
 from profparse.trace.link import Links, first_row_of, kind_mask, name_mask, track_keys
 
@@ -61,7 +62,7 @@ def match_collectives(
     kernels = np.flatnonzero(comm)
     op_of = np.full(len(kernels), -1, dtype=np.int64)  # the c10d op (its root row) of each collective kernel
     linked = links.launch[kernels] >= 0
-    op_of[linked] = _outermost_span(links.launch[kernels[linked]].astype(np.int64), links.parent, ops.index)
+    op_of[linked] = outermost_flagged(links.parent, links.launch[kernels[linked]], _flags(len(links.parent), ops.index))
     query = wanted[kernels]
     free = ops[ops["launches"].to_numpy() & ~ops.index.isin(op_of[linked & (op_of >= 0)])]
     _by_seq(events, kernels, query, op_of, free)
@@ -77,18 +78,10 @@ def match_collectives(
     step[target] = step[source]
 
 
-def _outermost_span(rows: np.ndarray, parent: np.ndarray, spans: pd.Index) -> np.ndarray:
-    """Per row: the outermost of itself and its ancestors that is in ``spans`` (-1: none). One vectorised step per
-    level of nesting, over these rows only."""
-    is_span = np.zeros(len(parent), dtype=bool)
-    is_span[spans.to_numpy(dtype=np.int64)] = True
-    out = np.where(is_span[rows], rows, -1)
-    at = parent[rows].astype(np.int64)
-    while (alive := np.flatnonzero(at >= 0)).size:
-        hit = alive[is_span[at[alive]]]
-        out[hit] = at[hit]
-        at[alive] = parent[at[alive]]
-    return out
+def _flags(n: int, rows: pd.Index | np.ndarray) -> np.ndarray:
+    flag = np.zeros(n, dtype=bool)
+    flag[np.asarray(rows, dtype=np.int64)] = True
+    return flag
 
 
 def c10d_ops(events: pd.DataFrame, links: Links) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
@@ -98,7 +91,7 @@ def c10d_ops(events: pd.DataFrame, links: Links) -> tuple[pd.DataFrame, np.ndarr
     spans = np.flatnonzero(links.host & kind_mask(events, HOST_SPANS) & name_mask(events, COLLECTIVE))
     if not spans.size:
         return pd.DataFrame(columns=["ts_ns", "pg", "seq", "launches"]), spans, spans
-    root = _outermost_span(spans, links.parent, pd.Index(spans))
+    root = outermost_flagged(links.parent, spans, _flags(len(links.parent), spans))
     no_kernel = np.fromiter(
         (isinstance(text, str) and NO_KERNEL.search(text) is not None
          for column in ("name", "collective") for text in _text_at(events, column, spans)),

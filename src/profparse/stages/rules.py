@@ -29,6 +29,7 @@ Conditions (``when``, several joined by commas must all hold):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -166,7 +167,10 @@ NOT_ACTIVITY = "other.not_activity"
 # (COLLECTIVE host spans) it matches: by Seq and process group, else External id, else order within its process
 # group and stream (stages/collective_match.py)
 COLLECTIVE_MATCH = "gpu.collective_match"
-COLLECTIVE_KERNEL = r"(?i)nccl|rccl|msccl"
+COLLECTIVE_KERNEL = re.compile(r"(?i)nccl|rccl|msccl")  # what counts as a collective kernel, everywhere
+#: the NCCL and RCCL kernels whose name names the collective (group 1): ``ncclKernel_AllReduce_RING_LL_Sum_float``,
+#: ``ncclDevKernel_SendRecv``; a subset of :data:`COLLECTIVE_KERNEL`
+NAMED_COLLECTIVE_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
 # a collective kernel launched before the trace began (no launch, no c10d op in the file): the stage at its position
 # in the stream's collective sequence of the later steps, else of the GPU work beside it on other streams
 # (stages/collective_order.py)

@@ -16,9 +16,10 @@ from profparse.base.intervals import group_running_max, group_start_order, line_
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import STEP_NAME, Attribution, step_window
 from profparse.tables.scopes import by_scope
+from profparse.trace.ancestors import ancestors_of, depth_order, innermost_ancestor_of_kind
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import KIND_CODE, NULL, RUNTIME_KINDS
-from profparse.trace.link import Links, depth_order, kind_mask, name_mask
+from profparse.trace.link import Links, kind_mask, name_mask
 
 HOST_SPAN_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"})
 
@@ -103,12 +104,8 @@ def host_segments(events: pd.DataFrame, links: Links, attribution: Attribution) 
     stage = attribution.stage
     tree = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
     rows = np.flatnonzero(tree)
-    parent = links.parent[rows].copy()  # nearest ancestor in the tree (other kinds, zero-length rows: skipped)
-    while True:
-        bad = np.flatnonzero((parent >= 0) & ~tree[np.maximum(parent, 0)])
-        if not bad.size:
-            break
-        parent[bad] = links.parent[parent[bad]]
+    # nearest ancestor in the tree (other kinds, zero-length rows: skipped)
+    parent = innermost_ancestor_of_kind(links.parent, links.depth, tree)[rows]
     counted = tree & ~mixed_containers(links.parent, links.depth, stage) & ~name_mask(events, STEP_NAME)
     counted &= working_threads(events, links, stage)[links.thread]
     level = _levels(events, links)
@@ -180,13 +177,7 @@ def _levels(events: pd.DataFrame, links: Links) -> np.ndarray:
     python = kind == KIND_CODE["python_function"]
     waiting = python & ~in_op & name_mask(events, WAIT_FRAME)
     if waiting.any():  # a waiting frame with an op below it on its thread is running that work itself
-        op_below = np.zeros(len(events), dtype=bool)
-        anc = links.parent[(kind == KIND_CODE["cpu_op"]) & links.host]
-        while anc.size:
-            anc = anc[anc >= 0]
-            anc = anc[~op_below[anc]]
-            op_below[anc] = True
-            anc = links.parent[anc]
+        op_below = ancestors_of(links.parent, (kind == KIND_CODE["cpu_op"]) & links.host)
         level[waiting & ~op_below] = _LEVEL["wait"]
     return level
 

@@ -9,15 +9,14 @@ enclosing ``cpu_op`` as its launching op.
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from profparse.base.arrays import pack_codes, unpack_codes
 from profparse.base.intervals import group_start_order
+from profparse.trace.ancestors import innermost_ancestor_of_kind
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
 
@@ -184,66 +183,6 @@ def nest(thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray) 
     parent[order[has]] = order[found[has]]
     depth[order] = dep
     return parent, depth
-
-
-def depth_order(depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows grouped by depth (stable) and the bounds of each depth: rows of depth d are
-    ``order[bounds[d] : bounds[d + 1]]``. The last result is kept for the same (unchanged) array: the analyses ask
-    for the order of ``links.depth`` a dozen times."""
-    last = _DEPTH_ORDER[0]
-    if last is not None and last[0]() is depth and last[1] == len(depth):
-        return last[2], last[3]
-    top = int(depth.max()) if len(depth) else 0
-    keys = depth.astype(np.int16) if 0 <= top < 2**15 and int(depth.min()) >= 0 else depth
-    order = np.argsort(keys, kind="stable")  # 16-bit keys: a radix sort
-    if len(order) < 1 << 31:  # kept (below) for the whole run: row numbers as int32 take half the memory
-        order = order.astype(np.int32)
-    bounds = np.searchsorted(depth[order], np.arange(top + 2))
-    try:
-        _DEPTH_ORDER[0] = (weakref.ref(depth), len(depth), order, bounds)
-    except TypeError:  # not an array that takes weak references: not kept
-        pass
-    return order, bounds
-
-
-_DEPTH_ORDER: list[Any] = [None]  # (weak reference to the depth array, its length, order, bounds)
-
-
-def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
-    """For every row: the nearest proper ancestor with ``is_kind`` (``-1`` if none). ``depth``: each row's depth
-    in the tree of ``parent`` (``links.depth`` for ``links.parent``).
-
-    Level by level from the roots down: a row's answer is its parent if the parent has ``is_kind``, else the
-    parent's answer, which the level above has settled. One vectorised step per level (traces nest 5-60 deep):
-    ~5-10x faster than the pointer jumping used before, which passes over every row log(depth) times.
-    """
-    n = len(parent)
-    found = np.full(n, -1, dtype=parent.dtype)
-    if n == 0:
-        return found
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
-        if rows.size:
-            p = parent[rows]
-            found[rows] = np.where(is_kind[p], p, found[p])
-    return found
-
-
-def outermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
-    """For every row: the farthest proper ancestor with ``is_kind`` (``-1`` if none); level by level from the roots
-    down, as :func:`innermost_ancestor_of_kind`, keeping the answer the level above found first."""
-    n = len(parent)
-    found = np.full(n, -1, dtype=parent.dtype)
-    if n == 0:
-        return found
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
-        if rows.size:
-            p = parent[rows]
-            found[rows] = np.where(found[p] >= 0, found[p], np.where(is_kind[p], p, -1))
-    return found
 
 
 def first_row_of(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:

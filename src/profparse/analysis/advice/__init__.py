@@ -1,6 +1,7 @@
 """Findings: what to change next, and what it will save per step.
 
-Each detector (one module per family, listed in :data:`DETECTORS`) reads the parsed trace and its critical path
+Each detector (a function named as its kind, in one module per family, registered in
+:mod:`~profparse.analysis.advice.kinds`) reads the parsed trace and its critical path
 and returns :class:`Finding` objects of the kinds in :mod:`profparse.analysis.advice.kinds`. A finding's saving is
 the time on the critical path that its fix removes, per step, not the total time of the pattern: work that other
 work hides saves nothing. Findings below :data:`MIN_SHARE` of a step (or their kind's ``min_share``) are dropped:
@@ -14,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from profparse.analysis.advice import detectors
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.detectors import DETECTORS
 from profparse.analysis.advice.finding import COLUMNS, MIN_SHARE, Finding, frame
 from profparse.analysis.advice.kinds import KINDS
 from profparse.analysis.advice.simulate import simulate
@@ -31,7 +32,7 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
     ctx = AdviceContext.of(parsed)
     found: list[Finding] = []
     if ctx is not None:
-        for detect in DETECTORS:
+        for detect in detectors.registered():
             found.extend(detect(ctx))
         simulate(ctx, found)  # every fix with a what-if: replayed without the profiler
     recurring = len(ctx.steps) // 2 + 1 if ctx is not None else 0  # in most steady steps

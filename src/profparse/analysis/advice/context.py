@@ -17,6 +17,13 @@ import numpy as np
 import pandas as pd
 
 from profparse.stages.attribute import STEP_NAME
+from profparse.trace.ancestors import (
+    has_ancestor_in,
+    innermost_ancestor_of_kind,
+    nearest_flagged,
+    outermost_ancestor_of_kind,
+    through_launch,
+)
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask, name_mask
 
@@ -90,84 +97,31 @@ class AdviceContext:
     def under(self, flag: np.ndarray) -> np.ndarray:
         """Boolean per row: the row or one of its ancestors is flagged; GPU activity follows its launching call."""
         links = self.parsed.links
-        parent = links.parent.astype(np.int64)
-        out = flag.copy()
-        up = parent.copy()
-        while True:
-            has = up >= 0
-            if not has.any():
-                break
-            out[has] |= flag[up[has]]
-            up[has] = parent[up[has]]
-            up[~has] = -1
-        gpu = kind_mask(self.events, GPU_ACTIVITY_KINDS)
-        launch = links.launch.astype(np.int64)
-        linked = gpu & (launch >= 0)
-        out[linked] |= out[launch[linked]]
-        return out
+        return self._launched(flag | has_ancestor_in(links.parent, links.depth, flag))
 
     def owner(self, flag: np.ndarray) -> np.ndarray:
         """Per row: the outermost flagged row at or above it (-1 if none); GPU activity follows its launching call."""
         links = self.parsed.links
-        parent = links.parent.astype(np.int64)
-        n = len(flag)
-        out = np.where(flag, np.arange(n), -1)
-        up = parent.copy()
-        while True:
-            has = up >= 0
-            if not has.any():
-                break
-            hit = has.copy()
-            hit[has] = flag[up[has]]
-            out[hit] = up[hit]
-            up[has] = parent[up[has]]
-        gpu = kind_mask(self.events, GPU_ACTIVITY_KINDS)
-        launch = links.launch.astype(np.int64)
-        linked = gpu & (launch >= 0)
-        out[linked] = np.where(out[launch[linked]] >= 0, out[launch[linked]], out[linked])
-        return out
+        outer = outermost_ancestor_of_kind(links.parent, links.depth, flag).astype(np.int64)
+        return self._launched(np.where(outer >= 0, outer, np.where(flag, np.arange(len(flag)), -1)))
 
     def below(self, rows: np.ndarray, flag: np.ndarray) -> np.ndarray:
         """Per row of ``rows``: its ancestor (or itself) whose parent is flagged, -1 if none (or if the row is
         flagged itself). Walks up from those rows only."""
-        parent = self.parsed.links.parent.astype(np.int64)
-        out = np.full(len(rows), -1, dtype=np.int64)
-        at = np.where(rows >= 0, rows, -1)
-        at[(at >= 0) & flag[np.maximum(at, 0)]] = -1
-        while True:
-            live = at >= 0
-            if not live.any():
-                return out
-            up = parent[at[live]]
-            found = np.zeros(len(at), dtype=bool)
-            found[live] = (up >= 0) & flag[np.maximum(up, 0)]
-            out[found] = at[found]
-            nxt = np.full(len(at), -1, dtype=np.int64)
-            nxt[live] = up
-            nxt[found] = -1
-            at = nxt
+        parent = self.parsed.links.parent
+        child_of_flagged = (parent >= 0) & flag[np.maximum(parent, 0)]
+        out = nearest_flagged(parent, rows, child_of_flagged)
+        out[(rows >= 0) & flag[np.maximum(rows, 0)]] = -1
+        return out
 
     def innermost(self, flag: np.ndarray) -> np.ndarray:
         """Per row: the nearest flagged row at or above it (-1 if none); GPU activity follows its launching call."""
-        parent = self.parsed.links.parent.astype(np.int64)
-        n = len(flag)
-        out = np.where(flag, np.arange(n), -1)
-        up = np.where(flag, -1, parent)
-        while True:
-            live = up >= 0
-            if not live.any():
-                break
-            hit = live.copy()
-            hit[live] = flag[up[live]]
-            out[hit] = up[hit]
-            up[hit] = -1
-            live &= ~hit
-            up[live] = parent[up[live]]
-        gpu = kind_mask(self.events, GPU_ACTIVITY_KINDS)
-        launch = self.parsed.links.launch.astype(np.int64)
-        linked = gpu & (launch >= 0)
-        out[linked] = np.where(out[launch[linked]] >= 0, out[launch[linked]], out[linked])
-        return out
+        links = self.parsed.links
+        inner = innermost_ancestor_of_kind(links.parent, links.depth, flag).astype(np.int64)
+        return self._launched(np.where(flag, np.arange(len(flag)), inner))
+
+    def _launched(self, values: np.ndarray) -> np.ndarray:
+        return through_launch(values, self.parsed.links.launch, kind_mask(self.events, GPU_ACTIVITY_KINDS))
 
     # -- the path -------------------------------------------------------------------------------------------------
 
@@ -243,17 +197,8 @@ def user_frame(ctx: AdviceContext, rows: np.ndarray) -> list[str]:
     if not python.any() or not len(rows):
         return []
     own = python & ~ctx.names(_LIBRARY_FRAME)
-    parent = ctx.parsed.links.parent.astype(np.int64)
-    found = np.full(len(rows), -1, dtype=np.int64)
-    up = parent[rows].copy()
-    while True:
-        live = (found < 0) & (up >= 0)
-        if not live.any():
-            break
-        hit = live.copy()
-        hit[live] = own[up[live]]
-        found[hit] = up[hit]
-        up[live] = parent[up[live]]
+    parent = ctx.parsed.links.parent
+    found = nearest_flagged(parent, parent[rows], own)  # the nearest above each row
     found = found[found >= 0]
     return [str(name) for name in ctx.name_of(found)]
 

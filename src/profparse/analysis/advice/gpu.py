@@ -8,6 +8,7 @@ import pandas as pd
 from profparse.analysis.advice.build import from_path, from_segments, material_steps, ms, share
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding, WhatIf
+from profparse.analysis.advice.kinds import detector
 from profparse.base.marks import STAGES
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -19,6 +20,7 @@ _HOST_BOUNDS = ("python", "cpu_op", "launch")
 _ON_DEVICE = ("gpu_compute", "gpu_comm", "memcpy", "gpu_idle")
 
 
+@detector
 def exposed_communication(ctx: AdviceContext) -> list[Finding]:
     """Collectives on the path that no other GPU work overlaps: overlap could hide them, up to their exposed time
     (``comm_exposure``)."""
@@ -49,6 +51,7 @@ def exposed_communication(ctx: AdviceContext) -> list[Finding]:
     return found
 
 
+@detector
 def launch_bound(ctx: AdviceContext) -> list[Finding]:
     """Stages whose path is mostly host work (Python, dispatch, launches) while their kernels are short: with the
     launches gone (CUDA graphs, torch.compile) the stage would take its GPU busy time."""
@@ -101,6 +104,7 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
     return found
 
 
+@detector
 def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
     """fp32 matmuls (no TF32) on a GPU whose TF32 is faster: each would take the longer of its time scaled by the
     ratio of the two peaks and the time to move its bytes at the memory bandwidth."""

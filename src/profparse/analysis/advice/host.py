@@ -9,6 +9,7 @@ import numpy as np
 from profparse.analysis.advice.build import from_path
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding
+from profparse.analysis.advice.kinds import detector
 from profparse.analysis.advice.waits import ALLOCATOR_CALL
 from profparse.stages.attribute import STEP_NAME
 from profparse.trace.link import kind_mask
@@ -30,6 +31,7 @@ def worker_wait_threshold_ns(step_ns: float) -> float:
 _HOST_BOUNDS = ("python", "cpu_op", "launch", "sync_wait")
 
 
+@detector
 def data_loading(ctx: AdviceContext) -> list[Finding]:
     """The host waits for the next batch on the path (segments bound ``data``)."""
     segments = (ctx.path["bound"] == "data").to_numpy()
@@ -47,6 +49,7 @@ def data_loading(ctx: AdviceContext) -> list[Finding]:
     )
 
 
+@detector
 def between_steps(ctx: AdviceContext) -> list[Finding]:
     """Host work of stage ``other`` on the path that is not data loading: logging, metrics, checkpoints."""
     path = ctx.path
@@ -66,6 +69,7 @@ def between_steps(ctx: AdviceContext) -> list[Finding]:
     )
 
 
+@detector
 def allocator_churn(ctx: AdviceContext) -> list[Finding]:
     """Device allocator calls (cudaMalloc/cudaFree, hipMalloc/hipFree) on the path, with what they wait for."""
     runtime = kind_mask(ctx.events, {"cuda_runtime", "cuda_driver"})

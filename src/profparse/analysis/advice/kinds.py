@@ -1,12 +1,22 @@
-"""The vocabulary of findings, as data: what each kind catches and the one change that fixes it.
+"""The vocabulary of findings, as data: what each kind catches, the one change that fixes it, and its detector.
 
-docs/advice.md has a paragraph per kind (trigger, how the saving is estimated, the fix); a test checks both lists
-name the same kinds.
+A new finding kind is one :class:`Kind` entry in :data:`KINDS` plus its detector: a function named as the kind, in
+its family's module (``host``, ``waits``, ``training``, ``gpu``), marked with :func:`detector`. The detectors run in
+:data:`KINDS` order (:func:`profparse.analysis.advice.detectors.registered`). docs/advice.md has a paragraph per kind
+(trigger, how the saving is estimated, the fix); a test checks both lists name the same kinds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from profparse.analysis.advice.context import AdviceContext
+
+#: a detector: the context in, that kind's findings out (Finding objects; finding.py imports this module)
+Detector = Callable[["AdviceContext"], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -18,6 +28,12 @@ class Kind:
     fix: str  # the concrete change, naming the API or flag
     min_share: float = 0.01  # reported from this share of a step on
     min_ns: float = 0.0  # and from this saving per step on
+    across_ranks: bool = False  # found by comparing ranks (profparse.ranks.advice), not by a detector on one trace
+
+    @property
+    def detector(self) -> Detector | None:
+        """The function that finds this kind in one trace (registered with :func:`detector`)."""
+        return _DETECTORS.get(self.name)
 
 
 KINDS: dict[str, Kind] = {
@@ -97,6 +113,19 @@ KINDS: dict[str, Kind] = {
             "a rank the others wait for in collectives",
             "balance the late rank's work (data, sequence lengths, host load) or find what slows it in its own"
             " findings",
+            across_ranks=True,
         ),
     )
 }
+
+_DETECTORS: dict[str, Detector] = {}
+
+
+def detector(function: Detector) -> Detector:
+    """Mark ``function`` as the detector of the kind it is named after (it takes the :class:`AdviceContext` and
+    returns that kind's findings)."""
+    kind = KINDS.get(function.__name__)
+    if kind is None or kind.across_ranks:
+        raise ValueError(f"{function.__qualname__}: no single-trace finding kind named {function.__name__!r} in KINDS")
+    _DETECTORS[kind.name] = function
+    return function

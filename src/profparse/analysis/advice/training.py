@@ -10,6 +10,7 @@ import pandas as pd
 from profparse.analysis.advice.build import from_path, from_segments
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding, WhatIf
+from profparse.analysis.advice.kinds import detector
 from profparse.base.marks import STAGES
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS
 from profparse.trace.link import kind_mask
@@ -33,6 +34,7 @@ BACKWARD = STAGES.index("backward")
 FORWARD = STAGES.index("forward")
 
 
+@detector
 def recompute(ctx: AdviceContext) -> list[Finding]:
     """Forward ops inside backward: activation checkpointing recomputing the forward. A recomputation runs at the
     start of the backward node that needs its saved tensors (non-reentrant) or inside the checkpoint's own node
@@ -150,6 +152,7 @@ def _allocated(ctx: AdviceContext, owner: np.ndarray) -> float:
     return float(nbytes[nbytes > 0].sum())
 
 
+@detector
 def grad_zeroing(ctx: AdviceContext) -> list[Finding]:
     """Gradients zeroed instead of dropped: the zeroing ops inside ``zero_grad``, plus the in-place adds with which
     the next backward accumulates into them (``AccumulateGrad``), which a dropped gradient does not need. With
@@ -199,6 +202,7 @@ def _first_backward(ctx: AdviceContext) -> np.ndarray:
     return np.where(np.isnan(step_limit), False, ts < np.nan_to_num(step_limit, nan=0.0))
 
 
+@detector
 def optimizer_not_batched(ctx: AdviceContext) -> list[Finding]:
     """An optimizer step that runs its math one tensor at a time. Batched, it makes one pass over all parameters
     per op kind at the cost of the most expensive kind, so the saving is the step's path time minus that pass:

@@ -16,6 +16,7 @@ import pandas as pd
 from profparse.analysis.advice.build import material_steps, ms, share
 from profparse.analysis.advice.context import AdviceContext, user_frame
 from profparse.analysis.advice.finding import Finding, WhatIf
+from profparse.analysis.advice.kinds import detector
 from profparse.analysis.critical_path import blocking_calls
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -47,6 +48,7 @@ def pageable_copy_calls(ctx: AdviceContext) -> np.ndarray:
     return np.unique(calls[calls >= 0])
 
 
+@detector
 def sync_in_step(ctx: AdviceContext) -> list[Finding]:
     """Synchronisations inside the step (not the allocator's, not pageable copies': those have their kinds)."""
     blocking, inferred = blocking_calls(ctx.events, ctx.parsed.links)
@@ -72,6 +74,7 @@ def _device_copy_calls(ctx: AdviceContext) -> np.ndarray:
     return np.unique(calls[calls >= 0])
 
 
+@detector
 def unpinned_copy(ctx: AdviceContext) -> list[Finding]:
     """Pageable host-to-device copies: their calls block the host until the copy is done."""
     calls = pageable_copy_calls(ctx)

@@ -1,12 +1,15 @@
-"""The stage summary users read: per stage totals, per step, top kernels and ops per stage.
+"""The stage summary users read: per stage totals, per step, top kernels and ops per stage, the analyses' sections.
 
 ``summary_data`` collects plain data from a :class:`~profparse.api.ParsedTrace`; the renderers only format it
-(text for terminals, markdown, csv, json).
+(text for terminals, markdown, csv, json). Every section shown is one :class:`Section` of :data:`SECTIONS`, in the
+order shown; a new section is one more entry (its functions in a module of ``outputs/summary/``).
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,7 +187,7 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
             [int(x) for x in steps.loc[steps["steady"].astype(bool), "step"]] if "steady" in steps.columns else None,
         ),
         "warnings": parsed.warnings.to_dict("records"),
-        "analyses": analyses.summary_sections(parsed),
+        "analyses": _sections_data(parsed),
         "efficiency": efficiency_data(parsed),
         "memory_categories": memory_categories_data(
             parsed.table("memory_peak_categories"), parsed.table("memory_categories")
@@ -298,27 +301,48 @@ def _rules_tables(data: dict[str, Any]) -> list[Table]:
     return [Table("Which rules decided", columns, rows, note=note)]
 
 
-#: The summary's sections in the order shown: each turns the summary data into tables (none: nothing to show).
-#: ``analyses.tables`` holds the analyses' sections (their own registry, ``outputs/summary/analyses.py``).
-SECTIONS = (
-    _totals_tables,
-    _per_step_tables,
-    critical_path_tables,
-    _top_tables("top_kernels", "Top kernels", kernel=True),
-    _top_tables("top_ops", "Top ops", kernel=False),
-    lambda data: analyses.tables(data.get("analyses")),
-    memory_categories_tables,
-    efficiency_tables,
-    runtime_calls_tables,
-    communication_tables,
-    _checks_tables,
-    _rules_tables,
-)
+@dataclass(frozen=True)
+class Section:
+    """One section of the summary: ``tables`` turns the summary data into the tables shown (none: nothing to
+    show), which text, markdown and csv all render (``base/formats.py``); ``data``, when given, turns a parsed
+    trace into the section's own JSON-ready entries, which the summary data holds under ``"analyses"``."""
+
+    tables: Callable[[dict[str, Any]], list[Table]]
+    data: Callable[[Any], dict[str, Any]] | None = None
+
+
+#: The summary's sections, in the order shown; a new section is one more entry.
+SECTIONS: list[Section] = [
+    Section(_totals_tables),
+    Section(_per_step_tables),
+    Section(critical_path_tables),
+    Section(_top_tables("top_kernels", "Top kernels", kernel=True)),
+    Section(_top_tables("top_ops", "Top ops", kernel=False)),
+    Section(analyses.levels_tables, analyses.levels_data),
+    Section(analyses.load_tables, analyses.load_data),
+    Section(analyses.modules_tables, analyses.modules_data),
+    Section(analyses.memory_tables, analyses.memory_data),
+    Section(memory_categories_tables),
+    Section(efficiency_tables),
+    Section(runtime_calls_tables),
+    Section(communication_tables),
+    Section(_checks_tables),
+    Section(_rules_tables),
+]
+
+
+def _sections_data(parsed: ParsedTrace) -> dict[str, Any]:
+    """The sections' own data (the summary's ``analyses``: totals; the full tables are in Parquet), merged."""
+    out: dict[str, Any] = {}
+    for section in SECTIONS:
+        if section.data is not None:
+            out.update(section.data(parsed))
+    return out
 
 
 def summary_tables(data: dict[str, Any]) -> list[Table]:
     """Every table the summary shows, in order (text, markdown and csv render these same tables)."""
-    return [t for section in SECTIONS for t in section(data)]
+    return [t for section in SECTIONS for t in section.tables(data)]
 
 
 def steps_line(data: dict[str, Any]) -> str:

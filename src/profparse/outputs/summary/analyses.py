@@ -1,17 +1,16 @@
-"""The analyses' sections of the summary: plain data from a parsed trace, and the tables that show it.
+"""The analyses' sections of the summary (levels, loading, modules, memory): plain data from a parsed trace, and
+the tables that show it.
 
-Each section is one :class:`Section` entry of :data:`SECTIONS`: ``data(parsed)`` gives its JSON-ready entries
-(``outputs/summary`` puts them all under ``"analyses"``), ``tables(analyses)`` the
-:class:`~profparse.base.formats.Table` s shown, which text, markdown and csv render alike. Adding a section
-(efficiency, communication, runtime calls) is one more entry. A section with nothing to show gives no tables (no
-Python frames in loading: no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no
-``[memory]`` events: no memory).
+Each section is a pair of functions, ``<name>_data(parsed)`` (JSON-ready entries, which the summary puts under
+``"analyses"``) and ``<name>_tables(data)`` (the :class:`~profparse.base.formats.Table` s shown, which text, markdown
+and csv render alike), listed as one :class:`~profparse.outputs.summary.Section` in the summary's one ``SECTIONS``
+list (``outputs/summary/__init__.py``). A section with nothing to show gives no tables (no Python frames in loading:
+no load breakdown; no GPU: no device columns; no ``nn.Module`` events: no modules; no ``[memory]`` events: no
+memory).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,8 +23,6 @@ from profparse.base.formats import (
     display,
     ms_text,
     plain,
-    tables_markdown,
-    tables_text,
     us_text,
 )
 
@@ -59,33 +56,24 @@ def _records(frame: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[dict[str, 
     return out
 
 
-def _levels_data(parsed: ParsedTrace) -> dict[str, Any]:
+def levels_data(parsed: ParsedTrace) -> dict[str, Any]:
     levels = parsed.stage_levels
     return {"stage_levels": _records(levels[levels["scope"] == "total"], drop=("scope", "step"))}
 
 
-def _load_data(parsed: ParsedTrace) -> dict[str, Any]:
+def load_data(parsed: ParsedTrace) -> dict[str, Any]:
     return {"load_breakdown": _records(parsed.load_breakdown)}
 
 
-def _modules_data(parsed: ParsedTrace) -> dict[str, Any]:
+def modules_data(parsed: ParsedTrace) -> dict[str, Any]:
     modules = parsed.modules
     count = int(modules.loc[modules["calls"] > 0, "module"].nunique()) if len(modules) else 0
     return {"modules_by_class": _modules_by_class(modules), "module_count": count}
 
 
-def _memory_data(parsed: ParsedTrace) -> dict[str, Any]:
+def memory_data(parsed: ParsedTrace) -> dict[str, Any]:
     memory = parsed.memory_by_stage
     return {"memory_by_stage": _records(memory[memory["scope"] == "total"], drop=("scope", "step"))}
-
-
-def summary_sections(parsed: ParsedTrace) -> dict[str, Any]:
-    """The analysis sections as JSON-ready data (totals; the full tables are in Parquet): every entry of
-    :data:`SECTIONS`' data, merged."""
-    out: dict[str, Any] = {}
-    for section in SECTIONS:
-        out.update(section.data(parsed))
-    return out
 
 
 def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
@@ -201,8 +189,13 @@ def _active_stages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if any(r.get(c) for c, _ in LEVELS) or r.get("launch_latency_count")]
 
 
-def _levels_tables(data: dict[str, Any]) -> list[Table]:
-    levels = _active_stages(data["stage_levels"])
+def _entries(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The rows of the summary's ``analyses`` entry ``key`` (none when absent)."""
+    return (data.get("analyses") or {}).get(key) or []
+
+
+def levels_tables(data: dict[str, Any]) -> list[Table]:
+    levels = _active_stages(_entries(data, "stage_levels"))
     if not levels:
         return []
     columns = [Column("stage", "stage")] + [Column(c, label, _nz) for c, label in _level_columns(levels)]
@@ -218,8 +211,8 @@ def _levels_tables(data: dict[str, Any]) -> list[Table]:
     return out
 
 
-def _load_tables(data: dict[str, Any]) -> list[Table]:
-    load = data["load_breakdown"]
+def load_tables(data: dict[str, Any]) -> list[Table]:
+    load = _entries(data, "load_breakdown")
     if not load:
         return []
     total = sum(r["time_ns"] for r in load)
@@ -238,19 +231,19 @@ def _load_tables(data: dict[str, Any]) -> list[Table]:
     return [Table("Loading sub-steps", columns, load, note=note, last_left=True)]
 
 
-def _modules_tables(data: dict[str, Any]) -> list[Table]:
-    modules = data["modules_by_class"]
+def modules_tables(data: dict[str, Any]) -> list[Table]:
+    modules = _entries(data, "modules_by_class")
     if not modules:
         return []
-    count = data["module_count"]
+    count = data["analyses"]["module_count"]
     more = len(modules) - MODULE_ROWS
     note = f"{count} instance{'s' if count != 1 else ''}; ms, a module includes its sub-modules"
     footer = f"... {more} more classes (profparse parse: modules table)" if more > 0 else ""
     return [Table("Modules by class", _module_columns(modules), modules[:MODULE_ROWS], note=note, footer=footer)]
 
 
-def _memory_tables(data: dict[str, Any]) -> list[Table]:
-    memory = data["memory_by_stage"]
+def memory_tables(data: dict[str, Any]) -> list[Table]:
+    memory = _entries(data, "memory_by_stage")
     if not memory:
         return []
     keys = (
@@ -271,37 +264,3 @@ def _memory_tables(data: dict[str, Any]) -> list[Table]:
     )
     footer = "the trace has no allocator totals: levels are relative to its first event" if relative else ""
     return [Table("Memory per stage", columns, memory, note=note, footer=footer, index=2)]
-
-
-@dataclass(frozen=True)
-class Section:
-    """One analysis section of the summary: ``data`` turns a parsed trace into JSON-ready entries of the
-    summary's ``analyses``; ``tables`` turns ``analyses`` into the tables shown (none: nothing to show).
-    Text, markdown and csv all render those tables (``base/formats.py``)."""
-
-    data: Callable[[Any], dict[str, Any]]
-    tables: Callable[[dict[str, Any]], list[Table]]
-
-
-#: The analyses' sections in the order the summary shows them; a new section is one more entry.
-SECTIONS: list[Section] = [
-    Section(_levels_data, _levels_tables),
-    Section(_load_data, _load_tables),
-    Section(_modules_data, _modules_tables),
-    Section(_memory_data, _memory_tables),
-]
-
-
-def tables(data: dict[str, Any] | None) -> list[Table]:
-    """The tables of every analysis section with something to show."""
-    return [t for section in SECTIONS for t in section.tables(data)] if data else []
-
-
-def render_text(data: dict[str, Any] | None) -> str:
-    """The analysis sections for a terminal (at most 100 columns)."""
-    return tables_text(tables(data))
-
-
-def render_markdown(data: dict[str, Any] | None) -> list[str]:
-    """The analysis sections as markdown lines."""
-    return tables_markdown(tables(data))
