@@ -30,7 +30,13 @@ def test_every_entry_resolves_and_takes_what_it_needs(spec) -> None:
     assert callable(function)
     known = set(INPUTS) | set(TABLES) | set(VALUES)
     assert set(spec.needs) <= known, f"{spec.name} needs something undeclared: {set(spec.needs) - known}"
-    inspect.signature(function).bind(*spec.needs)  # as many positional parameters as needs
+    parameters = inspect.signature(function).parameters
+    required = {name for name, p in parameters.items() if p.default is inspect.Parameter.empty}
+    sliced = {"start", "stop"} if getattr(spec, "sliced", False) else set()
+    # called with its needs as keyword arguments: every need is a parameter, every parameter without a default a need
+    unknown = set(spec.needs) - set(parameters)
+    assert not unknown, f"{spec.name}: needs that are no parameter: {unknown}"
+    assert required <= set(spec.needs) | sliced, f"{spec.name}: parameters given nothing: {required - set(spec.needs)}"
 
 
 def test_needs_form_no_cycle() -> None:
@@ -73,18 +79,20 @@ def test_parse_writes_exactly_the_written_tables(parsed_samples, tmp_path: Path)
     assert sorted(p.stem for p in out.glob("*.parquet")) == sorted(s.name for s in registry.written())
 
 
-def extra_rows(raw: pd.DataFrame, stage_summary: pd.DataFrame) -> pd.DataFrame:
+def extra_rows(stage_summary: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     """A table made from the raw events and another table: one row per kind, and the stage summary's row count."""
-    counts = raw["kind"].astype(str).value_counts().sort_index()
+    counts = events["kind"].astype(str).value_counts().sort_index()
     return pd.DataFrame({"kind": counts.index, "events": counts.to_numpy(), "summary_rows": len(stage_summary)})
 
 
 def test_one_new_entry_is_computed_written_and_stored(monkeypatch, tmp_path: Path) -> None:
-    spec = TableSpec("extra", f"{__name__}:extra_rows", ("raw", "stage_summary"), "docs/tables.md", "test table")
+    spec = TableSpec("extra", f"{__name__}:extra_rows", ("events", "stage_summary"), "docs/tables.md", "test table")
     monkeypatch.setitem(TABLES, "extra", spec)
     monkeypatch.setenv("PROFPARSE_CACHE_DIR", str(tmp_path / "cache"))
     parsed = profparse.load(SAMPLES[0])
-    expected = extra_rows(parsed.raw.events, parsed.table("stage_summary"))
+    expected = extra_rows(
+        events=parsed.raw.events, stage_summary=parsed.table("stage_summary")
+    )  # parameters not in needs order: passed by name
     pd.testing.assert_frame_equal(parsed.extra, expected)
     assert parsed.extra["events"].sum() == len(parsed.raw.events)
     folder = write_parquet(parsed, tmp_path / "out")

@@ -246,7 +246,7 @@ def _covered_by_compute_one(s: np.ndarray, e: np.ndarray, qs: np.ndarray, qe: np
     return (coverage(us, ue, qe) - coverage(us, ue, qs)).astype(np.int64)
 
 
-def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attribution) -> pd.DataFrame:
+def comm_exposure(events: pd.DataFrame, collectives: pd.DataFrame, attribution: Attribution) -> pd.DataFrame:
     """Per (scope, step, stage, device) with collectives: their time, the part other GPU activity overlaps, the
     exposed rest and the overlap %; ``table`` is :func:`collectives`' result.
 
@@ -254,16 +254,16 @@ def comm_exposure(events: pd.DataFrame, table: pd.DataFrame, attribution: Attrib
     when collectives run on several streams at once); ``overlapped_ns + exposed_ns == comm_ns``. ``total`` rows add
     up the step and ``outside_steps`` rows of each stage and device.
     """
-    if table.empty:
+    if collectives.empty:
         return _empty_exposure()
-    step = table["step"].to_numpy()
-    stage = table["stage"].cat.codes.to_numpy().astype(np.int64)
-    device = table["device"].to_numpy()
+    step = collectives["step"].to_numpy()
+    stage = collectives["stage"].cat.codes.to_numpy().astype(np.int64)
+    device = collectives["device"].to_numpy()
     keys = pd.DataFrame({"step": step, "stage": stage, "device": device})
     grouped = keys.groupby(["step", "stage", "device"], sort=True)
     group, uniques = grouped.ngroup().to_numpy(), grouped.size().index
-    s = table["ts_ns"].to_numpy()
-    e = s + table["dur_ns"].to_numpy()
+    s = collectives["ts_ns"].to_numpy()
+    e = s + collectives["dur_ns"].to_numpy()
     pg, ps, pe = group_union(group.astype(np.int64), s, e)
     covered = _covered_by_compute(events, collective_rows(events), uniques.get_level_values("device")[pg].to_numpy(),
                                   ps, pe)  # fmt: skip

@@ -241,48 +241,48 @@ def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple
     )
 
 
-def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, counts: Counts) -> pd.DataFrame:
+def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, flop_counts: Counts) -> pd.DataFrame:
     """One row per counted op, and per uncounted op with time of its own ("not counted"), in trace order."""
-    gpu_ns, kernel_count = _kernel_time(events, links, counts.owner)
-    counted = counts.status >= 0
-    counted &= counts.status <= 1
+    gpu_ns, kernel_count = _kernel_time(events, links, flop_counts.owner)
+    counted = flop_counts.status >= 0
+    counted &= flop_counts.status <= 1
     host_ns = np.where(counted, events["dur_ns"].to_numpy(), links.self_ns)
     on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())
     timed = gpu_ns > 0 if on_gpu else host_ns > 0
-    worth = (counts.flops > 0) | (counts.nbytes > 0) | timed  # views with no time are no row
-    rows = np.flatnonzero((counts.status >= 0) & (counted | timed) & worth)
-    fwd = counts.forward[rows]
-    combo = counts.costs.combo[rows]
-    has = (combo >= 0) & (counts.status[rows] == 0)
+    worth = (flop_counts.flops > 0) | (flop_counts.nbytes > 0) | timed  # views with no time are no row
+    rows = np.flatnonzero((flop_counts.status >= 0) & (counted | timed) & worth)
+    fwd = flop_counts.forward[rows]
+    combo = flop_counts.costs.combo[rows]
+    has = (combo >= 0) & (flop_counts.status[rows] == 0)
     pick = np.maximum(combo, 0)
 
     def per_row(values: np.ndarray, default: np.ndarray) -> np.ndarray:
         return np.where(has, values[pick] if len(values) else default, default)
 
-    linked_family = np.array([counts.linked_family.get(int(r), "") for r in rows[fwd >= 0]], dtype=object)
+    linked_family = np.array([flop_counts.linked_family.get(int(r), "") for r in rows[fwd >= 0]], dtype=object)
     family = np.full(len(rows), "", dtype=object)
     family[fwd >= 0] = linked_family
     source = np.where(fwd >= 0, "forward op", "").astype(object)
-    flops, nbytes = counts.flops[rows], counts.nbytes[rows]
+    flops, nbytes = flop_counts.flops[rows], flop_counts.nbytes[rows]
     time = (gpu_ns if on_gpu else host_ns)[rows].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         achieved = np.where(time > 0, flops / time / 1e3, np.nan)
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
     trace_index = events["trace_index"].to_numpy()
     forward_ti = np.where(fwd >= 0, trace_index[np.maximum(fwd, 0)], NULL)
-    dtype = per_row(counts.costs.dtype, np.full(len(rows), "", dtype=object))
-    mode, mode_rule = _math_modes(events, links, counts, rows, dtype, flops)
+    dtype = per_row(flop_counts.costs.dtype, np.full(len(rows), "", dtype=object))
+    mode, mode_rule = _math_modes(events, links, flop_counts, rows, dtype, flops)
     return pd.DataFrame(
         {
             "trace_index": trace_index[rows],
             "name": take_categorical(events["name"], rows),
             "stage": stage_categorical(attribution.stage[rows]),
             "step": attribution.step[rows],
-            "status": pd.Categorical.from_codes(counts.status[rows], categories=list(STATUS)),
-            "family": per_row(counts.costs.family, family),
+            "status": pd.Categorical.from_codes(flop_counts.status[rows], categories=list(STATUS)),
+            "family": per_row(flop_counts.costs.family, family),
             "dtype": dtype,
-            "source": per_row(counts.costs.source, source),
-            "recompute": counts.recompute[rows],
+            "source": per_row(flop_counts.costs.source, source),
+            "recompute": flop_counts.recompute[rows],
             "flops": flops,
             "bytes": nbytes,
             "gpu_ns": gpu_ns[rows],

@@ -32,7 +32,7 @@ import pandas as pd
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.stages.graph_launch import graph_rule_mask
-from profparse.tables.host_time import host_time
+from profparse.tables.host_time import host_time as host_time_of
 from profparse.tables.rows import stage_categorical
 from profparse.tables.scopes import by_scope
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
@@ -62,18 +62,18 @@ def stage_levels(
     events: pd.DataFrame,
     links: Links,
     attribution: Attribution,
-    summary: pd.DataFrame,
-    host: pd.DataFrame | None = None,
+    stage_summary: pd.DataFrame,
+    host_time: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One row per row of ``summary`` (the internal ``stage_summary``: scope, step, stage) with the level columns;
-    ``host`` is :func:`profparse.tables.host_time.host_time`'s result where the caller has it already."""
+    """One row per row of ``stage_summary`` (the internal one: scope, step, stage) with the level columns;
+    ``host_time`` is :func:`profparse.tables.host_time.host_time`'s result where the caller has it already."""
     levels = _counted_levels(events, links, attribution)
-    host = (host_time(events, links, attribution) if host is None else host).copy()  # not the cached one
+    host = (host_time_of(events, links, attribution) if host_time is None else host_time).copy()  # not the cached one
     host["op_ns"] = host["op_ns"] + host["op_python_ns"]
     host["runtime_ns"] = host["runtime_ns"] + host["sync_ns"]
     host = host[["scope", "step", "stage_code", *HOST_COLUMNS]]
 
-    rows = summary[["scope", "step", "stage", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].copy()
+    rows = stage_summary[["scope", "step", "stage", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns"]].copy()
     rows["stage_code"] = rows["stage"].cat.codes.astype(np.int64)
     keys = ["scope", "step", "stage_code"]
     merged = rows.merge(levels, on=keys, how="left", sort=False).merge(host, on=keys, how="left", sort=False)

@@ -15,7 +15,8 @@ from profparse.analysis.load_rules import SUBSTEPS, UNATTRIBUTED, LoadRule, load
 from profparse.base.intervals import union_length
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
-from profparse.tables.host_time import HOST_SPAN_KINDS, host_time, mixed_containers
+from profparse.tables.host_time import HOST_SPAN_KINDS, mixed_containers
+from profparse.tables.host_time import host_time as host_time_of
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask, names_matching
 
@@ -120,14 +121,14 @@ def load_breakdown(
     links: Links,
     attribution: Attribution,
     substeps: LoadSubsteps,
-    host: pd.DataFrame | None = None,
+    host_time: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per sub-step (all of them, in loading order, ``unattributed`` last); empty without Python frames.
 
     ``time_ns`` of a sub-step is exclusive host time: the self time of its host spans, over the same spans as
     ``stage_summary.host_wall_ns``; ``unattributed`` is the rest of the load stage's host wall time, so the rows add
     up to it. ``wall_ns`` is the wall-clock time covered by the sub-step's spans (nested work of other sub-steps
-    included). ``host`` is :func:`profparse.tables.host_time.host_time`'s result where the caller has it already.
+    included). ``host_time`` is :func:`profparse.tables.host_time.host_time`'s result where the caller has it already.
     """
     if not substeps.active:
         return _empty_breakdown()
@@ -147,7 +148,7 @@ def load_breakdown(
         return np.bincount(code[mask], weights=w, minlength=n_sub).astype(np.int64)
 
     time_ns = total(spans, links.self_ns)
-    host = host_time(events, links, attribution) if host is None else host
+    host = host_time_of(events, links, attribution) if host_time is None else host_time
     load_code = STAGES.index("load")
     whole = int(host.loc[(host["scope"] == "total") & (host["stage_code"] == load_code), "host_wall_ns"].sum())
     rest = SUBSTEPS.index(UNATTRIBUTED)

@@ -135,7 +135,7 @@ def counted_bytes(timeline: pd.DataFrame) -> np.ndarray:
     return np.where(moved, nbytes, 0)
 
 
-def memory_by_stage(timeline: pd.DataFrame) -> pd.DataFrame:
+def memory_by_stage(memory: pd.DataFrame) -> pd.DataFrame:
     """Per (scope, step, stage, device): allocated at start/end, peaks, bytes allocated and freed.
 
     ``start_allocated_bytes`` is the device's total just before the group's first event, ``end`` just after its
@@ -145,9 +145,9 @@ def memory_by_stage(timeline: pd.DataFrame) -> pd.DataFrame:
     ``step`` (one row per step and stage; ``outside_steps`` for events outside every step) or ``total`` (the whole
     trace per stage).
     """
-    if timeline.empty:
+    if memory.empty:
         return _empty_by_stage()
-    t = timeline
+    t = memory
     allocated = t["allocated_bytes"].to_numpy()
     nbytes = counted_bytes(t)
     reserved = t["reserved_bytes"].to_numpy()

@@ -336,7 +336,7 @@ def live_by_category(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataF
     return live - before
 
 
-def memory_peak_categories(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+def memory_peak_categories(events: pd.DataFrame, memory: pd.DataFrame, memory_categories: pd.DataFrame) -> pd.DataFrame:
     """Per (step, stage, device): the bytes live in each category at the group's highest Total Allocated."""
     if memory.empty:
         return pd.DataFrame({c: np.array([], np.int64) for c in PEAK_COLUMNS}).assign(
@@ -344,7 +344,7 @@ def memory_peak_categories(events: pd.DataFrame, memory: pd.DataFrame, table: pd
             device=pd.Categorical([]),
             category=pd.Categorical([], categories=list(CATEGORIES)),
         )
-    live = live_by_category(events, memory, table)
+    live = live_by_category(events, memory, memory_categories)
     keys = pd.DataFrame(
         {
             "step": memory["step"].to_numpy(),

@@ -191,18 +191,19 @@ def _basis(flops: pd.DataFrame) -> str:
 
 
 def choose_peak(
-    header: dict[str, Any], events: pd.DataFrame, flops: pd.DataFrame, override: float | None
+    header: dict[str, Any], events: pd.DataFrame, flops: pd.DataFrame, peak_tflops: float | None
 ) -> PeakChoice:
-    """The dense peaks of the busiest device for each op's math mode (``override`` wins for every mode)."""
+    """The dense peaks of the busiest device for each op's math mode (``peak_tflops``, the option, wins for every
+    mode)."""
     by_mode = mode_flops(flops)
     dtype = str(by_mode.index[0]) if len(by_mode) else "fp32"
     share = {str(m): float(v / by_mode.sum()) for m, v in by_mode.items()}
     kernels = kind_mask(events, {"kernel"})
-    if override is not None:
-        note = f"--peak-tflops {override:g} for every math mode"
-        modes = dict.fromkeys(share, float(override))
-        return PeakChoice(float(override), dtype, "", note, basis="--peak-tflops", mode_tflops=modes,
-                          mode_share=share, override=float(override))  # fmt: skip
+    if peak_tflops is not None:
+        note = f"--peak-tflops {peak_tflops:g} for every math mode"
+        modes = dict.fromkeys(share, float(peak_tflops))
+        return PeakChoice(float(peak_tflops), dtype, "", note, basis="--peak-tflops", mode_tflops=modes,
+                          mode_share=share, override=float(peak_tflops))  # fmt: skip
     if not kernels.any():
         return PeakChoice(float("nan"), dtype, "", "no MFU: CPU-only trace (no GPU kernels), FLOPs still counted")
     device = events["device"].to_numpy()[kernels]

@@ -42,8 +42,10 @@ def call_class(name: str) -> str:
     return "other"
 
 
-def runtime_calls(events: pd.DataFrame, links: Links, attribution: Attribution, summary: pd.DataFrame) -> pd.DataFrame:
-    """Per (scope, step, stage, name) of host runtime/driver calls; ``summary`` is the internal stage summary.
+def runtime_calls(
+    events: pd.DataFrame, links: Links, attribution: Attribution, stage_summary: pd.DataFrame
+) -> pd.DataFrame:
+    """Per (scope, step, stage, name) of host runtime/driver calls; ``stage_summary`` is the internal stage summary.
 
     ``scope`` is ``step`` (one row per step), ``outside_steps`` (calls outside every step) or ``total``; rows are
     ordered by scope, step, stage, then time spent (most first).
@@ -69,7 +71,7 @@ def runtime_calls(events: pd.DataFrame, links: Links, attribution: Attribution, 
         frames.append(out)
     out = pd.concat(frames, ignore_index=True)
     by_scope(out)
-    wall = summary[["scope", "step", "stage", "host_wall_ns"]].assign(stage_code=summary["stage"].cat.codes)
+    wall = stage_summary[["scope", "step", "stage", "host_wall_ns"]].assign(stage_code=stage_summary["stage"].cat.codes)
     out = out.merge(wall.drop(columns="stage"), on=["scope", "step", "stage_code"], how="left", sort=False)
     host_wall = out["host_wall_ns"].fillna(0).to_numpy().astype(np.int64)
     used = np.unique(out["name_code"].to_numpy())

@@ -122,12 +122,11 @@ def _options(schema: pa.Schema) -> dict[str, Any]:
 _CLOCK = phase_clock.Totals()  # with PROFPARSE_PROFILE_PHASES: seconds making tables vs encoding them
 
 
-def _write_timed(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
-    """Write one table, timing its making apart from its encoding under PROFPARSE_PROFILE_PHASES. A long table of
-    fixed-width columns is converted (and for :class:`RowSlices` made) one row group at a time, so only one row
-    group's data exists at once."""
+def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
+    """Write one table (:func:`_encode`), timing its making apart from its encoding under
+    PROFPARSE_PROFILE_PHASES."""
     if not phase_clock.ENABLED:
-        _write(table, path, metadata)
+        _encode(table, path, metadata)
         return
     t0, making = time.perf_counter(), [0.0]
     if isinstance(table, RowSlices):
@@ -140,13 +139,14 @@ def _write_timed(table: Table, path: Path, metadata: dict[str, str] | None) -> N
             return frame
 
         table = RowSlices(table.rows, timed)
-    _write(table, path, metadata)
+    _encode(table, path, metadata)
     _CLOCK.add("tables", making[0])
     _CLOCK.add("parquet", time.perf_counter() - t0 - making[0])
 
 
-def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
-    """Write one table to ``path`` (a long one a row group at a time)."""
+def _encode(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
+    """Encode one table to ``path``: a long table of fixed-width columns is converted (and for :class:`RowSlices`
+    made) one row group at a time, so only one row group's data exists at once."""
     if isinstance(table, RowSlices):
         rows, part = table.rows, table.make
     else:
@@ -189,7 +189,7 @@ def write_tables(
         del first
         try:
             for name, item in rest:
-                _write_timed(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
+                _write(_made(item) if callable(item) else item, folder / f"{name}.parquet", metadata)
                 release_memory()
                 if on_table is not None:
                     on_table(name)

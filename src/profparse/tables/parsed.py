@@ -120,7 +120,7 @@ class ParsedTrace:
             stored = self.cache is not None and spec.stored
             frame = self.cache.table(name) if stored else None
             if frame is None:
-                frame = spec.function()(*self._arguments(spec.needs))
+                frame = spec.function()(**self._arguments(spec.needs))
                 if stored:
                     self.cache.put_table(name, frame)
             if keep or name in needed():
@@ -131,7 +131,7 @@ class ParsedTrace:
         """An intermediate result that several tables read (:data:`~profparse.tables.registry.VALUES`)."""
         if name not in self._internal:
             spec = VALUES[name]
-            self._internal[name] = spec.function()(*self._arguments(spec.needs))
+            self._internal[name] = spec.function()(**self._arguments(spec.needs))
             release_memory()  # its temporaries, freed in the heap, would stay resident under the tables that read it
         return self._internal[name]
 
@@ -148,16 +148,17 @@ class ParsedTrace:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return self.public(name)
 
-    def _arguments(self, needs: tuple[str, ...]) -> list[Any]:
+    def _arguments(self, needs: tuple[str, ...]) -> dict[str, Any]:
+        """The keyword arguments of a compute function: each of ``needs`` by its name."""
         inputs = {
-            "raw": lambda: self.raw.events,
+            "events": lambda: self.raw.events,
             "links": lambda: self.links,
             "attribution": lambda: self.attribution,
             "header": lambda: self.raw.header,
             "peak_tflops": lambda: self.options.get("peak_tflops"),
             "parsed": lambda: self,
         }
-        return [inputs[n]() if n in inputs else self.value(n) if n in VALUES else self.table(n) for n in needs]
+        return {n: inputs[n]() if n in inputs else self.value(n) if n in VALUES else self.table(n) for n in needs}
 
     def with_substage(self, events: pd.DataFrame) -> pd.DataFrame:
         """``events`` (rows of the event table, in order) with the loading ``substage`` and ``substage_rule``."""

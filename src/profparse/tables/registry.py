@@ -1,9 +1,10 @@
 """Every table profparse gives, declared once.
 
 Each :class:`TableSpec` says how the table is computed (a function, named as ``module:function`` so that this low
-layer never imports the analyses above it), what that function is given (``needs``, in argument order), where
-its columns are documented, and where the table goes: an attribute of :class:`~profparse.tables.parsed.ParsedTrace`
-(``public``), a Parquet file of ``profparse parse`` (``written``), the trace's cache entry (``stored``). The API,
+layer never imports the analyses above it), what that function is given (``needs``: the names of its parameters,
+passed by keyword), where its columns are documented, and where the table goes: an attribute of
+:class:`~profparse.tables.parsed.ParsedTrace` (``public``), a Parquet file of ``profparse parse`` (``written``), the
+trace's cache entry (``stored``). The API,
 the cache, the Parquet writer, the summary, the report and the ranks all read :data:`TABLES`; a new table is one
 more entry here (and its function where its idea lives).
 
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 INPUTS = {
-    "raw": "the event columns of the trace (ParsedTrace.raw.events)",
+    # the table named ``events`` is these columns with links and stages added, for output: never a need
+    "events": "the event columns of the trace (ParsedTrace.raw.events)",
     "links": "nesting and launch links (ParsedTrace.links)",
     "attribution": "stages, rules and steps of every event (ParsedTrace.attribution)",
     "header": "the trace's top-level fields other than traceEvents",
@@ -33,7 +35,7 @@ class TableSpec:
     """One table: its name, how it is computed, and where it goes."""
 
     name: str
-    compute: str  # "module:function"; called with the values of ``needs``; returns internal NULL sentinels
+    compute: str  # "module:function"; called with ``needs`` as keyword arguments; returns internal NULL sentinels
     needs: tuple[str, ...]
     doc: str  # the page that documents its columns, under a heading that names the table
     summary: str  # one line: what a row is
@@ -65,7 +67,7 @@ def resolve(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
-_ROWS = ("raw", "links", "attribution")
+_ROWS = ("events", "links", "attribution")
 
 VALUES: dict[str, ValueSpec] = {
     spec.name: spec
@@ -77,7 +79,7 @@ VALUES: dict[str, ValueSpec] = {
         ValueSpec(
             "peak",
             "profparse.analysis.peaks:choose_peak",
-            ("header", "raw", "flops", "peak_tflops"),
+            ("header", "events", "flops", "peak_tflops"),
             "the peak MFU is measured against: tflops (NaN if unknown), dtype, device, note",
         ),
     )
@@ -185,7 +187,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "memory_peak_categories",
             "profparse.analysis.memory_categories:memory_peak_categories",
-            ("raw", "memory", "memory_categories"),
+            ("events", "memory", "memory_categories"),
             "docs/memory_categories.md",
             "per (step, stage, device, category): bytes live at the group's highest Total Allocated",
         ),
@@ -206,7 +208,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "comm_exposure",
             "profparse.analysis.comm:comm_exposure",
-            ("raw", "collectives", "attribution"),
+            ("events", "collectives", "attribution"),
             "docs/communication.md",
             "per (step, stage, device): collective time, the part no other GPU work overlaps, overlap %",
         ),
@@ -245,7 +247,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "gemms",
             "profparse.analysis.gemms:gemm_table",
-            ("raw", "flops", "peak"),
+            ("events", "flops", "peak"),
             "docs/efficiency.md",
             "matmul shapes (batch, M, N, K, dtype): count, FLOPs, GPU time, TFLOP/s and % of the device's peak",
         ),

@@ -8,7 +8,8 @@ import pandas as pd
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.gpu_time import gpu_time
-from profparse.tables.host_time import host_time, step_labels
+from profparse.tables.host_time import host_time as host_time_of
+from profparse.tables.host_time import step_labels
 from profparse.tables.rows import stage_categorical
 from profparse.tables.scopes import by_scope
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
@@ -31,7 +32,7 @@ SUMMARY_COLUMNS = (
 
 
 def stage_summary(
-    events: pd.DataFrame, links: Links, attribution: Attribution, host: pd.DataFrame | None = None
+    events: pd.DataFrame, links: Links, attribution: Attribution, host_time: pd.DataFrame | None = None
 ) -> pd.DataFrame:
     """One row per (step, stage) plus one per stage over the whole trace (``scope`` = ``total``).
 
@@ -51,7 +52,7 @@ def stage_summary(
     launcher &= kind_mask(events, RUNTIME_KINDS)
     memcpy_bytes = events["bytes"].to_numpy()[memcpy]
     memcpy_bytes = np.where(memcpy_bytes == NULL, 0, memcpy_bytes)
-    host = host_time(events, links, attribution) if host is None else host  # ParsedTrace computes it once
+    host = host_time_of(events, links, attribution) if host_time is None else host_time  # ParsedTrace computes it once
     gpu = gpu_time(events, attribution)
 
     step_values = step_labels(attribution)

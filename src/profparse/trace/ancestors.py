@@ -46,38 +46,37 @@ _DEPTH_ORDER: list[Any] = [None]  # (weak reference to the depth array, its leng
 # -- every row at once ----------------------------------------------------------------------------------------------
 
 
+def _levels_down(depth: np.ndarray):
+    """The rows of each depth, from the roots' children down (a row's parent is settled before the row)."""
+    if not len(depth):
+        return
+    order, bounds = depth_order(depth)
+    for d in range(1, len(bounds) - 1):
+        rows = order[bounds[d] : bounds[d + 1]]
+        if rows.size:
+            yield rows
+
+
 def innermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
     """For every row: the nearest proper ancestor with ``is_kind`` (``-1`` if none). ``depth``: each row's depth
     in the tree of ``parent`` (``links.depth`` for ``links.parent``).
 
     Level by level from the roots down: a row's answer is its parent if the parent has ``is_kind``, else the
     parent's answer, which the level above has settled."""
-    n = len(parent)
-    found = np.full(n, -1, dtype=parent.dtype)
-    if n == 0:
-        return found
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
-        if rows.size:
-            p = parent[rows]
-            found[rows] = np.where(is_kind[p], p, found[p])
+    found = np.full(len(parent), -1, dtype=parent.dtype)
+    for rows in _levels_down(depth):
+        p = parent[rows]
+        found[rows] = np.where(is_kind[p], p, found[p])
     return found
 
 
 def outermost_ancestor_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray) -> np.ndarray:
     """For every row: the farthest proper ancestor with ``is_kind`` (``-1`` if none); level by level from the roots
     down, as :func:`innermost_ancestor_of_kind`, keeping the answer the level above found first."""
-    n = len(parent)
-    found = np.full(n, -1, dtype=parent.dtype)
-    if n == 0:
-        return found
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
-        if rows.size:
-            p = parent[rows]
-            found[rows] = np.where(found[p] >= 0, found[p], np.where(is_kind[p], p, -1))
+    found = np.full(len(parent), -1, dtype=parent.dtype)
+    for rows in _levels_down(depth):
+        p = parent[rows]
+        found[rows] = np.where(found[p] >= 0, found[p], np.where(is_kind[p], p, -1))
     return found
 
 
@@ -85,11 +84,7 @@ def has_ancestor_in(parent: np.ndarray, depth: np.ndarray, mask: np.ndarray) -> 
     """Rows with a proper ancestor in ``mask``: ``innermost_ancestor_of_kind(...) >= 0`` as a boolean sweep, level
     by level from the roots (half the time of the index sweep)."""
     out = np.zeros(len(parent), dtype=bool)
-    if not len(parent):
-        return out
-    order, bounds = depth_order(depth)
-    for d in range(1, len(bounds) - 1):
-        rows = order[bounds[d] : bounds[d + 1]]
+    for rows in _levels_down(depth):
         p = parent[rows]
         out[rows] = mask[p] | out[p]
     return out
