@@ -49,13 +49,17 @@ def _tiny(n: int) -> Iterator[str]:
 
 
 def _python(n: int) -> Iterator[str]:
-    """Python functions nested 8 deep, 5,000 distinct frames (a trace recorded with ``with_stack``)."""
+    """Python functions nested 7 deep around an op, 5,000 distinct frames (a trace recorded with ``with_stack``)."""
     for i in range(n):
-        depth = i % 8
+        depth, ts = i % 8, 1000 + 20 * (i // 8) + i % 8
+        if depth == 7:
+            op = f'{{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":{ts},"dur":1'
+            yield op + f',"args":{{"External id":{i}}}}}'
+            continue
         parent = i - 1 if depth else 0
         yield (
             f'{{"ph":"X","cat":"python_function","name":"model.py({i % 5000}): forward_{i % 5000}","pid":1,"tid":1,'
-            f'"ts":{1000 + 20 * (i // 8) + depth},"dur":{16 - 2 * depth},"args":{{"Python parent id":{parent},'
+            f'"ts":{ts},"dur":{16 - 2 * depth},"args":{{"Python parent id":{parent},'
             f'"Python id":{i},"Python thread":0}}}}'
         )
 

@@ -207,6 +207,8 @@ class EventTableBuilder:
             return frame
         merged = {key: column[: self.rows] for key, column in self.columns.items()}
         self.columns = {}
+        for interner in (self.names, self.cats, self.phs, *self.texts.values()):
+            interner.codes = {}  # no more chunks: the categoricals hash their own (unique names: ~70 B each)
         kind = kind_codes(
             self.phs.values,
             self.cats.values,
