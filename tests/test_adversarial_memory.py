@@ -105,8 +105,8 @@ def tiny_events_gzip(path: Path, events: int) -> Path:
 
 def test_many_tiny_events_are_refused_by_their_count(tmp_path: Path) -> None:
     """1 M events of ~70 bytes: 1.5x the JSON + 128 MiB says ~240 MB and passed a 300 MiB budget, but the tables
-    hold every event (~730 bytes each measured, 0.9 M such events peaked at 764 MB): counted at 250 bytes per event
-    the estimate is ~380 MB, and the run stops with exit 8 after the first 16 MiB of JSON."""
+    hold every event (~730 bytes each measured, 0.9 M such events peaked at 764 MB): counted per event (250 bytes)
+    and per op (550 more) the estimate is ~890 MiB, and the run stops with exit 8 after the first 16 MiB of JSON."""
     from adversarial import assert_clean_failure, run_cli
 
     path = tiny_events_gzip(tmp_path / "tiny.json.gz", 1_000_000)
