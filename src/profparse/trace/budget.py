@@ -5,20 +5,62 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
 from profparse.base.errors import OutOfMemoryError, UsageError
 
 MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
-# peak memory ~ NEED_PER_JSON_BYTE x the JSON + NEED_FIXED: the peak that docs/performance.md reports, on top of
-# what Python, pandas and pyarrow take themselves
-NEED_PER_JSON_BYTE = 1.5
+DEBUG_ENV = "PROFPARSE_MEMORY_DEBUG"  # "1": print each estimate and its parts on stderr
+# peak memory of summarize/parse ~ NEED_FIXED + max(NEED_PER_JSON_BYTE x the JSON, the tables' need per event)
+# + what the distinct strings take. NEED_FIXED: what Python, pandas and pyarrow take themselves. The tables hold
+# every event whatever its JSON size (one-field events: ~55 bytes of JSON, ~800 bytes of memory), and the
+# analyses keep columns per op (flops, efficiency, the op tree), per Python frame (the stack tree) and per GPU
+# event (linking, streams); every distinct string is a Python object in a categorical's categories, hashed once
+# or twice. Fitted to the peaks of scripts/memory_cases.py (unique names, unique thread ids, tiny events, Python
+# functions, GPU events) and of the real traces; see docs/performance.md.
 NEED_FIXED = 128 << 20
-# ... or, for events smaller than ~170 bytes of JSON, per event: the tables hold every event whatever its size
-# (a100 tile: ~270 bytes per event in all; 0.9 M one-field events: ~730), so this floor never exceeds a real trace's
+NEED_PER_JSON_BYTE = 1.5
 NEED_PER_EVENT = 250
+NEED_PER_OP = 550
+NEED_PER_PYTHON = 300
+NEED_PER_GPU = 250
+NEED_PER_STRING = 200
+NEED_PER_CHAR = 3
 BYTES_PER_EVENT = 200  # Kineto events take 200-250 bytes of JSON: sizes the event table before reading
+
+
+@dataclass
+class Tally:
+    """What a trace holds, as far as memory goes: events, and of them ops (``cpu_op``), Python functions and GPU
+    events; distinct strings (names, categories, text args) and their characters."""
+
+    events: float = 0
+    ops: float = 0
+    python: float = 0
+    gpu: float = 0
+    strings: float = 0
+    chars: float = 0
+
+    def scaled(self, factor: float) -> Tally:
+        """The counts projected to ``factor`` times as much JSON (distinct strings too: a trace of unique names
+        goes on as it started; a real trace's strings repeat, and the check after reading counts them exactly)."""
+        return Tally(*(factor * value for value in astuple(self)))
+
+
+def estimate(json_bytes: float, tally: Tally | None = None) -> tuple[float, dict[str, float]]:
+    """The peak memory (bytes) a trace of ``json_bytes`` of JSON holding ``tally`` needs, and its parts."""
+    t = tally or Tally()
+    parts = {
+        "fixed": float(NEED_FIXED),
+        "json": NEED_PER_JSON_BYTE * json_bytes,
+        "events": float(
+            NEED_PER_EVENT * t.events + NEED_PER_OP * t.ops + NEED_PER_PYTHON * t.python + NEED_PER_GPU * t.gpu
+        ),
+        "strings": float(NEED_PER_STRING * t.strings + NEED_PER_CHAR * t.chars),
+    }
+    return parts["fixed"] + max(parts["json"], parts["events"]) + parts["strings"], parts
 
 
 def _size(text: str) -> int:
@@ -121,20 +163,52 @@ def memory_budget() -> tuple[int | None, str]:
     return min(found) if found else (None, "")
 
 
-def check_memory(path: str, json_bytes: float, disk_bytes: int | None = None, events: float = 0) -> None:
-    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON (about ``events`` events, 0: not known yet)
-    need more memory than there is; ``disk_bytes``: the size of the compressed file they are inflated from, for
-    the message."""
-    need = max(NEED_PER_JSON_BYTE * json_bytes, NEED_PER_EVENT * events) + NEED_FIXED
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc cannot say)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _debug(path: str, stage: str, need: float, parts: dict[str, float], tally: Tally | None, held: int) -> None:
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        counts = ", ".join(f"{k} {v:,.0f}" for k, v in vars(tally).items()) if tally else "no counts"
+        sizes = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in parts.items())
+        print(
+            f"profparse: memory estimate [{stage}]: {need / 2**20:.1f} MiB = fixed + max(json, events) + strings "
+            f"({sizes} MiB; {counts}; held {held / 2**20:.1f} MiB) {path}",
+            file=sys.stderr,
+        )
+
+
+def check_memory(
+    path: str,
+    json_bytes: float,
+    disk_bytes: int | None = None,
+    tally: Tally | None = None,
+    *,
+    held: int = 0,
+    stage: str = "before",
+) -> None:
+    """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON holding ``tally`` (None: not known yet) need
+    more memory than there is (:func:`estimate`); ``disk_bytes``: the size of the compressed file they are
+    inflated from, for the message; ``held``: what this process has taken for the trace already (counted in the
+    estimate, and no longer in what is left, except under ``$PROFPARSE_MEMORY_LIMIT``, which bounds the whole);
+    ``stage``: before, while or after reading, for ``$PROFPARSE_MEMORY_DEBUG``."""
+    need, parts = estimate(json_bytes, tally)
+    _debug(path, stage, need, parts, tally, held)
     budget, source = memory_budget()
-    if budget is None or need <= budget:
+    if budget is None or need - (0 if source.startswith("allowed") else held) <= budget:
         return
     inflated = f", inflated from {_human(disk_bytes)} on disk" if disk_bytes is not None else ""
-    inflated += (
-        f", about {events / 1e6:.1f} M events" if NEED_PER_EVENT * events > NEED_PER_JSON_BYTE * json_bytes else ""
-    )
+    if tally is not None and parts["events"] > parts["json"]:
+        inflated += f", about {tally.events / 1e6:.1f} M events"
+    if tally is not None and parts["strings"] > 0.25 * need:
+        inflated += f", about {tally.strings / 1e6:.1f} M distinct names"
+    held_text = f" ({_human(held)} of it in use already)" if held and not source.startswith("allowed") else ""
     raise OutOfMemoryError(
-        f"{path}: needs about {_human(need)} of memory for about {_human(json_bytes)} of JSON{inflated}; "
+        f"{path}: needs about {_human(need)} of memory{held_text} for about {_human(json_bytes)} of JSON{inflated}; "
         f"{_human(budget)} {source}. Run it where more memory is free (or set {MEMORY_ENV} to a larger "
         "size to try anyway)"
     )

@@ -31,12 +31,14 @@ class Interner:
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
         self.values: list[str] = []
+        self.chars = 0  # of all values: for the memory estimate
 
     def _code(self, s: str) -> int:
         c = self.codes.get(s)
         if c is None:
             c = self.codes[s] = len(self.values)
             self.values.append(s)
+            self.chars += len(s)
         return c
 
     def encode(self, items: list[str]) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from profparse.base.errors import OutOfMemoryError, TraceFormatError, TruncatedTraceError
-from profparse.trace.budget import check_memory
+from profparse.trace.budget import Tally, check_memory, resident_bytes
 from profparse.trace.recovery import ChunkDecoder
 from profparse.trace.scan import after_separator, event_boundaries, event_ends, trailer_follows, unmatched_close
 from profparse.trace.schema import Decoded, Event, FastEvent
@@ -32,6 +32,11 @@ MAX_EVENT_BYTES = 64 << 20  # a single event larger than this is hostile or corr
 # events holds 4,000-6,000 of them (7,000-11,000 '{'), but a chunk of tiny events ('{}') holds ~50x more, whose
 # objects and columns at once went far above the estimate (NEED_PER_JSON_BYTE); this many take a few MB
 MAX_CHUNK_EVENTS = 1 << 14
+# the memory need is projected from what was read at this much JSON (a plain file's size is known: its events'
+# density decides early; a .json.gz's inflated size is not, and its first MiB say little about the rest) and at
+# every doubling after
+FIRST_CHECK_PLAIN = 4 << 20
+FIRST_CHECK_GZIP = 16 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _HEADER = msgspec.json.Decoder(dict[str, Any])
 _TRAILER_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -70,6 +75,10 @@ class TraceDecoder(ChunkDecoder):
         self._size_says_little = False  # a plain file that does not end as a JSON document: check what is read
         self._array_closed = False  # what follows the event array is counted, never held: no memory check then
         self._scan_at = 0  # a buffer without an event boundary is scanned for the array's end at this size
+        #: what was read so far holds (the table builder's counts), for the memory checks while reading; None:
+        #: only the events this decoder counted
+        self.tally: Callable[[], Tally] | None = None
+        self._resident_at_start = 0  # this process's memory when reading began: what it holds for the trace is more
 
     def _read(self, stream: BinaryIO) -> bytes:
         try:
@@ -84,11 +93,13 @@ class TraceDecoder(ChunkDecoder):
 
     def _check_memory(self, stream: BinaryIO) -> None:
         """Project the memory the whole trace needs from what was read so far; stop early when it is more than
-        the machine has (:func:`memory_budget`). Checked at 16 MiB of JSON and every doubling after, so a gzip
-        bomb is stopped after reading a few MiB per GiB it would inflate to, long before it fills the memory."""
+        the machine has (:func:`memory_budget`). Checked at 4 MiB of JSON (16 MiB of a .json.gz, inflated) and
+        every doubling after, so a gzip bomb is stopped after reading a few MiB per GiB it would inflate to, long
+        before it fills the memory."""
         read = self.report.bytes_read
         step = self._memory_checked_at + (64 << 20) if self._size_says_little else 2 * self._memory_checked_at
-        if self._array_closed or read < max(16 << 20, step):
+        first = FIRST_CHECK_GZIP if isinstance(stream, Gunzip) else FIRST_CHECK_PLAIN
+        if self._array_closed or read < max(first, step):
             return
         self._memory_checked_at = read
         if isinstance(stream, Gunzip):
@@ -96,7 +107,8 @@ class TraceDecoder(ChunkDecoder):
             projected = read * self._disk_bytes / consumed if consumed > 0 else read
         else:
             projected = read if self._size_says_little else max(self._disk_bytes, read)
-        self.check_memory_for(projected, self.report.events_read * projected / read)  # events at the same rate
+        tally = self.tally() if self.tally is not None else Tally(events=self.report.events_read)
+        self.check_memory_for(projected, tally.scaled(projected / read), stage="while")  # at the same rate
 
     def _check_plain_size(self, stream: BinaryIO) -> None:
         """A plain file's JSON size is known: decide before reading. Unless the file does not end as a JSON
@@ -109,10 +121,16 @@ class TraceDecoder(ChunkDecoder):
                 raise
             self._size_says_little = True
 
-    def check_memory_for(self, json_bytes: float, events: float = 0) -> None:
-        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON (``events`` events) need more memory than
-        there is."""
-        check_memory(self.path, json_bytes, self._disk_bytes if self._gzip else None, events)
+    def check_memory_for(self, json_bytes: float, tally: Tally | None = None, stage: str = "before") -> None:
+        """Raise :class:`OutOfMemoryError` when ``json_bytes`` of JSON holding ``tally`` need more memory than
+        there is (what this process took since reading began counts as held)."""
+        held = max(resident_bytes() - self._resident_at_start, 0) if stage != "before" else 0
+        check_memory(self.path, json_bytes, self._disk_bytes if self._gzip else None, tally, held=held, stage=stage)
+
+    def check_memory_after(self, tally: Tally) -> None:
+        """The check with the exact counts once every event is read: the JSON up to the event array's end."""
+        end = self.report.events_end_byte
+        self.check_memory_for(end if end is not None else self.report.bytes_read, tally, stage="after")
 
     @property
     def _gzip(self) -> bool:
@@ -153,6 +171,7 @@ class TraceDecoder(ChunkDecoder):
     def _stream_inner(self, defer: bool) -> Iterator[memoryview | Decoded | None]:
         with open_trace(self.path) as stream:
             self._stream_handle = stream
+            self._resident_at_start = resident_bytes()
             self._disk_bytes = os.fstat(stream.raw.fileno() if isinstance(stream, Gunzip) else stream.fileno()).st_size
             if not isinstance(stream, Gunzip):
                 self._check_plain_size(stream)

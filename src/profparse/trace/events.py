@@ -72,6 +72,16 @@ def read_trace(
         ) from None
 
 
+def _reader(
+    path: str | Path, strict: bool, kwargs: dict[str, Any], rows: int
+) -> tuple[TraceDecoder, EventTableBuilder]:
+    """A decoder and the builder its chunks go to; the decoder's memory checks count what the builder holds."""
+    decoder = TraceDecoder(path, strict=strict, **kwargs)
+    builder = EventTableBuilder(rows)
+    decoder.tally = builder.tally
+    return decoder, builder
+
+
 def _read_trace(
     path: str | Path, *, strict: bool, chunk_bytes: int | None, progress: Any, workers: int | None
 ) -> RawTrace:
@@ -82,17 +92,16 @@ def _read_trace(
         done = False
         processes = worker_count(path, workers)
         if processes > 1:
-            decoder = TraceDecoder(path, strict=strict, **kwargs)
-            builder = EventTableBuilder(rows)
+            decoder, builder = _reader(path, strict, kwargs, rows)
             done = read_parallel(decoder, builder, processes, progress)
         if not done:
-            decoder = TraceDecoder(path, strict=strict, **kwargs)
-            builder = EventTableBuilder(rows)
+            decoder, builder = _reader(path, strict, kwargs, rows)
             for events, raw in decoder.chunks_with_text():
                 builder.add(events, raw)
                 del events, raw  # free the chunk before the next one is decoded
                 if progress is not None:
                     progress(decoder.report.bytes_read)
+        decoder.check_memory_after(builder.tally())  # exact counts, before the tables and analyses take the most
         frame = builder.build()
     release_memory()
     if frame.attrs.get("dropped_missing_ts"):

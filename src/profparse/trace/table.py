@@ -8,8 +8,11 @@ import numpy as np
 import pandas as pd
 from pandas.arrays import SparseArray
 
+from profparse.trace.budget import Tally
 from profparse.trace.columns import ChunkColumns, Interner, chunk_columns
 from profparse.trace.kinds import (
+    CATEGORY_KIND,
+    GPU_TRACK_KINDS,
     INT_ARG_COLUMNS,
     KIND_CODE,
     KINDS,
@@ -84,6 +87,28 @@ class EventTableBuilder:
         self.position = 0  # events appended so far, the rows dropped while appending included
         # rows dropped while appending (no ts, absurd times): counted here, never stored
         self.dropped = {"dropped_missing_ts": 0, "dropped_absurd_time": 0, "negative_dur": 0}
+        self.kind_counts = {"ops": 0, "python": 0, "gpu": 0}  # events appended, by what the memory estimate counts
+
+    def tally(self) -> Tally:
+        """The events appended so far and their distinct strings, for the memory estimate."""
+        interners = [self.names, self.cats, self.phs, *self.texts.values()]
+        return Tally(
+            events=self.position,
+            strings=sum(len(i.values) for i in interners),
+            chars=sum(i.chars for i in interners),
+            **self.kind_counts,
+        )
+
+    def _count_kinds(self, cats: list[str], cat_code: np.ndarray) -> None:
+        """Count a chunk's ops, Python functions and GPU events by their category (chunk-local codes)."""
+        per_cat = np.bincount(cat_code, minlength=len(cats)).tolist()
+        for cat, count in zip(cats, per_cat, strict=False):
+            kind = CATEGORY_KIND.get(cat)
+            key = {"cpu_op": "ops", "python_function": "python"}.get(
+                kind or "", "gpu" if kind in GPU_TRACK_KINDS else ""
+            )
+            if key:
+                self.kind_counts[key] += count
 
     def add(self, events: list[Event] | list[FastEvent], raw_chunk: bytes | None = None) -> None:
         """Append one decoded chunk; ``raw_chunk`` is its JSON text when it decoded without repairs."""
@@ -93,6 +118,7 @@ class EventTableBuilder:
     def append(self, chunk: ChunkColumns) -> None:
         """Append a chunk made by :func:`chunk_columns` (here or in another process)."""
         cols = chunk.cols
+        self._count_kinds(chunk.cat, cols["cat_code"])
         cols["ph_code"] = self.phs.remap(chunk.ph, cols["ph_code"])
         cols["cat_code"] = self.cats.remap(chunk.cat, cols["cat_code"])
         cols["name_code"] = self.names.remap(chunk.name, cols["name_code"])
@@ -181,6 +207,8 @@ class EventTableBuilder:
             return frame
         merged = {key: column[: self.rows] for key, column in self.columns.items()}
         self.columns = {}
+        for interner in (self.names, self.cats, self.phs, *self.texts.values()):
+            interner.codes = {}  # no more chunks: the categoricals hash their own (unique names: ~70 B each)
         kind = kind_codes(
             self.phs.values,
             self.cats.values,

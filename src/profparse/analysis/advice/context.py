@@ -176,14 +176,23 @@ class AdviceContext:
         seg = self.path.loc[segment_mask]
         if seg.empty:
             return []
-        if key is None:
-            names = seg["name"].astype(str).to_numpy()
-        else:
+        # summed per name code, named once per distinct code: a string per segment made the peak of summarize on
+        # traces with many path segments
+        own = seg["name"]
+        labels = np.asarray(own.cat.categories, dtype=object)
+        codes = own.cat.codes.to_numpy().astype(np.int64)
+        if key is not None:
             rows = key[segment_mask]
-            own = seg["name"].astype(str).to_numpy()
-            names = np.where(rows >= 0, self.name_of(np.maximum(rows, 0)), own)
-        names = [_UNTRACED_IN_STEP if STEP_NAME.match(name) else name for name in names]
-        totals = pd.Series(seg["ns"].to_numpy(), index=names).groupby(level=0).sum().nlargest(n)
+            events = self.events["name"]
+            event_codes = events.cat.codes.to_numpy()[np.maximum(rows, 0)].astype(np.int64)
+            codes = np.where(rows >= 0, np.where(event_codes >= 0, event_codes + len(labels), -1), codes)
+            labels = np.concatenate([labels, np.asarray(events.cat.categories, dtype=object)])
+        labels = np.append(labels, "nan")  # a missing name, as astype(str) wrote it
+        codes[codes < 0] = len(labels) - 1
+        used, inverse = np.unique(codes, return_inverse=True)
+        ns = np.bincount(inverse, weights=seg["ns"].to_numpy(dtype=np.float64), minlength=len(used))
+        names = [_UNTRACED_IN_STEP if STEP_NAME.match(str(name)) else str(name) for name in labels[used]]
+        totals = pd.Series(ns, index=names).groupby(level=0).sum().nlargest(n)
         count = len(self.steps)
         return [{"name": name, "ms_per_step": round(ns / count / 1e6, 3)} for name, ns in totals.items()]
 
