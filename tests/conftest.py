@@ -2,12 +2,19 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+try:
+    import fcntl
+except ImportError:  # Windows: each worker makes its own (once_per_run)
+    fcntl = None
 
 # CI runs the property tests with a fixed seed sequence, so a landing never depends on luck; locally they explore.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -52,6 +59,25 @@ def _private_cache(
     return folder
 
 
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder ``make(folder)`` filled, made once per test run: the pytest-xdist workers of one run share it
+    (the first to ask makes it while the others wait on a lock), so a capture that several test files read runs
+    once, not once per worker and file. A ``make`` that fails or skips leaves no folder behind: the next asker
+    tries again."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's folder above the workers'
+    folder, done = root / f"once-{name}", root / f"once-{name}.done"
+    with open(root / f"once-{name}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 @functools.lru_cache(maxsize=16)
 def parsed(path: Path, include_marks: bool = True):
     """Parse once per test session (tests must not modify what they get)."""
@@ -89,6 +115,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 #: pytest-xdist's --dist loadfile, which hands whole files to the workers in collection order: these go first, so
 #: the run does not end with one worker alone on a long file while the others wait.
 SLOW_FILES = (
+    "test_advice_pairs.py",  # the pairs' captures: the longest file, so it starts first
+    "test_ground_truth.py",
     "test_ranks.py",
     "test_adversarial_inputs.py",
     "test_robustness.py",
@@ -98,7 +126,7 @@ SLOW_FILES = (
     "test_adversarial_outputs.py",
     "test_adversarial_cli.py",
     "test_capture.py",
-    "test_text_args.py",
+    "test_parallel_read.py",
 )
 
 

@@ -79,10 +79,14 @@ def test_every_step_is_a_profiler_step_and_there_are_no_stage_marks(pairs_dir: P
 
 
 @pytest.mark.parametrize("kind", TIMED_KINDS)
-def test_measure_takes_each_sides_steps_after_the_first(pairs_dir: Path, kind: str) -> None:
+def test_measure_takes_each_sides_steps_after_the_first(pairs_dir: Path, kind: str, monkeypatch) -> None:
     """What the pair script compares (its saving, a step-time difference that a loaded machine moves, is printed by
     ``scripts/advice_pairs.py``, not asserted here): the steps after the first of each side, and their means."""
+    import profparse
     from profparse.capture.advice_pairs import measure, step_times_ns
+
+    # the traces this session parsed already (each test has an empty cache: measure would parse both sides twice)
+    monkeypatch.setattr(profparse, "parse", lambda path: _parsed(Path(path)))
 
     bad, good = _trace(pairs_dir, kind, True), _trace(pairs_dir, kind, False)
     m = measure(bad, good)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED_TRACES
+from conftest import SHARED_TRACES, once_per_run
 from tracebuilder import AUTOGRAD, MAIN, TraceBuilder
 
 from profparse import ranks
@@ -539,13 +539,14 @@ def gloo_ddp_folder(tmp_path_factory) -> Path:
         pytest.skip("torch without gloo")
     from profparse.capture.patterns import LateSleep, capture_ddp, rank_path
 
-    out = tmp_path_factory.mktemp("gloo_ddp")
-    first = capture_ddp(out / "capture" / "ddp.json.gz", False, LateSleep(LATE_RANK, LATE_STAGE, SLEEP_S))
-    folder = out / "ranks"
-    folder.mkdir()
-    for rank in (0, 1):
-        shutil.copy(rank_path(first, rank), folder / f"rank{rank}.json.gz")
-    return folder
+    def capture(out: Path) -> None:
+        first = capture_ddp(out / "capture" / "ddp.json.gz", False, LateSleep(LATE_RANK, LATE_STAGE, SLEEP_S))
+        (out / "ranks").mkdir()
+        for rank in (0, 1):
+            shutil.copy(rank_path(first, rank), out / "ranks" / f"rank{rank}.json.gz")
+
+    # three test files read it (test_ranks_advice, test_ranks_critical_path): captured once per run
+    return once_per_run(tmp_path_factory, "gloo_ddp", capture) / "ranks"
 
 
 def test_gloo_ddp_capture_names_the_sleeping_rank_its_stage_and_delay(gloo_ddp_folder, capsys):

@@ -49,7 +49,7 @@ def test_truncation_at_many_offsets(capsys, tmp_path):
     doc = base_document()
     text = json.dumps(doc, indent=1).encode()
     path = tmp_path / "cut.json"
-    for cut in range(1, len(text), max(1, len(text) // 60)):
+    for cut in range(1, len(text), max(1, len(text) // 40)):  # 40 cuts: each is a whole summarize
         path.write_bytes(text[:cut])
         code, err = cli(capsys, path)
         expected = complete_events(text[:cut])
@@ -100,7 +100,7 @@ def test_byte_changes_in_plain_json(capsys, tmp_path):
     rng = random.Random(99)
     path = tmp_path / "changed.json"
     outcomes = set()
-    for _ in range(40):
+    for _ in range(25):
         broken = bytearray(data)
         broken[rng.randrange(first, last)] = rng.choice(b'{}[]",:0a\\\x00\xff')
         path.write_bytes(bytes(broken))
@@ -132,7 +132,7 @@ ODD_VALUES = st.one_of(
 )  # fmt: skip
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     index=st.integers(0, 40),
     field=st.sampled_from(["ts", "dur", "pid", "tid", "name", "cat", "ph", "args", "id", "correlation", "Bytes"]),
@@ -204,7 +204,7 @@ def random_trace(draw) -> dict:
     return b.document()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=random_trace())
 def test_invariants(tmp_path, doc):
     path = tmp_path / "random.json"

@@ -37,17 +37,19 @@ def check_against_file(raw, doc_events: list[dict]) -> int:
     compared = 0
     for column in TEXT_ARG_COLUMNS:
         assert isinstance(events[column].dtype, pd.CategoricalDtype)
+    # each column as a Python list once: a pandas scalar lookup per value took a minute on the sample capture
+    values = {column: events[column].to_numpy().tolist() for column in (*TEXT_KEYS.values(), *INT_KEYS.values())}
     for row, i in enumerate(index.tolist()):
         args = doc_events[i].get("args") or {}
         for key, column in TEXT_KEYS.items():
-            got = events[column].iat[row]
+            got = values[column][row]
             if key in args:
                 assert json.loads(got) == args[key] if not isinstance(args[key], str) else got == args[key]
                 compared += 1
             else:
                 assert pd.isna(got), (i, column, got)
         for key, column in INT_KEYS.items():
-            got = int(events[column].iat[row])
+            got = int(values[column][row])
             assert got == (args[key] if key in args else NULL)
     return compared
 
