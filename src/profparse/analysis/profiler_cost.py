@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis import replay as rp
+from profparse.analysis import replay_path
+from profparse.analysis.critical_path import BOUNDS
 from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask
@@ -36,7 +38,9 @@ DEFAULT_CPU_NS = {"op_shapes": 550.0, "op": 340.0, "python": 300.0, "runtime": 3
 #: not the profiled ones (another batch, another phase), and the estimate stays the model's
 MAX_SCALE = 8.0
 _FIT_ROUNDS = 12  # bisection rounds: MAX_SCALE / 2**12 is within 0.2% of the scale
-COLUMNS = ("step", "measured_ns", "replayed_ns", "loop_ns", "without_profiler_ns", "overhead_ns")
+#: per bound, the ns of the step's critical path replayed without the profiler (they add up to its step)
+PATH_COLUMNS = tuple(f"path_{b}_ns" for b in BOUNDS)
+COLUMNS = ("step", "measured_ns", "replayed_ns", "loop_ns", "without_profiler_ns", "overhead_ns", *PATH_COLUMNS)
 
 
 def per_event_ns(header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]:
@@ -102,6 +106,8 @@ def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, h
     cost, _ = costs(model, header, bool(kind_mask(events, GPU_ACTIVITY_KINDS).any()))
     same = rp.replay(model, np.zeros(len(rp.OVERHEAD_KINDS)))
     without = rp.replay(model, cost)
+    path = replay_path.bound_ns(events, links, attribution, model, cost)
+    paths = {f"path_{b}_ns": np.round(path[b].to_numpy()).astype(np.int64) for b in BOUNDS}
     return pd.DataFrame(
         {
             "step": same["step"].to_numpy(),
@@ -110,8 +116,27 @@ def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, h
             "loop_ns": np.round(same["step_ns"].to_numpy()).astype(np.int64),
             "without_profiler_ns": np.round(without["step_ns"].to_numpy()).astype(np.int64),
             "overhead_ns": np.round(same["step_ns"].to_numpy() - without["step_ns"].to_numpy()).astype(np.int64),
+            **paths,
         }
     )
+
+
+def path_without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
+    """``critical_path.without_profiler``: the steady steps' ns on the critical path replayed without the
+    profiler, by bound (summed over the steps), with its basis; empty without steady steps."""
+    table = parsed.table("replay")
+    if table.empty:
+        return {}
+    on_gpu = bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any())
+    _, basis = per_event_ns(parsed.header, on_gpu)
+    basis = "calibrated" if unprofiled_step_ns(parsed.header) is not None else basis
+    totals = {b: int(table[f"path_{b}_ns"].sum()) for b in BOUNDS}
+    return {
+        "steps": len(table),
+        "basis": basis,
+        "total_ns": sum(totals.values()),
+        "bounds": {b: v for b, v in totals.items() if v},
+    }
 
 
 def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
