@@ -2,12 +2,18 @@
 savings.
 
     python scripts/advice_pairs.py --out /tmp/advice_pairs [--kind recompute ...] [--stack] [--no-capture]
+    python scripts/advice_pairs.py --device cuda --out /tmp/gpu_pairs [--kind sync_in_step ...] [--blocks 6] [--tiny]
 
 Writes ``KIND_bad.json.gz``, ``KIND_good.json.gz`` per kind and ``clean.json.gz`` into ``--out``, then prints per
 kind the mean step time of each side (steps after the first) and the difference: the saving the fix measured.
 Where ``profparse.parse(trace).findings`` has rows, it also prints each finding of that kind on both sides with its
 ``saving_ns_per_step`` and the ratio estimate / measured. ``--no-capture`` only measures traces already in --out.
 See docs/advice.md, "Checking the estimates".
+
+``--device cuda`` captures the GPU pairs instead (:mod:`profparse.capture.gpu_pairs`, docs/advice.md, "GPU pairs"):
+the traces and ``measured.json`` in the layout of ``../shared/traces/h200_pairs``, then the table of
+``scripts/h200_check.py`` on them. ``--tiny`` uses a tiny Llama, and runs on the CPU where no GPU is (to check the
+script itself).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from profparse.capture.advice_pairs import (
     step_times_ns,
     trace_name,
 )
+from profparse.capture.gpu_pairs import PATTERNS as GPU_PATTERNS
 
 
 def _findings(trace: Path, kind: str | None) -> list[tuple[str, float]]:
@@ -119,14 +126,46 @@ def _report_clean(out: Path) -> None:
         print(f"  finding {found}: {saving / 1e6:.1f} ms/step ({saving / steps.mean():.0%} of the step)")
 
 
+def _gpu_pairs(args: argparse.Namespace) -> int:
+    """``--device cuda``: the GPU pairs captured into ``--out``, then h200_check's table on them."""
+    import torch
+
+    from profparse.capture.gpu_pairs import capture_all
+
+    device = "cuda"
+    if not torch.cuda.is_available():
+        if not args.tiny:
+            print("advice_pairs.py: --device cuda: no CUDA device here (--tiny runs on the CPU)", file=sys.stderr)
+            return 2
+        device = "cpu"
+    unknown = sorted(set(args.kind or []) - set(GPU_PATTERNS))
+    if unknown:
+        print(f"advice_pairs.py: not a GPU pattern: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if not args.no_capture:
+        patterns = args.kind or list(GPU_PATTERNS)
+        capture_all(args.out, device, args.tiny, args.blocks, patterns, lambda m: print(m, file=sys.stderr))
+    from h200_check import main as check  # scripts/ is this script's folder
+
+    check(args.out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="folder for the traces")
-    parser.add_argument("--kind", action="append", choices=[*KINDS, CLEAN], help="only these (repeatable)")
+    parser.add_argument(
+        "--kind", action="append", choices=sorted({*KINDS, CLEAN, *GPU_PATTERNS}), help="only these (repeatable)"
+    )
     parser.add_argument("--stack", action="store_true", help="record Python stacks (with_stack=True)")
     parser.add_argument("--ops", type=int, default=0, metavar="N", help="print the N names that differ most")
     parser.add_argument("--no-capture", action="store_true", help="measure the traces already in --out")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU pairs")
+    parser.add_argument("--tiny", action="store_true", help="GPU pairs: a tiny model (on the CPU without a GPU)")
+    parser.add_argument("--blocks", type=int, default=6, help="GPU pairs: timed blocks per side (at least 6)")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        return _gpu_pairs(args)
     kinds = args.kind or [*KINDS, CLEAN]
     for kind in kinds:
         if not args.no_capture:

@@ -90,6 +90,51 @@ def test_each_cycle_writes_its_trace_summary_and_report(background_run) -> None:
         assert len(profparse.load(files.trace).steps) == ACTIVE  # the cycle's steps, not the whole run's
 
 
+def test_each_cycle_is_calibrated_by_steps_timed_without_the_profiler(background_run) -> None:
+    """The loop's one wait step after the first cycle is timed and stored in both cycles' traces (the second ends
+    with the loop: it takes the latest block timed); their step without the profiler rests on it."""
+    from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+
+    _, handler = background_run
+    assert len(handler.timed_steps) == 1 and len(handler.timed_steps[0]) == 1  # wait=1: one unprofiled step
+    for files in handler.cycles:
+        parsed = profparse.load(files.trace)
+        calibration = parsed.header[CALIBRATION_KEY]
+        assert calibration == {"unprofiled_step_ns": handler.timed_steps[0], "source": "profparse.on_trace_ready"}
+        found = without_profiler(parsed)
+        assert found["basis"] == "calibrated" and found["unprofiled_step_ns"] == handler.timed_steps[0][0]
+        assert "profiler_cost_uncalibrated" not in set(parsed.warnings["check"])
+        assert "calibrated at capture" in Path(files.summary).read_text(encoding="utf-8")
+
+
+def test_calibrate_false_leaves_the_trace_as_exported(tmp_path) -> None:
+    from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+
+    handler = profparse.on_trace_ready(tmp_path, background=False, quiet=True, calibrate=False)
+    train(handler)
+    assert handler.timed_steps == [] and [c.status for c in handler.cycles] == ["written"] * CYCLES
+    parsed = profparse.load(handler.cycles[0].trace)
+    assert CALIBRATION_KEY not in parsed.header and without_profiler(parsed)["basis"] == "default"
+
+
+def test_steps_after_a_cycle_are_timed_from_the_second(tmp_path) -> None:
+    """A loop that runs on after its one cycle: four steps are timed, the first (which pays for the profiler's
+    teardown) kept apart; the cycle waits for them, in the training process too (``background=False``)."""
+    handler = profparse.on_trace_ready(tmp_path, background=False, quiet=True)
+    namespace: dict = {}
+    exec(LOOP.replace("repeat=2", "repeat=1"), namespace)
+    namespace["train"](handler, steps=12)
+    (block,) = handler.timed_steps
+    assert len(block) == 4 and all(ns > 0 for ns in block)
+    parsed = profparse.load(handler.cycles[0].trace)
+    calibration = parsed.header["profparse_calibration"]
+    assert calibration["unprofiled_step_ns"] == block[1:] and calibration["first_step_after_recording_ns"] == block[0]
+    from profparse.analysis.profiler_cost import without_profiler
+
+    found = without_profiler(parsed)
+    assert found["basis"] == "calibrated" and found["unprofiled_step_ns"] == round(sum(block[1:]) / 3)
+
+
 def test_the_printed_line_names_the_files_and_the_biggest_stage(tmp_path, capfd) -> None:
     handler = profparse.on_trace_ready(tmp_path, background=False)
     train(handler)

@@ -23,9 +23,11 @@ TARGET = 0.995  # as tests/test_ground_truth.py
 STEPS = (1, 4)
 
 
-def _tiny_run(out: Path, prof: Path | None = None) -> SimpleNamespace:
-    """Train a tiny causal LM for five steps with the user's own collator; steps 1, 2 and 3 profiled into ``prof``
-    (default ``out/prof``)."""
+def _tiny_run(
+    out: Path, prof: Path | None = None, steps: tuple[int, int] = STEPS, max_steps: int = 5
+) -> SimpleNamespace:
+    """Train a tiny causal LM for ``max_steps`` steps with the user's own collator; ``steps`` (1, 2 and 3)
+    profiled into ``prof`` (default ``out/prof``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainingArguments
 
@@ -41,9 +43,10 @@ def _tiny_run(out: Path, prof: Path | None = None) -> SimpleNamespace:
         ids = torch.stack([row["input_ids"] for row in rows])
         return {"input_ids": ids, "labels": ids.clone()}
 
-    args = TrainingArguments(output_dir=str(out / "trainer"), max_steps=5, per_device_train_batch_size=2, report_to=[],
-                             save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True)  # fmt: skip
-    callback = ProfileCallback(steps=STEPS, out_dir=out / "prof" if prof is None else prof)
+    args = TrainingArguments(output_dir=str(out / "trainer"), max_steps=max_steps, per_device_train_batch_size=2,
+                             report_to=[], save_strategy="no", logging_steps=100, use_cpu=True,
+                             disable_tqdm=True)  # fmt: skip
+    callback = ProfileCallback(steps=steps, out_dir=out / "prof" if prof is None else prof)
     trainer = Trainer(model=Qwen2ForCausalLM(config), args=args, train_dataset=data, data_collator=collate,
                       callbacks=[callback])  # fmt: skip
     trainer.train()
@@ -63,6 +66,37 @@ def test_writes_trace_summary_report(run: SimpleNamespace) -> None:
     assert all(path.stat().st_size > 0 for path in run.callback.files)
     assert run.callback.files[1].read_text().startswith("profparse summary:")
     assert not list(run.callback.files[0].parent.glob(".*"))  # no temporary left behind
+
+
+def test_the_step_after_the_profiled_ones_calibrates_the_trace(run: SimpleNamespace) -> None:
+    """Steps 1-3 profiled of 0-4: none timed before (step 0 starts the run), step 4 after; the trace waited for
+    it, and its step without the profiler rests on it."""
+    from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+
+    callback = run.callback
+    assert callback.timed_before == [] and len(callback.timed_after) == 1 and callback.timed_after[0] > 0
+    parsed = profparse.load(callback.trace_path)
+    assert parsed.header[CALIBRATION_KEY] == {
+        "unprofiled_step_ns": callback.timed_after,
+        "source": "profparse.ProfileCallback",
+    }
+    found = without_profiler(parsed)
+    assert found["basis"] == "calibrated" and found["unprofiled_step_ns"] == callback.timed_after[0]
+
+
+def test_steps_before_the_profiled_ones_calibrate_at_once(tmp_path: Path) -> None:
+    """Steps 5-6 profiled of 0-7: steps 1-4 are timed before them (step 0 starts the run), none after (the trace
+    needs no more)."""
+    for module in ("torch", "transformers", "accelerate"):
+        pytest.importorskip(module, reason=f"the Trainer needs {module}")
+    from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+
+    done = _tiny_run(tmp_path, steps=(5, 7), max_steps=8)
+    callback = done.callback
+    assert len(callback.timed_before) == 4 and callback.timed_after == []
+    parsed = profparse.load(callback.trace_path)
+    assert parsed.header[CALIBRATION_KEY]["unprofiled_step_ns"] == callback.timed_before
+    assert without_profiler(parsed)["basis"] == "calibrated"
 
 
 def test_profiles_the_given_steps_with_every_stage_marked(run: SimpleNamespace) -> None:

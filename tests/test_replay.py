@@ -101,6 +101,22 @@ def test_basis_default_or_calibrated(tmp_path: Path) -> None:
     assert 10 * OP_NS <= found["overhead_ns_per_step"] <= 11 * OP_NS
 
 
+def test_unprofiled_steps_scale_the_cost_to_meet_them(tmp_path: Path) -> None:
+    """Steps timed without the profiler (the handler's and the Trainer callback's calibration): the step replayed
+    without the profiler meets their mean where a scale of the costs can, and stays as traced where they took
+    longer than the profiled steps."""
+    plain = without_profiler(profparse.parse(_steps(2, sync=False).write(tmp_path / "a.json")))
+    profiled = plain["profiled_step_ns"]
+    target = profiled - 12_000  # less than the default costs take out (10 ops and launches a step)
+    timed = {"unprofiled_step_ns": [target - 1000, target, target + 1000]}
+    found = without_profiler(profparse.parse(_steps(2, sync=False, calibration=timed).write(tmp_path / "b.json")))
+    assert found["basis"] == "calibrated" and found["unprofiled_step_ns"] == target
+    assert abs(found["step_ns"] / target - 1) < 0.01, (found, plain)
+    slower = {"unprofiled_step_ns": [profiled * 2]}
+    found = without_profiler(profparse.parse(_steps(2, sync=False, calibration=slower).write(tmp_path / "c.json")))
+    assert found["overhead_ns_per_step"] == 0 and found["step_ns"] == found["profiled_step_ns"]
+
+
 def _check_unchanged(path: Path) -> float:
     table = parsed(path).replay
     if table.empty:

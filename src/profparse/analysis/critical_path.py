@@ -518,7 +518,7 @@ def thread_joins(events: pd.DataFrame, links: Links, attribution: Attribution, r
     return frame.groupby(["thread", "step"], sort=False).agg(first=("first", "min"), last=("last", "max")).reset_index()
 
 
-def _kernel_bounds(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+def kernel_bound_codes(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     kind = events["kind"].cat.codes.to_numpy()[rows]
     comm = name_mask(events, COLLECTIVE_KERNEL)[rows]
     bound = np.full(len(rows), BOUND_CODE["gpu_compute"], dtype=np.int8)
@@ -527,7 +527,9 @@ def _kernel_bounds(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return bound
 
 
-def _host_bounds(events: pd.DataFrame, attribution: Attribution, inner: np.ndarray, blocking: np.ndarray) -> np.ndarray:
+def host_bound_codes(
+    events: pd.DataFrame, attribution: Attribution, inner: np.ndarray, blocking: np.ndarray
+) -> np.ndarray:
     row = np.maximum(inner, 0)
     kind = events["kind"].cat.codes.to_numpy()[row]
     bound = np.full(len(inner), BOUND_CODE["python"], dtype=np.int8)
@@ -569,7 +571,7 @@ def _gpu_nodes(events: pd.DataFrame, links: Links, work: GpuWork, pieces: HostPi
     row[0::2], row[1::2] = np.where(by_launch, work.launch, -1), work.rows
     bound = np.empty(2 * k, dtype=np.int8)
     bound[0::2] = np.where(by_launch, BOUND_CODE["launch"], BOUND_CODE["gpu_idle"])
-    bound[1::2] = _kernel_bounds(events, work.rows)
+    bound[1::2] = kernel_bound_codes(events, work.rows)
     stage_row = np.repeat(work.rows, 2)
     return Nodes(start, end, pred, row, bound, np.ones(2 * k, dtype=bool), stage_row)
 
@@ -650,7 +652,7 @@ def _joined(host: Nodes, gpu: Nodes) -> Nodes:
 
 def _host_nodes(events: pd.DataFrame, attribution: Attribution, pieces: HostPieces, blocking: np.ndarray) -> Nodes:
     n = len(pieces.key)
-    bound = _host_bounds(events, attribution, pieces.inner, blocking)  # first: its temporaries come before the rest
+    bound = host_bound_codes(events, attribution, pieces.inner, blocking)  # first: its temporaries come before the rest
     thread = pieces.thread
     same_next = np.concatenate([thread[1:] == thread[:-1], [False]])
     del thread

@@ -2,8 +2,10 @@
 
 ``torch.profiler`` adds host time to every event it records. Each recorded event is charged a cost by kind
 (:data:`~profparse.analysis.replay.OVERHEAD_KINDS`): measured where profparse captured the trace (the trace's
-``profparse_calibration`` field, basis ``calibrated``), else the documented defaults (basis ``default``). The
-steady steps are replayed with that cost taken out (:mod:`profparse.analysis.replay`).
+``profparse_calibration`` field, basis ``calibrated``), else the documented defaults (basis ``default``). Where
+the calibration holds training steps timed without the profiler (``unprofiled_step_ns``), the costs are scaled
+so that the replay without them takes as long as those steps (:func:`costs`). The steady steps are replayed with
+that cost taken out (:mod:`profparse.analysis.replay`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis import replay as rp
+from profparse.analysis import replay_path
+from profparse.analysis.critical_path import BOUNDS
 from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask
@@ -30,7 +34,13 @@ DEFAULT_CUDA_NS = {"op_shapes": 4000.0, "op": 2400.0, "python": 1500.0, "runtime
 #: the same on a trace without GPU activity: a leaf aten op measured on a 2-core x86 CPU, torch 2.x
 #: (0.88 us unprofiled, 1.22 profiled, 1.43 with record_shapes); "python" and "memory" guesses of that size
 DEFAULT_CPU_NS = {"op_shapes": 550.0, "op": 340.0, "python": 300.0, "runtime": 340.0, "memory": 300.0}
-COLUMNS = ("step", "measured_ns", "replayed_ns", "loop_ns", "without_profiler_ns", "overhead_ns")
+#: the costs per event are scaled by at most this to meet the unprofiled steps: beyond it the steps timed were
+#: not the profiled ones (another batch, another phase), and the estimate stays the model's
+MAX_SCALE = 8.0
+_FIT_ROUNDS = 12  # bisection rounds: MAX_SCALE / 2**12 is within 0.2% of the scale
+#: per bound, the ns of the step's critical path replayed without the profiler (they add up to its step)
+PATH_COLUMNS = tuple(f"path_{b}_ns" for b in BOUNDS)
+COLUMNS = ("step", "measured_ns", "replayed_ns", "loop_ns", "without_profiler_ns", "overhead_ns", *PATH_COLUMNS)
 
 
 def per_event_ns(header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]:
@@ -45,6 +55,43 @@ def per_event_ns(header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]
     return np.array([defaults[k] for k in rp.OVERHEAD_KINDS], dtype=np.float64), "default"
 
 
+def unprofiled_step_ns(header: dict[str, Any]) -> float | None:
+    """The mean of the training steps timed without the profiler where the trace was captured (the calibration's
+    ``unprofiled_step_ns``), None without any."""
+    calibration = header.get(CALIBRATION_KEY)
+    steps = calibration.get("unprofiled_step_ns") if isinstance(calibration, dict) else None
+    if not isinstance(steps, list):
+        return None
+    values = [_number(v, 0.0) for v in steps]
+    values = [v for v in values if v > 0]
+    return sum(values) / len(values) if values else None
+
+
+def costs(model: rp.Model, header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]:
+    """The cost per event kind to replay ``model`` without the profiler, and its basis: :func:`per_event_ns`,
+    scaled (by one factor for every kind) so that the replayed steady step meets the mean unprofiled step where
+    the calibration timed some."""
+    base, basis = per_event_ns(header, on_gpu)
+    target = unprofiled_step_ns(header)
+    if target is None:
+        return base, basis
+    return base * fitted_scale(model, base, target), "calibrated"
+
+
+def fitted_scale(model: rp.Model, base: np.ndarray, target: float) -> float:
+    """The factor on ``base`` whose replay's mean step is ``target`` (bisection: the step only shortens as more
+    cost is taken out), within ``[0, MAX_SCALE]``."""
+    lo, hi = 0.0, MAX_SCALE
+    if rp.mean_step(model, base * hi) >= target:
+        return hi
+    if rp.mean_step(model, base * lo) <= target:
+        return lo  # the unprofiled steps took as long as the profiled ones, or longer: nothing to take out
+    for _ in range(_FIT_ROUNDS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if rp.mean_step(model, base * mid) > target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _number(value: Any, default: float) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
     return float(value) if ok else default
@@ -56,9 +103,11 @@ def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, h
     model = rp.build(events, links, attribution)
     if model is None:
         return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in COLUMNS})
-    cost, _ = per_event_ns(header, bool(kind_mask(events, GPU_ACTIVITY_KINDS).any()))
+    cost, _ = costs(model, header, bool(kind_mask(events, GPU_ACTIVITY_KINDS).any()))
     same = rp.replay(model, np.zeros(len(rp.OVERHEAD_KINDS)))
     without = rp.replay(model, cost)
+    path = replay_path.bound_ns(events, links, attribution, model, cost)
+    paths = {f"path_{b}_ns": np.round(path[b].to_numpy()).astype(np.int64) for b in BOUNDS}
     return pd.DataFrame(
         {
             "step": same["step"].to_numpy(),
@@ -67,26 +116,50 @@ def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, h
             "loop_ns": np.round(same["step_ns"].to_numpy()).astype(np.int64),
             "without_profiler_ns": np.round(without["step_ns"].to_numpy()).astype(np.int64),
             "overhead_ns": np.round(same["step_ns"].to_numpy() - without["step_ns"].to_numpy()).astype(np.int64),
+            **paths,
         }
     )
 
 
-def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
-    """``step_ns`` (mean steady step without the profiler), ``mfu`` on that basis, ``overhead_ns_per_step``,
-    ``basis``, and the mean profiled step it compares with (``profiled_step_ns``); empty without steady steps."""
+def path_without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
+    """``critical_path.without_profiler``: the steady steps' ns on the critical path replayed without the
+    profiler, by bound (summed over the steps), with its basis; empty without steady steps."""
     table = parsed.table("replay")
     if table.empty:
         return {}
     on_gpu = bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any())
     _, basis = per_event_ns(parsed.header, on_gpu)
-    step = float(table["without_profiler_ns"].mean())
+    basis = "calibrated" if unprofiled_step_ns(parsed.header) is not None else basis
+    totals = {b: int(table[f"path_{b}_ns"].sum()) for b in BOUNDS}
     return {
+        "steps": len(table),
+        "basis": basis,
+        "total_ns": sum(totals.values()),
+        "bounds": {b: v for b, v in totals.items() if v},
+    }
+
+
+def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
+    """``step_ns`` (mean steady step without the profiler), ``mfu`` on that basis, ``overhead_ns_per_step``,
+    ``basis``, and the mean profiled step it compares with (``profiled_step_ns``); where the calibration timed
+    steps without the profiler, their mean (``unprofiled_step_ns``); empty without steady steps."""
+    table = parsed.table("replay")
+    if table.empty:
+        return {}
+    on_gpu = bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any())
+    _, basis = per_event_ns(parsed.header, on_gpu)
+    unprofiled = unprofiled_step_ns(parsed.header)
+    step = float(table["without_profiler_ns"].mean())
+    out = {
         "step_ns": round(step),
         "mfu": _mfu(parsed, table),
         "overhead_ns_per_step": round(float(table["overhead_ns"].mean())),
-        "basis": basis,
+        "basis": "calibrated" if unprofiled is not None else basis,
         "profiled_step_ns": round(float(table["measured_ns"].mean())),
     }
+    if unprofiled is not None:
+        out["unprofiled_step_ns"] = round(unprofiled)
+    return out
 
 
 def _mfu(parsed: ParsedTrace, table: pd.DataFrame) -> float | None:
@@ -111,4 +184,6 @@ def without_profiler_text(data: dict[str, Any]) -> str:
 def without_profiler_basis(data: dict[str, Any]) -> str:
     """What the estimate rests on: ``its own cost ~28.5 ms per step; default costs per event, uncalibrated``."""
     basis = "calibrated at capture" if data["basis"] == "calibrated" else "default costs per event, uncalibrated"
+    if data.get("unprofiled_step_ns"):
+        basis += f" ({data['unprofiled_step_ns'] / 1e6:,.1f} ms per step timed unprofiled)"
     return f"the profiler's own cost ~{data['overhead_ns_per_step'] / 1e6:,.1f} ms per step; {basis}"

@@ -99,6 +99,7 @@ class Model:
     step_of_gpu: np.ndarray  # the steady step (position) each activity was launched in
     kind_count: np.ndarray = field(default_factory=lambda: np.zeros(len(OVERHEAD_KINDS)))  # events per kind
     base: int = 0  # the trace time that time 0 of the model's arrays stands for
+    host_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the events charged
 
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -133,7 +134,7 @@ def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model
     calls = _calls(events, links, threads, gpu, w0, w1)
     kinds = overhead_kind(events, charged)
     count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
-    return _shifted(Model(steps, host, gpu, calls, step_of, count), w0)
+    return _shifted(Model(steps, host, gpu, calls, step_of, count, host_rows=charged), w0)
 
 
 def _shifted(model: Model, base: int) -> Model:
@@ -233,14 +234,44 @@ def mean_step(model: Model, per_event_ns: np.ndarray, change: Change | None = No
     return float(replay(model, per_event_ns, change)["step_ns"].mean())
 
 
+@dataclass
+class Run:
+    """One replay in detail (:func:`run`): the replayed host clock at the knots, each activity's replayed start,
+    end and the cause that bound its start (0: its launch, 1: its stream, 2: the activity it waited for), whether
+    each blocking call waited for its activity, the host offsets after the calls, and the per-step frame."""
+
+    h_knots: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    cause: np.ndarray
+    call_waited: np.ndarray
+    off_t: list[float]
+    off_v: list[float]
+    frame: pd.DataFrame
+
+    def host_time(self, model: Model, t: np.ndarray) -> np.ndarray:
+        """Replayed times of trace times ``t`` (relative to ``model.base``) on the host."""
+        return _mapped(model, self.h_knots, self.off_t, self.off_v, np.asarray(t, dtype=np.float64))
+
+
 def replay(model: Model, per_event_ns: np.ndarray, change: Change | None = None) -> pd.DataFrame:
     """Per steady step: replayed host start and end, the end of its GPU work, and its duration in a loop of
     steps (from the end of the step before, or from its start for the first: the later of its host end and its
     GPU work's end). ``per_event_ns``: the profiler's cost removed per event, by :data:`OVERHEAD_KINDS`."""
+    return run(model, per_event_ns, change, detail=False).frame
+
+
+def run(model: Model, per_event_ns: np.ndarray, change: Change | None = None, detail: bool = True) -> Run:
+    """:func:`replay` with what the replayed critical path reads (``detail``; else only the frame)."""
     change = change or Change()
     h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
     gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
-    ends, off_t, off_v = _simulate(model, h_knots, gpu, change.calls_dropped)
+    ends, off_t, off_v, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
+    frame = _frame(model, h_knots, ends, off_t, off_v)
+    return Run(h_knots, why[0], ends, why[1], why[2], off_t, off_v, frame)
+
+
+def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: list[float], off_v: list[float]) -> pd.DataFrame:
     steps = model.steps
     s0, s1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     hs = _mapped(model, h_knots, off_t, off_v, (s0 - model.base).astype(np.float64))
@@ -259,6 +290,9 @@ def replay(model: Model, per_event_ns: np.ndarray, change: Change | None = None)
             "host_ns": he - hs,
             "step_ns": done - np.maximum(previous, hs),
             "gpu_end_after_host_ns": np.maximum(gpu_end - he, 0.0),
+            "from_ns": np.maximum(previous, hs),  # replayed (model time): where the step's time in the loop starts
+            "done_ns": done,
+            "gpu_bound": gpu_end > he,
         }
     )
 
@@ -270,10 +304,11 @@ def _mapped(model: Model, h_knots: np.ndarray, off_t: list[float], off_v: list[f
 
 
 def _simulate(
-    model: Model, h_knots: np.ndarray, gpu: Gpu, dropped: np.ndarray | None
-) -> tuple[np.ndarray, list[float], list[float]]:
+    model: Model, h_knots: np.ndarray, gpu: Gpu, dropped: np.ndarray | None, detail: bool = False
+) -> tuple[np.ndarray, list[float], list[float], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """One pass in trace order over GPU activities (by start) and blocking calls (by end): each activity's
-    replayed end; the host offset after each call (times, values; the first entry: none yet)."""
+    replayed end; the host offset after each call (times, values; the first entry: none yet); with ``detail``
+    each activity's replayed start and binding cause, and whether each call waited for its activity."""
     calls = model.calls
     knots = model.host.knots
     ref_h = np.interp(gpu.ref.astype(np.float64), knots, h_knots)
@@ -288,19 +323,26 @@ def _simulate(
     fprev, fwait = gpu.fixed_prev.tolist(), gpu.fixed_wait.tolist()
     al, ap, aw = gpu.after_launch.tolist(), gpu.after_prev.tolist(), gpu.after_wait.tolist()
     drop = dropped.tolist() if dropped is not None else [False] * len(calls.start)
+    starts, cause = np.empty(n if detail else 0), np.zeros(n if detail else 0, dtype=np.int8)
+    waited = np.zeros(len(calls.start) if detail else 0, dtype=bool)
     for item in order.tolist():
         if item < n:
             s = ref_h_l[item] + off_v[bisect_right(off_t, ref[item]) - 1] + al[item]
             p = prev[item]
-            s = max(s, (ends[p] if p >= 0 else fprev[item]) + ap[item])
+            sp = (ends[p] if p >= 0 else fprev[item]) + ap[item]
             w = wait[item]
-            s = max(s, (ends[w] if w >= 0 else fwait[item]) + aw[item])
-            ends[item] = s + dur[item]
+            sw = (ends[w] if w >= 0 else fwait[item]) + aw[item]
+            if detail:
+                starts[item] = max(s, sp, sw)
+                cause[item] = 0 if s >= max(sp, sw) else (1 if sp >= sw else 2)
+            ends[item] = max(s, sp, sw) + dur[item]
             continue
         c = item - n
         own_end = call_h0[c] + off_v[bisect_right(off_t, calls.start[c]) - 1] + calls.own[c]
         t = calls.target[c]
         done = own_end if drop[c] else max(own_end, (ends[t] if t >= 0 else calls.fixed[c]) + calls.post[c])
+        if detail:
+            waited[c] = done > own_end
         off_t.append(float(calls.end[c]))
         off_v.append(done - call_h1[c])
-    return ends, off_t, off_v
+    return ends, off_t, off_v, (starts, cause, waited)

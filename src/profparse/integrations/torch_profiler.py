@@ -9,12 +9,16 @@ NAME is ``rankR`` under ``torch.distributed`` (so ``profparse summarize DIR/step
 In the training loop the handler only exports the trace as plain JSON (cheaper than torch's own gzip export);
 gzip, parse, summary and report run in a separate Python process by default (``background=True``), so the loop
 waits no longer than it does for ``tensorboard_trace_handler(use_gzip=True)`` (docs/integrations.md, measured).
-This module never imports torch: the profiler object it is handed is torch's.
+With ``calibrate=True`` (default) the few steps just after each cycle are timed without the profiler and stored in
+its trace before it is analysed (:mod:`profparse.integrations.step_clock`), so the step without the profiler is
+``calibrated`` (docs/without_profiler.md). This module never imports torch: the profiler object it is handed is
+torch's.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import shutil
@@ -30,6 +34,7 @@ from typing import Any
 
 from profparse.base.errors import ProfparseError
 from profparse.base.files import atomic_file
+from profparse.integrations.step_clock import SOURCES, StepClock, calibration, store
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 
@@ -226,14 +231,23 @@ class Worker:
     def send(self, index: int, job: dict[str, Any]) -> bool:
         """Queue cycle ``index`` (a worker busy with an earlier cycle takes it next; the pipe holds some hundred
         cycles before the loop would wait); False when the worker is gone."""
+        if not self._write(job):
+            return False
+        self.sent.append(index)
+        return True
+
+    def send_calibration(self, index: int, found: dict[str, Any] | None) -> bool:
+        """The calibration cycle ``index`` waits for (None: there is none); False when the worker is gone."""
+        return self._write({"calibration_of": index, "calibration": found})
+
+    def _write(self, message: dict[str, Any]) -> bool:
         if self.process.poll() is not None:
             return False
         try:
-            self.process.stdin.write(json.dumps(job) + "\n")  # type: ignore[union-attr]
+            self.process.stdin.write(json.dumps(message) + "\n")  # type: ignore[union-attr]
             self.process.stdin.flush()  # type: ignore[union-attr]
         except OSError:  # BrokenPipeError: it died (the OOM killer, a signal)
             return False
-        self.sent.append(index)
         return True
 
     def close(self) -> None:
@@ -265,9 +279,14 @@ class TraceHandler:
         background: bool = True,
         worker_name: str | None = None,
         quiet: bool = False,
+        calibrate: bool = True,
     ) -> None:
         self.dir_name, self.report, self.background = Path(dir_name), report, background
-        self.worker_name, self.quiet = worker_name, quiet
+        self.worker_name, self.quiet, self.calibrate = worker_name, quiet, calibrate
+        self.timed_steps: list[list[int]] = []  # each block of steps timed without the profiler (ns per step)
+        self._clock: StepClock | None = None
+        self._awaiting: list[int] = []  # cycles a worker holds until their calibration comes
+        self._deferred: list[tuple[str, CycleFiles]] = []  # the same, analysed here (background=False)
         self.cycles: list[CycleFiles] = []
         self.export_seconds: list[float] = []  # what each call kept the training loop waiting
         self._worker: Worker | None = None
@@ -287,6 +306,8 @@ class TraceHandler:
             files.settle(f"{type(exc).__name__}: {exc}")
             message = f"profparse: the cycle at step {files.step} was not analysed ({files.error}); training goes on"
             warnings.warn(message, RuntimeWarning, stacklevel=2)
+        if self._clock is not None:
+            self._clock.arm()  # the step after this cycle is timed from here, the cycle's own work done
         self.export_seconds.append(time.perf_counter() - started)
 
     def _cycle(self, prof: Any) -> None:
@@ -301,15 +322,60 @@ class TraceHandler:
         except BaseException:
             Path(json_path).unlink(missing_ok=True)  # no half export left beside the cycle's files
             raise
+        awaiting = self._watch(prof)
         if self.background:
-            self._send(len(self.cycles) - 1, json_path, files, cwd)
+            self._send(len(self.cycles) - 1, json_path, files, cwd, awaiting)
+        elif awaiting:
+            self._deferred.append((json_path, files))
         else:
             files.settle(cycle_error(json_path, files, self.quiet))
 
-    def _send(self, index: int, json_path: str, files: CycleFiles, cwd: str | None) -> None:
-        """Queue the cycle for the worker; a dead worker is replaced (once per cycle), and a cycle no worker takes
-        is analysed here."""
+    def _watch(self, prof: Any) -> bool:
+        """Whether the steps after this cycle are timed (``calibrate``): the profiler's ``step``/``stop`` hooked
+        from its first cycle on (a profiler without them, or any failure: no calibration)."""
+        if not self.calibrate:
+            return False
+        if self._clock is not None and self._clock.prof is prof:
+            return True
+        try:
+            self._clock = StepClock(prof, self._timed)
+        except Exception:  # noqa: BLE001 - not a torch profiler: the cycle goes without calibration
+            self._clock = None
+            return False
+        return True
+
+    def _timed(self, block: list[int] | None) -> None:
+        """A block of unprofiled steps was timed (None: the profiler stopped): the waiting cycles get the latest."""
+        if block:
+            self.timed_steps.append(block)
+        if block is None:
+            self._clock = None
+        self._release()
+
+    def _release(self) -> None:
+        """The waiting cycles get the latest block timed (none yet: they go without) and are analysed."""
+        found = calibration(self.timed_steps[-1], SOURCES[0], True) if self.timed_steps else None
+        awaiting, self._awaiting = self._awaiting, []
+        for index in awaiting:
+            worker = self._worker
+            if worker is None or index not in worker.sent or self.cycles[index].status != "pending":
+                continue  # its worker is gone: it failed with it
+            if not worker.send_calibration(index, found):
+                self._worker = None
+                self._retire(worker)
+        deferred, self._deferred = self._deferred, []
+        for json_path, files in deferred:
+            try:
+                store(json_path, found)
+            except OSError:
+                pass  # the trace is analysed as exported
+            files.settle(cycle_error(json_path, files, self.quiet))
+
+    def _send(self, index: int, json_path: str, files: CycleFiles, cwd: str | None, awaiting: bool = False) -> None:
+        """Queue the cycle for the worker (``awaiting``: it waits for the cycle's calibration); a dead worker is
+        replaced (once per cycle), and a cycle no worker takes is analysed here."""
         job = {"id": index, "json_path": json_path, "files": files.paths(), "quiet": self.quiet, "cwd": cwd}
+        job["await"] = awaiting
         for _ in range(2):
             if self._worker is None:
                 try:
@@ -317,6 +383,8 @@ class TraceHandler:
                 except OSError:
                     break
             if self._worker.send(index, job):
+                if awaiting:
+                    self._awaiting.append(index)
                 return
             worker, self._worker = self._worker, None
             self._retire(worker)
@@ -337,7 +405,9 @@ class TraceHandler:
     def wait(self, timeout: float | None = None) -> int:
         """Block until every cycle so far is final (written or failed); the number of cycles that failed since the
         previous ``wait()`` that returned (``cycles`` says which and why). After ``timeout`` seconds it raises
-        ``subprocess.TimeoutExpired``: the worker goes on, and a later ``wait()`` waits for it again."""
+        ``subprocess.TimeoutExpired``: the worker goes on, and a later ``wait()`` waits for it again. Cycles still
+        waiting for steps to be timed after them get the latest block timed, if any."""
+        self._release()
         if self._worker is not None:
             self._worker.close()  # the worker finishes what it has and exits (a later cycle starts a new one)
             self._closing.append(self._worker)
@@ -358,13 +428,17 @@ def on_trace_ready(
     background: bool = True,
     worker_name: str | None = None,
     quiet: bool = False,
+    calibrate: bool = True,
 ) -> TraceHandler:
     """A handler for ``torch.profiler.profile(on_trace_ready=...)``: per cycle the trace (``.json.gz``), its stage
     summary as text, with ``report`` the HTML report, and one printed line. ``background=False`` does the work in
     the training process (the loop waits for it); call ``handler.wait()`` before reading the files (it returns
     how many cycles failed; ``handler.cycles`` says which and why). A failure is a warning, never an exception in
-    the training loop."""
-    return TraceHandler(dir_name, report=report, background=background, worker_name=worker_name, quiet=quiet)
+    the training loop. ``calibrate`` (default): the few steps after each cycle are timed without the profiler and
+    stored in its trace (docs/without_profiler.md); its analysis starts once they ran (or the profiler stopped)."""
+    return TraceHandler(
+        dir_name, report=report, background=background, worker_name=worker_name, quiet=quiet, calibrate=calibrate
+    )
 
 
 def job_error(job: dict[str, Any]) -> str | None:
@@ -374,23 +448,36 @@ def job_error(job: dict[str, Any]) -> str | None:
             os.chdir(job["cwd"])
         except OSError as exc:
             return f"the training loop's working folder is gone: {exc}"
+    try:
+        store(job["json_path"], job.get("calibration"))
+    except OSError:
+        pass  # the trace is analysed as exported; its own read reports a file that is gone
     return cycle_error(job["json_path"], CycleFiles(**job["files"]), job["quiet"])
 
 
 def main(argv: list[str] | None = None) -> int:
     """The background worker: ``python -m profparse.integrations.torch_profiler FD`` reads one JSON job per line on
     stdin until it closes and writes one result line per job to file descriptor FD; its exit code is the number
-    of cycles that failed."""
+    of cycles that failed. A job with ``await`` waits (and the jobs after it) for its ``calibration_of`` line,
+    or for stdin to close."""
     args = sys.argv[1:] if argv is None else argv
     results = open(int(args[0]), "w", encoding="utf-8") if args else None  # noqa: SIM115 - open while jobs come
-    failed = 0
-    for line in sys.stdin:
-        job = json.loads(line)
-        error = job_error(job)
-        failed += error is not None
-        if results is not None:
-            results.write(json.dumps({"id": job.get("id"), "error": error}) + "\n")
-            results.flush()
+    failed, queue = 0, []
+    for line in itertools.chain(sys.stdin, [None]):
+        message = json.loads(line) if line is not None else None
+        if message is not None and "calibration_of" in message:
+            for job in queue:
+                if job.get("id") == message["calibration_of"]:
+                    job["await"], job["calibration"] = False, message["calibration"]
+        elif message is not None:
+            queue.append(message)
+        while queue and (message is None or not queue[0].get("await")):
+            job = queue.pop(0)
+            error = job_error(job)
+            failed += error is not None
+            if results is not None:
+                results.write(json.dumps({"id": job.get("id"), "error": error}) + "\n")
+                results.flush()
     return min(failed, 125)
 
 

@@ -18,6 +18,10 @@ those three methods on that instance only while a profiled step runs (undone aft
 Trainer-like loop that is not a ``transformers.Trainer``), only the optimizer is marked and profparse's inference
 decides the forward/backward split. Data loading and logging between steps stay unmarked: profparse calls them
 ``other``.
+
+With ``calibrate=True`` (default) a few steps just before the profiled ones (else just after them) are timed without
+the profiler and stored in the trace (:mod:`profparse.integrations.step_clock`), so that the step without the
+profiler is ``calibrated`` (docs/without_profiler.md).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +41,7 @@ from typing import Any
 from profparse.base import marks
 from profparse.base.errors import install_hint
 from profparse.base.files import atomic_file
+from profparse.integrations.step_clock import SOURCES, STEPS, calibration, cuda_sync, store
 
 try:
     import transformers
@@ -144,13 +150,14 @@ class ProfileCallback(TrainerCallback):
         with_stack: bool = False,
         profile_memory: bool = False,
         quiet: bool = False,
+        calibrate: bool = True,
     ) -> None:
         start, stop = (int(s) for s in steps)
         if not 0 <= start < stop:
             raise ValueError(f"steps must be (start, stop) with 0 <= start < stop, like range(); got {steps!r}")
         self.steps = range(start, stop)
         self.out_dir = Path(out_dir)
-        self.report, self.quiet = report, quiet
+        self.report, self.quiet, self.calibrate = report, quiet, calibrate
         self.options = {"record_shapes": record_shapes, "with_stack": with_stack, "profile_memory": profile_memory}
         missing = missing_hooks()
         self.disabled = (
@@ -171,6 +178,14 @@ class ProfileCallback(TrainerCallback):
         self.files: list[Path] = []
         self.error: str | None = None  # why the files were not (all) written, if they were not
         self._undo: list[Callable[[], None]] = []
+        # steps timed without the profiler (ns), before and after the profiled ones; the trace waits for the
+        # steps after (``_pending``) when too few ran before
+        self.timed_before: list[int] = []
+        self.timed_after: list[int] = []
+        self._mark: int | None = None  # the end of the last step timed or opening a block
+        self._max_steps = 0
+        self._pending = False
+        self._raw: Path | None = None  # the exported trace, before its calibration is added
 
     # -- the Trainer's hooks ---------------------------------------------------------------------------------
 
@@ -183,7 +198,10 @@ class ProfileCallback(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.disabled:
             return
+        self._max_steps = int(getattr(state, "max_steps", 0) or 0)
         if self.profiler is None and state.global_step == self.steps.start:
+            enough = len(self.timed_before) >= STEPS - 1
+            self._pending = self.calibrate and not enough and self._max_steps > self.steps.stop
             self._start()
         self.in_step = self.profiler is not None
 
@@ -195,7 +213,10 @@ class ProfileCallback(TrainerCallback):
         """Nothing to do: the optimizer mark opened at ``on_pre_optimizer_step`` stays open until the step ends."""
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.disabled:
+            return
         if not self.in_step:
+            self._time_step(int(state.global_step) - 1)
             return
         self.marks.close()
         self.in_step = False
@@ -210,6 +231,57 @@ class ProfileCallback(TrainerCallback):
             self.marks.close()
             self.in_step = False
             self._finish()
+        self._complete()  # the trace still waiting for steps after it takes those that ran
+
+    # -- steps timed without the profiler ----------------------------------------------------------------------
+
+    def _time_step(self, step: int) -> None:
+        """Step ``step`` (the Trainer's ``global_step`` when it began) ended unprofiled: timed when it is one of the
+        :data:`STEPS` just before the profiled ones, or, while the trace waits, just after them; one
+        synchronisation at each end of a block."""
+        if not self.calibrate:
+            return
+        start, stop = self.steps.start, self.steps.stop
+        first = max(1, start - STEPS)  # the first step's own time includes the run's start: never timed
+        last_after = min(stop + STEPS, self._max_steps) - 1
+        if first - 1 <= step < start:
+            if step in (first - 1, start - 1):
+                cuda_sync()
+            now = time.perf_counter_ns()
+            if step >= first and self._mark is not None:
+                self.timed_before.append(now - self._mark)
+            self._mark = now
+        elif self._pending and stop <= step <= last_after and self._mark is not None:
+            if step == last_after:
+                cuda_sync()
+            now = time.perf_counter_ns()
+            self.timed_after.append(now - self._mark)
+            self._mark = now
+            if step == last_after:
+                self._complete()
+
+    def _found(self) -> dict[str, Any] | None:
+        """The trace's calibration: the steps after it where it waited for them, else those before, else none."""
+        if not self.calibrate:
+            return None
+        if self.timed_after:
+            return calibration(self.timed_after, SOURCES[1], after_recording=True)
+        return calibration(self.timed_before, SOURCES[1], after_recording=False) if self.timed_before else None
+
+    def _complete(self) -> None:
+        """The trace that waited for the steps after it: placed with their times, then its summary and report."""
+        if not self._pending:
+            return
+        self._pending = False
+        if self._raw is None:  # not exported (a warning said why)
+            return
+        try:
+            self._place_trace()
+        except Exception as exc:  # noqa: BLE001 - whatever stops the trace, training goes on
+            self.trace_path, self.files = None, []
+            self._warn(f"no trace written into {self.out_dir}", exc)
+            return
+        self._outputs()
 
     # -- profiling -------------------------------------------------------------------------------------------
 
@@ -274,24 +346,38 @@ class ProfileCallback(TrainerCallback):
         try:
             self._export_trace(profiler)
         except Exception as exc:  # noqa: BLE001 - whatever stops the trace, training goes on
+            self._drop_raw()
             self.trace_path, self.files = None, []
             self._warn(f"no trace written into {self.out_dir}", exc)
 
     def _export_trace(self, profiler: Any) -> None:
-        """The Chrome trace, gzipped into place atomically (no half file under the name)."""
+        """The Chrome trace exported into a temporary folder of ``out_dir``; placed now unless it waits for the
+        steps after it to be timed."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.name = self.free_name()
         self.trace_path = self.out_dir / f"{self.name}{OUTPUT_SUFFIXES[0]}"
-        with tempfile.TemporaryDirectory(dir=self.out_dir, prefix=".profparse-") as folder:
-            raw = Path(folder) / "trace.json"
-            profiler.export_chrome_trace(str(raw))
-            with (
-                atomic_file(self.trace_path) as tmp,
-                open(raw, "rb") as src,
-                gzip.open(tmp, "wb", compresslevel=6) as dst,
-            ):
+        self._raw = Path(tempfile.mkdtemp(dir=self.out_dir, prefix=".profparse-")) / "trace.json"
+        profiler.export_chrome_trace(str(self._raw))
+        if not self._pending:
+            self._place_trace()
+
+    def _place_trace(self) -> None:
+        """The exported trace with its calibration, gzipped into place atomically (no half file under the name);
+        the temporary folder removed whatever happens."""
+        raw, trace = self._raw, self.trace_path
+        assert raw is not None and trace is not None
+        try:
+            store(raw, self._found())
+            with atomic_file(trace) as tmp, open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        self.files = [self.trace_path]
+        finally:
+            self._drop_raw()
+        self.files = [trace]
+
+    def _drop_raw(self) -> None:
+        if self._raw is not None:
+            shutil.rmtree(self._raw.parent, ignore_errors=True)
+            self._raw = None
 
     def _finish(self) -> None:
         profiler, self.profiler = self.profiler, None
@@ -299,6 +385,14 @@ class ProfileCallback(TrainerCallback):
             profiler.stop()  # after the last scheduled step the recording already ended; this releases the profiler
         finally:
             self._unwrap_trainer()
+        if self._pending:  # the steps after are timed from here
+            cuda_sync()
+            self._mark = time.perf_counter_ns()
+        else:
+            self._outputs()
+
+    def _outputs(self) -> None:
+        """The summary and the report of the placed trace, or a warning."""
         if self.trace_path is not None:
             try:
                 self._write_outputs(self.trace_path)
@@ -322,7 +416,17 @@ class ProfileCallback(TrainerCallback):
             write_report(payload, report, inputs=[str(trace)])
             self.files.append(report)
         if not self.quiet:
-            print(headline_line(self.files, payload["headline"]), file=sys.stderr)
+            say(headline_line(self.files, payload["headline"]))
+
+
+def say(line: str) -> None:
+    """``line`` on stderr on a line of its own: through tqdm where it is loaded (the Trainer's progress bar is
+    cleared and redrawn around it), else printed."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None and hasattr(tqdm, "tqdm"):
+        tqdm.tqdm.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
 
 
 def headline_line(files: list[Path], headline: list[dict[str, Any]]) -> str:

@@ -16,7 +16,7 @@ from profparse.analysis.advice.build import ms, share
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import MIN_SHARE, Finding, WhatIf
 from profparse.analysis.advice.kinds import KINDS
-from profparse.analysis.profiler_cost import per_event_ns
+from profparse.analysis.profiler_cost import costs
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
 
@@ -30,7 +30,7 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     model = rp.build(parsed.raw.events, parsed.links, parsed.attribution)
     if model is None:
         return
-    cost, basis = per_event_ns(parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
+    cost, basis = costs(model, parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
     before = rp.mean_step(model, cost)
     changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]
     alone = [max(before - rp.mean_step(model, cost, c), 0.0) for c in changes]

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.profiler_cost import without_profiler, without_profiler_basis, without_profiler_text
+from profparse.analysis.profiler_cost import (
+    path_without_profiler,
+    without_profiler,
+    without_profiler_basis,
+    without_profiler_text,
+)
 from profparse.analysis.quality import gpu_devices
 from profparse.base.formats import (
     Column,
@@ -174,7 +179,10 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         "per_step": records(per_step),
         "step_totals": _step_totals(per_step, steps),
         "steady_totals": _steady_totals(per_step, steps),
-        "critical_path": critical_path_data(parsed.table("critical_path")),
+        "critical_path": {
+            **critical_path_data(parsed.table("critical_path")),
+            "without_profiler": path_without_profiler(parsed),  # the steady steps' path, replayed without it
+        },
         "without_profiler": without_profiler(parsed),  # the steps replayed without the profiler's own cost
         "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
         "top_ops": _top(ops, "self_ns", top, kernel=False),

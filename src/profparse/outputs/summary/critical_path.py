@@ -76,6 +76,11 @@ def _labels(events: list[dict[str, Any]]) -> list[str]:
     return labels
 
 
+def _free(free: dict[str, int], whole: int, bound: str) -> dict[str, float]:
+    """The row's share of the path replayed without the profiler (nothing when there is no such path)."""
+    return {"without": free.get(bound, 0) / whole} if whole else {}
+
+
 def critical_path_tables(data: dict[str, Any]) -> list[Table]:
     """Per stage the ms on the path by bound, and the longest events on it (none when no step has a path)."""
     section = data.get("critical_path") or {}
@@ -85,13 +90,17 @@ def critical_path_tables(data: dict[str, Any]) -> list[Table]:
     stages = [r["stage"] for r in per_stage]
     by_stage = {r["stage"]: r["bounds"] for r in per_stage}
     whole = sum(r["total_ns"] for r in per_stage)
+    without = section.get("without_profiler") or {}
+    free, free_whole = without.get("bounds") or {}, without.get("total_ns") or 0
     rows = []
     for bound in BOUNDS:  # one row per bound (columns per stage keep the lines short)
         cells = {stage: by_stage[stage].get(bound, 0) for stage in stages}
         total = sum(cells.values())
-        if total:
-            rows.append({"bound": bound, **cells, "total": total, "share": total / whole if whole else None})
-    rows.append({"bound": "all", **{r["stage"]: r["total_ns"] for r in per_stage}, "total": whole, "share": 1.0})
+        if total or free.get(bound):
+            share = total / whole if whole else None
+            rows.append({"bound": bound, **cells, "total": total, "share": share, **_free(free, free_whole, bound)})
+    every = {"bound": "all", **{r["stage"]: r["total_ns"] for r in per_stage}, "total": whole, "share": 1.0}
+    rows.append({**every, **({"without": 1.0} if free_whole else {})})
     columns = [
         Column("bound", "bound"),
         *(Column(stage, stage, ms_text) for stage in stages),
@@ -99,6 +108,10 @@ def critical_path_tables(data: dict[str, Any]) -> list[Table]:
         Column("share", "share", share_text),
     ]
     note = f"ms on the critical path by stage, {section['steps']} steps summed"
+    if free_whole:
+        # its share of the steady steps' path replayed without the profiler (docs/without_profiler.md)
+        columns.append(Column("without", "w/o profiler", share_text))
+        note += f"; w/o profiler: {without['steps']} steady"
     tables = [Table("What bounds each step", columns, rows, note=note)]
     longest = section.get("longest") or []
     if longest:

@@ -707,15 +707,21 @@
       if (total) td.appendChild(el("span", {class: "share", text: pct(ns / total)}));
       return td;
     }
+    // the steady steps' path replayed without the profiler's cost (docs/without_profiler.md), where there is one
+    var wp = cp.without_profiler || {}, free = wp.bounds || {}, freeWhole = wp.total_ns || 0;
+    function freeCell(b) { return freeWhole ? [cell("without_profiler", b, b === "all" ? freeWhole : (free[b] || 0), freeWhole)] : []; }
     var body = d.bounds.map(function (b) {
       var total = 0;
       stages.forEach(function (st) { total += byStage[st][b] || 0; });
       return el("tr", {"data-cp-row": b}, [el("td", {class: "l"}, [el("span", {class: "chip", style: "background:" + d.colors[b]}), b])].concat(
-        stages.map(function (st) { return cell(st, b, byStage[st][b] || 0); }), [cell("total", b, total, whole)]));
+        stages.map(function (st) { return cell(st, b, byStage[st][b] || 0); }), [cell("total", b, total, whole)], freeCell(b)));
     });
-    body.push(el("tr", {class: "total"}, [el("td", {class: "l", text: "all"})].concat(per.map(function (r) { return cell(r.stage, "all", r.total_ns); }), [cell("total", "all", whole)])));
+    body.push(el("tr", {class: "total"}, [el("td", {class: "l", text: "all"})].concat(per.map(function (r) { return cell(r.stage, "all", r.total_ns); }), [cell("total", "all", whole)], freeCell("all"))));
     s.appendChild(el("h3", {id: "cp-per-stage", text: "ms on the critical path by stage and bound"}));
-    s.appendChild(table(["bound"].concat(stages, ["total (share)"]), body, "cp"));
+    var freeHead = freeWhole ? ["without the profiler (share)"] : [];
+    s.appendChild(table(["bound"].concat(stages, ["total (share)"], freeHead), body, "cp"));
+    if (freeWhole) s.appendChild(el("p", {class: "sub", text: "Without the profiler: the " + wp.steps + " steady steps' critical path replayed with the profiler's own cost taken out (" +
+      wp.basis + " costs per event), in ms summed over those steps."}));
     // per step: one bar stacked by bound
     var steps = {}, order = [];
     rows(d.per_step).forEach(function (r) {
