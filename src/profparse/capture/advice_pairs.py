@@ -44,7 +44,7 @@ import numpy as np
 
 from profparse.capture.model import INIT_SEED
 from profparse.capture.options import DEFAULT_MODEL_CONFIG
-from profparse.capture.run import gzip_atomic
+from profparse.capture.run import export_gzipped
 
 WARMUP_STEPS = 1  # unprofiled: lazy initialisation, DataLoader workers, optimizer state
 STEPS = 6  # profiled, each a ProfilerStep#N
@@ -356,13 +356,7 @@ def capture_run(kind: str, bad: bool, out_path: str | Path, with_stack: bool = F
             for _ in range(steps):
                 step()
                 prof.step()
-    tmp_json = out.with_name(f".{out.name}.json.tmp")
-    try:
-        prof.export_chrome_trace(str(tmp_json))
-        gzip_atomic(tmp_json, out)
-    finally:
-        tmp_json.unlink(missing_ok=True)
-    return out
+    return export_gzipped(prof, out)
 
 
 def capture_pair(kind: str, out_dir: str | Path, with_stack: bool = False, steps: int = STEPS) -> tuple[Path, Path]:

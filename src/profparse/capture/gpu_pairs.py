@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profparse.capture.run import gzip_atomic
+from profparse.capture.run import export_gzipped
 
 WARMUP = 3
 BLOCK_STEPS = 6
@@ -195,12 +194,7 @@ def profiled(dev: Device, step: Callable[[], None], path: Path, with_stack: bool
             step()
             prof.step()
     dev.sync()
-    raw = path.with_name(f".{path.name}.{os.getpid()}.json")
-    try:
-        prof.export_chrome_trace(str(raw))
-        gzip_atomic(raw, path)
-    finally:
-        raw.unlink(missing_ok=True)
+    export_gzipped(prof, path)
 
 
 def capture_pattern(dev: Device, pattern: str, out: Path, blocks: int) -> dict[str, Any]:

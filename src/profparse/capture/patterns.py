@@ -117,17 +117,10 @@ class _Session:
 
     def export(self, out_path: Path) -> Path:
         """Chrome trace to a temporary .json, gzipped to a temporary name, renamed (as capture/run.py does)."""
-        from profparse.capture.run import gzip_atomic
+        from profparse.capture.run import export_gzipped
 
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp_json = out_path.with_name(f".{out_path.name}.{os.getpid()}.json.tmp")
-        try:
-            self.prof.export_chrome_trace(str(tmp_json))
-            gzip_atomic(tmp_json, out_path)
-        finally:
-            if tmp_json.exists():
-                tmp_json.unlink()
-        return out_path
+        return export_gzipped(self.prof, out_path)
 
 
 # -- the tiny Qwen2 --------------------------------------------------------------------------------------------

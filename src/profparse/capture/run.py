@@ -80,6 +80,17 @@ def gzip_atomic(src: Path, dest: Path) -> None:
             tmp.unlink()
 
 
+def export_gzipped(prof: Any, dest: Path) -> Path:
+    """``prof``'s Chrome trace at ``dest`` (.json.gz): exported to a temporary .json beside it, gzipped into place."""
+    tmp_json = dest.with_name(f".{dest.name}.{os.getpid()}.json.tmp")
+    try:
+        prof.export_chrome_trace(str(tmp_json))
+        gzip_atomic(tmp_json, dest)
+    finally:
+        tmp_json.unlink(missing_ok=True)
+    return dest
+
+
 def resolve_device(torch: Any, device: str) -> str:
     """``auto`` -> cuda or cpu; a device this machine does not have is a usage error (exit 2)."""
     if device == "auto":
