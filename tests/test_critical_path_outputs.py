@@ -172,8 +172,12 @@ def _cp_cells(dom: str) -> dict[tuple[str, str], int]:
 
 
 def _summary_cells(parsed: ParsedTrace) -> dict[tuple[str, str], int]:
+    """The summary's critical path cells as the report's table keys them, with its column replayed without the
+    profiler (``without_profiler``) where the trace has steady steps."""
     section = summary_data(parsed)["critical_path"]
-    return {(r["stage"], b): ns for r in section["per_stage"] for b, ns in r["bounds"].items()}
+    cells = {(r["stage"], b): ns for r in section["per_stage"] for b, ns in r["bounds"].items()}
+    free = section.get("without_profiler") or {}
+    return cells | {("without_profiler", b): ns for b, ns in (free.get("bounds") or {}).items() if ns}
 
 
 def test_report_draws_the_path_on_the_timeline_and_shows_the_summarys_table(tmp_path) -> None:
@@ -210,4 +214,6 @@ def test_report_of_a_real_trace_shows_the_path(trace: Path, tmp_path) -> None:
     assert {k: v for k, v in cells.items() if k[1] != "all" and k[0] != "total" and v} == _summary_cells(parsed)
     path = parsed.table("critical_path")
     assert cells[("total", "all")] == int((path.end_ns - path.start_ns).sum())
+    free = {b: ns for (s, b), ns in cells.items() if s == "without_profiler" and b != "all"}
+    assert cells.get(("without_profiler", "all"), 0) == sum(free.values())  # the replayed column adds up
     assert re.search(r'data-path-row="\d+"', dom)
