@@ -1,14 +1,16 @@
 """Check the step without the profiler and the simulated savings against h200_pairs' unprofiled timings.
 
-Usage: ``python scripts/h200_check.py [FOLDER]`` (default ``../shared/traces/h200_pairs``). Prints, per capture,
-the unprofiled median step (ABBA blocks of ``measured.json``), the profiled step and the estimate without the
-profiler; per pair, the measured saving (median bad - median good) and the finding of that kind on the bad and
-the good capture; per clean or fixed capture, what all findings claim against the headroom (unprofiled step - GPU
-busy). docs/without_profiler.md shows its output.
+Usage: ``python scripts/h200_check.py [FOLDER]`` (default ``../shared/traces/h200_pairs``; ``--help``). Prints,
+per capture, the unprofiled median step (ABBA blocks of ``measured.json``), the profiled step and the estimate
+without the profiler; per pair, the measured saving (median bad - median good) and the finding of that kind on the
+bad and the good capture; per clean or fixed capture, what all findings claim against the headroom (unprofiled
+step - GPU busy). docs/without_profiler.md shows its output. Exit codes: 0 done, 2 no such folder or no
+``measured.json`` in it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -77,5 +79,19 @@ def main(folder: Path) -> None:
         print(f"{name:24s} {truth / 1e6:9.1f} {headroom / 1e6:9.1f} {claimed / 1e6:12.1f}  {ok}")
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The command line: the folder (h200_pairs' layout) or the shared one; a one-line error without it."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "folder", nargs="?", type=Path, default=DEFAULT, help=f"captures and measured.json (default {DEFAULT})"
+    )
+    folder = parser.parse_args(argv).folder
+    if not (folder / "measured.json").is_file():
+        print(f"h200_check.py: no measured.json in {folder}", file=sys.stderr)
+        return 2
+    main(folder)
+    return 0
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT)
+    sys.exit(cli())

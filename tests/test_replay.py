@@ -245,3 +245,17 @@ def test_h200_clean_findings_within_the_headroom() -> None:
     busy = summary[(summary["scope"] == "step") & summary["step"].isin(steady)].groupby("step")["gpu_busy_ns"].sum()
     claimed = float(p.findings["saving_ns_per_step"].sum())
     assert 0 < claimed <= step - float(busy.mean()) + 0.05 * step
+
+
+def test_h200_check_command_line(tmp_path: Path) -> None:
+    """``scripts/h200_check.py``: ``--help`` prints its usage, a folder without ``measured.json`` is one line on
+    stderr and exit code 2 (no traceback)."""
+    import subprocess
+    import sys
+
+    script = REPO / "scripts" / "h200_check.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=False)
+    assert shown.returncode == 0 and "usage: h200_check.py" in shown.stdout and not shown.stderr
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "measured.json" in bad.stderr
+    assert "Traceback" not in bad.stderr
