@@ -37,6 +37,13 @@ DEFAULT_CPU_NS = {"op_shapes": 550.0, "op": 340.0, "python": 300.0, "runtime": 3
 #: the costs per event are scaled by at most this to meet the unprofiled steps: beyond it the steps timed were
 #: not the profiled ones (another batch, another phase), and the estimate stays the model's
 MAX_SCALE = 8.0
+#: the median traced ``cudaLaunchKernel`` of the capture the CUDA defaults were chosen on (h200_pairs' clean_good;
+#: its pairs' good steps: 4.6-6.7 us): a trace whose launches took longer ran on a slower host, whose profiler work
+#: per event (host CPU work like the launch) took longer in proportion: the defaults are scaled by the ratio
+REFERENCE_LAUNCH_NS = 5_040.0
+#: the ratio is read only from this many launches in the steady steps, and kept within these bounds
+MIN_LAUNCHES = 100
+HOST_SPEED_BOUNDS = (0.5, 3.0)
 _FIT_ROUNDS = 12  # bisection rounds: MAX_SCALE / 2**12 is within 0.2% of the scale
 #: per bound, the ns of the step's critical path replayed without the profiler (they add up to its step)
 PATH_COLUMNS = tuple(f"path_{b}_ns" for b in BOUNDS)
@@ -68,14 +75,26 @@ def unprofiled_step_ns(header: dict[str, Any]) -> float | None:
 
 
 def costs(model: rp.Model, header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]:
-    """The cost per event kind to replay ``model`` without the profiler, and its basis: :func:`per_event_ns`,
-    scaled (by one factor for every kind) so that the replayed steady step meets the mean unprofiled step where
-    the calibration timed some."""
+    """The cost per event kind to replay ``model`` without the profiler, and its basis: :func:`per_event_ns`
+    (the CUDA defaults scaled by :func:`host_speed`), scaled (by one factor for every kind) so that the replayed
+    steady step meets the mean unprofiled step where the calibration timed some."""
     base, basis = per_event_ns(header, on_gpu)
+    if basis == "default" and on_gpu:
+        base = base * host_speed(model)
     target = unprofiled_step_ns(header)
     if target is None:
         return base, basis
     return base * fitted_scale(model, base, target), "calibrated"
+
+
+def host_speed(model: rp.Model) -> float:
+    """How much longer than on the host the CUDA defaults were fitted on the trace's host took per event: the
+    median traced kernel launch over :data:`REFERENCE_LAUNCH_NS`, within :data:`HOST_SPEED_BOUNDS`; 1 with fewer
+    than :data:`MIN_LAUNCHES` launches (a trace without CUDA launches, a HIP trace)."""
+    if len(model.launches) < MIN_LAUNCHES:
+        return 1.0
+    lo, hi = HOST_SPEED_BOUNDS
+    return float(np.clip(np.median(model.launches) / REFERENCE_LAUNCH_NS, lo, hi))
 
 
 def fitted_scale(model: rp.Model, base: np.ndarray, target: float) -> float:

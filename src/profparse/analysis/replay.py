@@ -36,6 +36,8 @@ OVERHEAD_KINDS: tuple[str, ...] = ("op_shapes", "op", "python", "runtime", "memo
 LAUNCH_LATENCY_NS = 4_000
 STREAM_GAP_NS = 1_000
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+#: the runtime call whose traced duration tells how fast the host ran under the profiler (profiler_cost)
+LAUNCH_CALL = "cudaLaunchKernel"
 
 
 @dataclass
@@ -100,6 +102,7 @@ class Model:
     kind_count: np.ndarray = field(default_factory=lambda: np.zeros(len(OVERHEAD_KINDS)))  # events per kind
     base: int = 0  # the trace time that time 0 of the model's arrays stands for
     host_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the events charged
+    launches: np.ndarray = field(default_factory=lambda: np.zeros(0))  # durations of the steps' kernel launches
 
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -134,7 +137,9 @@ def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model
     calls = _calls(events, links, threads, gpu, w0, w1)
     kinds = overhead_kind(events, charged)
     count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
-    return _shifted(Model(steps, host, gpu, calls, step_of, count, host_rows=charged), w0)
+    launches = events["dur_ns"].to_numpy()[charged[(events["name"].to_numpy()[charged] == LAUNCH_CALL)]]
+    model = Model(steps, host, gpu, calls, step_of, count, host_rows=charged, launches=launches.astype(np.float64))
+    return _shifted(model, w0)
 
 
 def _shifted(model: Model, base: int) -> Model:
