@@ -217,3 +217,19 @@ def test_report_of_a_real_trace_shows_the_path(trace: Path, tmp_path) -> None:
     free = {b: ns for (s, b), ns in cells.items() if s == "without_profiler" and b != "all"}
     assert cells.get(("without_profiler", "all"), 0) == sum(free.values())  # the replayed column adds up
     assert re.search(r'data-path-row="\d+"', dom)
+
+
+def test_docs_example_table_is_todays_output() -> None:
+    """docs/critical_path.md's "What bounds each step" example is the text summary of the trace it names, as
+    profparse prints it today (it had gone stale: a column and the python/other split had changed)."""
+    trace = SHARED_TRACES / "v100_resnet50_legacy2021.json.gz"
+    if not trace.is_file():
+        pytest.skip("no ../shared/traces/v100_resnet50_legacy2021.json.gz")
+    from profparse.outputs.summary import render_summary
+
+    text = render_summary(parsed_once(trace))
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "critical_path.md").read_text()
+    block = doc[doc.index("```\nWhat bounds each step") + 4 :]
+    block = block[: block.index("```")].rstrip("\n")
+    start = text.index("What bounds each step")
+    assert text[start : start + len(block)] == block
