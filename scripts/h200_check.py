@@ -20,6 +20,7 @@ from typing import Any
 import profparse
 from profparse.analysis.profiler_cost import without_profiler
 
+WITHIN = 0.15  # the step and the MFU without the profiler: relative error
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "h200_pairs"
 
 
@@ -47,7 +48,16 @@ def capture(folder: Path, name: str) -> dict[str, Any]:
 
 def main(folder: Path) -> None:
     measured = json.loads((folder / "measured.json").read_text())
+    seen = _captures(folder, measured)
+    _pairs(measured, seen)
+    _headroom(measured, seen)
+    _mfu(folder, seen)
+
+
+def _captures(folder: Path, measured: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per capture: unprofiled, profiled, estimated, error; how many within 15%."""
     seen: dict[str, dict[str, Any]] = {}
+    errors = []
     print("capture                       unprofiled  profiled  estimated  error")
     for path in sorted(folder.glob("*_*.json.gz")):
         name = path.name[: -len(".json.gz")]
@@ -56,9 +66,21 @@ def main(folder: Path) -> None:
             continue
         seen[name] = got = capture(folder, name)
         truth, w = measured_step(measured, pattern, side), got["without"]
+        errors.append(w["step_ns"] / truth - 1)
         print(f"{name:28s} {truth / 1e6:10.1f} {w['profiled_step_ns'] / 1e6:9.1f} {w['step_ns'] / 1e6:10.1f}"
-              f" {w['step_ns'] / truth - 1:+6.1%}")  # fmt: skip
-    print("\npair                   measured saving  bad: finding (share of good)  good: finding")
+              f" {errors[-1]:+6.1%}")  # fmt: skip
+    if errors:
+        within = sum(abs(e) <= WITHIN for e in errors)
+        worst, median = max(abs(e) for e in errors), statistics.median(abs(e) for e in errors)
+        print(f"within {WITHIN:.0%}: {within} of {len(errors)}; median error {median:.1%}, worst {worst:.1%}")
+    return seen
+
+
+def _pairs(measured: dict[str, Any], seen: dict[str, dict[str, Any]]) -> None:
+    """Per pair: the measured saving against the finding of its kind on the bad and on the good capture; ok: within
+    25% where the saving is >= 10% of the good step, else no more than the saving + 5% of the step, none on the
+    fix."""
+    print("\npair                   measured saving  bad: finding (share of good)  good: finding  ok")
     for pattern in measured:
         if f"{pattern}_bad" not in seen or f"{pattern}_good" not in seen:
             continue
@@ -66,7 +88,13 @@ def main(folder: Path) -> None:
         bad = seen[f"{pattern}_bad"]["findings"].get(pattern, 0.0)
         good = seen[f"{pattern}_good"]["findings"].get(pattern, 0.0)
         step = measured_step(measured, pattern, "good")
-        print(f"{pattern:24s} {saving / 1e6:8.1f} ms {bad / 1e6:10.1f} ms ({saving / step:5.1%})  {good / 1e6:8.1f} ms")
+        big = saving >= 0.1 * step
+        ok = (abs(bad - saving) <= 0.25 * saving if big else bad <= saving + 0.05 * step) and good == 0
+        print(f"{pattern:24s} {saving / 1e6:8.1f} ms {bad / 1e6:10.1f} ms ({saving / step:5.1%})  {good / 1e6:8.1f} ms"
+              f"  {ok}")  # fmt: skip
+
+
+def _headroom(measured: dict[str, Any], seen: dict[str, dict[str, Any]]) -> None:
     print("\nclean/fixed capture     unprofiled  headroom  all findings  within headroom + 5%")
     for name, got in seen.items():
         if not name.endswith("_good"):
@@ -77,6 +105,17 @@ def main(folder: Path) -> None:
         claimed = sum(got["findings"].values())
         ok = claimed <= headroom + 0.05 * truth
         print(f"{name:24s} {truth / 1e6:9.1f} {headroom / 1e6:9.1f} {claimed / 1e6:12.1f}  {ok}")
+
+
+def _mfu(folder: Path, seen: dict[str, dict[str, Any]]) -> None:
+    """The clean run's MFU without the profiler against mfu_truth.json (where both are)."""
+    truth_file = folder / "mfu_truth.json"
+    mfu = seen.get("clean_good", {}).get("without", {}).get("mfu")
+    if not truth_file.is_file() or mfu is None:
+        return
+    truth = json.loads(truth_file.read_text())["clean_mfu"]
+    ok = abs(mfu / truth - 1) <= WITHIN
+    print(f"\nclean MFU without the profiler {mfu:.2%}, FlopCounterMode {truth:.2%} ({mfu / truth - 1:+.1%}): {ok}")
 
 
 def cli(argv: list[str] | None = None) -> int:
