@@ -284,16 +284,24 @@ def test_h200_simulated_savings_against_measured() -> None:
 
 
 def test_h200_clean_findings_within_the_headroom() -> None:
-    """All findings of the clean run together claim no more than its headroom without the profiler (unprofiled
-    step - GPU busy) + 5% of the step: the profiled path claimed 40.5 ms of a 32.9 ms step."""
-    measured, _ = _h200()
-    step = statistics.median(measured["clean"]["good_blocks"])
-    p = parsed(H200 / "clean_good.json.gz")
-    steady = p.steps[p.steps["steady"]]["step"]
-    summary = p.stage_summary
-    busy = summary[(summary["scope"] == "step") & summary["step"].isin(steady)].groupby("step")["gpu_busy_ns"].sum()
-    claimed = float(p.findings["saving_ns_per_step"].sum())
-    assert 0 < claimed <= step - float(busy.mean()) + 0.05 * step
+    """On the clean run and every fixed capture, all findings together claim no more than the headroom without
+    the profiler (unprofiled step - GPU busy) + 5% of the step: the profiled path claimed 40.5 ms of the clean
+    run's 32.9 ms step; with the default costs unscaled, optimizer_not_batched_good (33.6 ms against 30.2 + 2.5)
+    and recompute_good (32.0 against 24.2 + 2.2) claimed more."""
+    measured, captures = _h200()
+    checked = []
+    for name, path, step in captures:
+        if not name.endswith("_good.json.gz"):
+            continue
+        p = parsed(path)
+        steady = p.steps[p.steps["steady"]]["step"]
+        summary = p.stage_summary
+        in_steps = (summary["scope"] == "step") & summary["step"].isin(steady)
+        busy = summary[in_steps].groupby("step")["gpu_busy_ns"].sum()
+        claimed = float(p.findings["saving_ns_per_step"].sum())
+        assert 0 < claimed <= step - float(busy.mean()) + 0.05 * step, name
+        checked.append(name)
+    assert len(checked) == 10 and "clean_good.json.gz" in checked, checked
 
 
 def test_h200_check_command_line(tmp_path: Path) -> None:
