@@ -12,7 +12,7 @@ import pytest
 import profparse
 from profparse.analysis import profiler_cost as pc
 from profparse.analysis import replay as rp
-from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler
+from profparse.analysis.profiler_cost import CALIBRATION_KEY, without_profiler, without_profiler_basis
 from tests.conftest import REPO, parsed
 from tests.tracebuilder import TraceBuilder
 
@@ -143,13 +143,16 @@ def test_default_costs_scale_with_the_traces_launch_time(tmp_path: Path) -> None
         trace = profparse.parse(_launches(launch_us).write(tmp_path / f"{name}.json"))
         model = rp.build(trace.raw.events, trace.links, trace.attribution)
         assert model is not None and len(model.launches) >= pc.MIN_LAUNCHES
-        found[name] = (pc.host_speed(model), without_profiler(trace)["overhead_ns_per_step"])
+        shown = without_profiler(trace)
+        found[name] = (pc.host_speed(model), shown["overhead_ns_per_step"])
     assert found["ref"][0] == pytest.approx(1.0) and found["slow"][0] == pytest.approx(2.0)
+    assert shown["host_speed"] == 2.0 and "x2.00 for the host's launch time" in without_profiler_basis(shown)
     assert found["slow"][1] == pytest.approx(2 * found["ref"][1], rel=0.02), found
     b = _launches(2 * ref)
     b.header[CALIBRATION_KEY] = {"per_event_ns": {"op": OP_NS, "runtime": 0, "op_shapes": 0, "python": 0, "memory": 0}}
     calibrated = without_profiler(profparse.parse(b.write(tmp_path / "c.json")))
     assert 60 * OP_NS <= calibrated["overhead_ns_per_step"] <= 61 * OP_NS  # measured: not scaled
+    assert "host_speed" not in calibrated
     few = profparse.parse(_steps(2, sync=False).write(tmp_path / "few.json"))  # 10 launches of 1 us a step
     assert pc.host_speed(rp.build(few.raw.events, few.links, few.attribution)) == 1.0
 

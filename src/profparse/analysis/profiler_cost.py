@@ -47,7 +47,16 @@ HOST_SPEED_BOUNDS = (0.5, 3.0)
 _FIT_ROUNDS = 12  # bisection rounds: MAX_SCALE / 2**12 is within 0.2% of the scale
 #: per bound, the ns of the step's critical path replayed without the profiler (they add up to its step)
 PATH_COLUMNS = tuple(f"path_{b}_ns" for b in BOUNDS)
-COLUMNS = ("step", "measured_ns", "replayed_ns", "loop_ns", "without_profiler_ns", "overhead_ns", *PATH_COLUMNS)
+COLUMNS = (
+    "step",
+    "measured_ns",
+    "replayed_ns",
+    "loop_ns",
+    "without_profiler_ns",
+    "overhead_ns",
+    "host_speed",
+    *PATH_COLUMNS,
+)
 
 
 def per_event_ns(header: dict[str, Any], on_gpu: bool) -> tuple[np.ndarray, str]:
@@ -122,7 +131,11 @@ def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, h
     model = rp.build(events, links, attribution)
     if model is None:
         return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in COLUMNS})
-    cost, _ = costs(model, header, bool(kind_mask(events, GPU_ACTIVITY_KINDS).any()))
+    on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())
+    cost, _ = costs(model, header, on_gpu)
+    _, basis = per_event_ns(header, on_gpu)
+    scaled = basis == "default" and on_gpu and unprofiled_step_ns(header) is None  # else measured, or fitted
+    speed = host_speed(model) if scaled else 1.0
     same = rp.replay(model, np.zeros(len(rp.OVERHEAD_KINDS)))
     without = rp.replay(model, cost)
     path = replay_path.bound_ns(events, links, attribution, model, cost)
@@ -135,6 +148,7 @@ def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, h
             "loop_ns": np.round(same["step_ns"].to_numpy()).astype(np.int64),
             "without_profiler_ns": np.round(without["step_ns"].to_numpy()).astype(np.int64),
             "overhead_ns": np.round(same["step_ns"].to_numpy() - without["step_ns"].to_numpy()).astype(np.int64),
+            "host_speed": np.full(len(same), speed),
             **paths,
         }
     )
@@ -161,7 +175,8 @@ def path_without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
 def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
     """``step_ns`` (mean steady step without the profiler), ``mfu`` on that basis, ``overhead_ns_per_step``,
     ``basis``, and the mean profiled step it compares with (``profiled_step_ns``); where the calibration timed
-    steps without the profiler, their mean (``unprofiled_step_ns``); empty without steady steps."""
+    steps without the profiler, their mean (``unprofiled_step_ns``); where the default costs were scaled by the
+    trace's launch time, that factor (``host_speed``); empty without steady steps."""
     table = parsed.table("replay")
     if table.empty:
         return {}
@@ -178,6 +193,9 @@ def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
     }
     if unprofiled is not None:
         out["unprofiled_step_ns"] = round(unprofiled)
+    speed = float(table["host_speed"].iloc[0])
+    if speed != 1.0:
+        out["host_speed"] = round(speed, 3)  # the default costs' factor: the trace's launch time over the reference
     return out
 
 
@@ -203,6 +221,8 @@ def without_profiler_text(data: dict[str, Any]) -> str:
 def without_profiler_basis(data: dict[str, Any]) -> str:
     """What the estimate rests on: ``its own cost ~28.5 ms per step; default costs per event, uncalibrated``."""
     basis = "calibrated at capture" if data["basis"] == "calibrated" else "default costs per event, uncalibrated"
+    if data.get("host_speed"):
+        basis = f"default costs per event x{data['host_speed']:.2f} for the host's launch time, uncalibrated"
     if data.get("unprofiled_step_ns"):
         basis += f" ({data['unprofiled_step_ns'] / 1e6:,.1f} ms per step timed unprofiled)"
     return f"the profiler's own cost ~{data['overhead_ns_per_step'] / 1e6:,.1f} ms per step; {basis}"
