@@ -102,7 +102,7 @@ class Model:
     kind_count: np.ndarray = field(default_factory=lambda: np.zeros(len(OVERHEAD_KINDS)))  # events per kind
     base: int = 0  # the trace time that time 0 of the model's arrays stands for
     host_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the events charged
-    launches: np.ndarray = field(default_factory=lambda: np.zeros(0))  # durations of the steps' kernel launches
+    launches: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the steps' kernel launches that did not block
 
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -137,7 +137,9 @@ def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model
     calls = _calls(events, links, threads, gpu, w0, w1)
     kinds = overhead_kind(events, charged)
     count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
-    launches = events["dur_ns"].to_numpy()[charged[(events["name"].to_numpy()[charged] == LAUNCH_CALL)]]
+    launch_rows = charged[events["name"].to_numpy()[charged] == LAUNCH_CALL]
+    launch_rows = launch_rows[~np.isin(launch_rows, calls.rows)]  # one that waited for the full queue is no probe
+    launches = events["dur_ns"].to_numpy()[launch_rows]
     model = Model(steps, host, gpu, calls, step_of, count, host_rows=charged, launches=launches.astype(np.float64))
     return _shifted(model, w0)
 
