@@ -240,8 +240,9 @@ DEVICE_WITHIN = ("clean", "between_bad", "fp32_bad", "fp32_good")
 
 def test_device_captures_without_profiler_against_measured() -> None:
     """Same process, same host state: each configuration timed unprofiled (12 blocks of 6 steps, medians)
-    around its profiled capture. ``tiny`` (a launch-bound 4-layer model) is left out: its profiled steps took
-    56 ms against 25 ms unprofiled, more than its events' default costs explain (docs/without_profiler.md)."""
+    around its profiled capture. ``tiny`` (a launch-bound 4-layer model) holds within 30% only: its profiled steps
+    took 56 ms against 25 ms unprofiled; its launches took 2.2x the reference, and the default costs scaled by that
+    bring the estimate from +68% to +27% (docs/without_profiler.md)."""
     measured = json.loads((DEVICE / "calibration.json").read_text())["steps"]
     for name in DEVICE_WITHIN:
         found = without_profiler(parsed(DEVICE / f"{name}.json.gz"))
@@ -249,6 +250,8 @@ def test_device_captures_without_profiler_against_measured() -> None:
         assert found["step_ns"] <= 1.02 * found["profiled_step_ns"]  # a GPU-bound step keeps its time
     tiny = without_profiler(parsed(DEVICE / "tiny.json.gz"))
     assert tiny["step_ns"] < tiny["profiled_step_ns"] < 2.5 * measured["tiny"]["median_ns"]
+    assert tiny["step_ns"] == pytest.approx(measured["tiny"]["median_ns"], rel=0.30)
+    assert tiny["host_speed"] > 2
 
 
 def test_device_between_steps_saving_is_simulated() -> None:
