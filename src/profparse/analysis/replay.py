@@ -156,8 +156,11 @@ def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int
     for point in (start, end):
         right = np.searchsorted(knots, point, side="right") - 1  # the piece that starts at the point
         cells += [np.clip(right - 1, 0, pieces - 1) * width + kind, np.clip(right, 0, pieces - 1) * width + kind]
-    flat = np.bincount(np.concatenate(cells), minlength=pieces * width) if cells else np.zeros(pieces * width)
-    return Host(knots, 0.25 * flat.reshape(pieces, width))
+    cells = np.concatenate(cells)
+    # each cell a quarter, summed as floats directly (exact: quarters add up exactly) so that no integer count
+    # array the size of the result (tens of MB on a big trace) is made first
+    flat = np.bincount(cells, weights=np.full(len(cells), 0.25), minlength=pieces * width)
+    return Host(knots, flat.reshape(pieces, width))
 
 
 def _gpu(events: pd.DataFrame, links: Links, steps: pd.DataFrame, w0: int, w1: int) -> tuple[Gpu, np.ndarray]:

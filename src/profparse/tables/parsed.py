@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -126,6 +127,16 @@ class ParsedTrace:
             if keep or name in needed():
                 self._internal[name] = frame
         return frame
+
+    def computed(self) -> set[str]:
+        """The tables and values held now (internal form)."""
+        return set(self._internal)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Stop holding these tables and values (internal form): a writer that is done with them gives their memory
+        back; they are computed again if asked for."""
+        for name in names:
+            self._internal.pop(name, None)
 
     def value(self, name: str) -> Any:
         """An intermediate result that several tables read (:data:`~profparse.tables.registry.VALUES`)."""
