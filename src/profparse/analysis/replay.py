@@ -50,11 +50,20 @@ class Host:
     def clock(self, per_event_ns: np.ndarray, removed: np.ndarray | None = None) -> np.ndarray:
         """``h`` at each knot: the time elapsed from the first knot with each piece shortened by its events'
         cost (``per_event_ns`` per kind) and by ``removed`` (ns per piece), never below zero."""
+        # in place: a big trace has millions of pieces, and each temporary of the plain expression was one more
+        # array of them at the peak of a replay
         length = np.diff(self.knots).astype(np.float64)
         cut = self.counts @ per_event_ns
         if removed is not None:
-            cut = cut + removed
-        return np.concatenate([[0.0], np.cumsum(np.maximum(length - cut, 0.0))]) + float(self.knots[0])
+            cut += removed
+        np.subtract(length, cut, out=length)
+        del cut
+        np.maximum(length, 0.0, out=length)
+        out = np.empty(len(length) + 1)
+        out[0] = 0.0
+        np.cumsum(length, out=out[1:])
+        out += float(self.knots[0])
+        return out
 
 
 @dataclass
@@ -152,14 +161,24 @@ def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int
     knots = knots[np.concatenate([[True], knots[1:] != knots[:-1]])]
     pieces = max(len(knots) - 1, 1)
     width = len(OVERHEAD_KINDS)
-    cells = []
-    for point in (start, end):
+    # the four cells of each event written into one array, counted as integers, the counts turned into quarters
+    # in their own memory: a big trace has millions of pieces, and each extra array of them was at the peak of
+    # a replay
+    n = len(start)
+    cells = np.empty(4 * n, dtype=np.int64)
+    for i, point in enumerate((start, end)):
         right = np.searchsorted(knots, point, side="right") - 1  # the piece that starts at the point
-        cells += [np.clip(right - 1, 0, pieces - 1) * width + kind, np.clip(right, 0, pieces - 1) * width + kind]
-    cells = np.concatenate(cells)
-    # each cell a quarter, summed as floats directly (exact: quarters add up exactly) so that no integer count
-    # array the size of the result (tens of MB on a big trace) is made first
-    flat = np.bincount(cells, weights=np.full(len(cells), 0.25), minlength=pieces * width)
+        for j, piece in enumerate((right - 1, right)):
+            out = cells[(2 * i + j) * n : (2 * i + j + 1) * n]
+            np.clip(piece, 0, pieces - 1, out=out)
+            out *= width
+            out += kind
+        del right
+    counts = np.bincount(cells, minlength=pieces * width)
+    del cells
+    flat = counts.view(np.float64)
+    for at in range(0, len(counts), 1 << 16):  # a block at a time: numpy copies an input that shares the output
+        np.multiply(counts[at : at + (1 << 16)], 0.25, out=flat[at : at + (1 << 16)])
     return Host(knots, flat.reshape(pieces, width))
 
 

@@ -86,6 +86,8 @@ def table_makers(parsed: ParsedTrace, release: bool = False) -> dict[str, Callab
 
         def make(name: str = spec.name, keep: bool = last[spec.name] > position, done: list[str] = done) -> Table:
             frame = parsed.table(name, keep=keep)
+            if keep and release and name not in held:
+                parsed.lend(name)
             parsed.forget(done)
             return frame
 

@@ -65,9 +65,11 @@ class AdviceContext:
         return cls(parsed, steady, path, warm_up)
 
     def release(self) -> None:
-        """Drop the path and what was derived from it (the what-ifs that follow read only the trace)."""
+        """Drop the path and what was derived from it (the what-ifs that follow read only the trace), and give the
+        critical path table back if a writer only lent it for the findings."""
         self.path = self.path.iloc[:0]
         self._segment_rows = None
+        self.parsed.done_with("critical_path")
 
     # -- the trace ------------------------------------------------------------------------------------------------
 
