@@ -109,6 +109,7 @@ class Model:
     kind_count: np.ndarray = field(default_factory=lambda: np.zeros(len(OVERHEAD_KINDS)))  # events per kind
     base: int = 0  # the trace time that time 0 of the model's arrays stands for
     host_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the events charged
+    order: list[int] | None = field(default=None, repr=False)  # what each replay walks in turn (_order)
 
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -336,10 +337,10 @@ def _simulate(
     ref_h = np.interp(gpu.ref.astype(np.float64), knots, h_knots)
     call_h0 = np.interp(calls.start, knots, h_knots)
     call_h1 = np.interp(calls.end, knots, h_knots)
-    order = np.argsort(np.concatenate([gpu.start, calls.end - 0.5]), kind="stable")  # a call before what starts then
     n = len(gpu.start)
-    ends = np.empty(n)
+    ends = [0.0] * n
     off_t, off_v = [-np.inf], [0.0]
+    # as Python lists for the loop, made again each replay (held across the replays, they were at the peak)
     ref, ref_h_l = gpu.ref.tolist(), ref_h.tolist()
     prev, wait, dur = gpu.prev.tolist(), gpu.wait.tolist(), gpu.dur.tolist()
     fprev, fwait = gpu.fixed_prev.tolist(), gpu.fixed_wait.tolist()
@@ -347,17 +348,21 @@ def _simulate(
     drop = dropped.tolist() if dropped is not None else [False] * len(calls.start)
     starts, cause = np.empty(n if detail else 0), np.zeros(n if detail else 0, dtype=np.int8)
     waited = np.zeros(len(calls.start) if detail else 0, dtype=bool)
-    for item in order.tolist():
+    for item in _order(model):
         if item < n:
             s = ref_h_l[item] + off_v[bisect_right(off_t, ref[item]) - 1] + al[item]
             p = prev[item]
             sp = (ends[p] if p >= 0 else fprev[item]) + ap[item]
             w = wait[item]
             sw = (ends[w] if w >= 0 else fwait[item]) + aw[item]
+            # max(s, sp, sw) without the call, compared as max compares
+            top = sp if sp > s else s
+            if sw > top:
+                top = sw
             if detail:
-                starts[item] = max(s, sp, sw)
-                cause[item] = 0 if s >= max(sp, sw) else (1 if sp >= sw else 2)
-            ends[item] = max(s, sp, sw) + dur[item]
+                starts[item] = top
+                cause[item] = 0 if s >= (sw if sw > sp else sp) else (1 if sp >= sw else 2)
+            ends[item] = top + dur[item]
             continue
         c = item - n
         own_end = call_h0[c] + off_v[bisect_right(off_t, calls.start[c]) - 1] + calls.own[c]
@@ -367,4 +372,13 @@ def _simulate(
             waited[c] = done > own_end
         off_t.append(float(calls.end[c]))
         off_v.append(done - call_h1[c])
-    return ends, off_t, off_v, (starts, cause, waited)
+    return np.array(ends, dtype=np.float64), off_t, off_v, (starts, cause, waited)
+
+
+def _order(model: Model) -> list[int]:
+    """The order in which every replay of ``model`` walks the GPU activities (by start) and the blocking calls (by
+    end; a call before what starts then), made once per model: no change moves a start or an end."""
+    if model.order is None:
+        gpu, calls = model.gpu, model.calls
+        model.order = np.argsort(np.concatenate([gpu.start, calls.end - 0.5]), kind="stable").tolist()
+    return model.order
