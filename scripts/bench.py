@@ -14,8 +14,16 @@
    ``--min-free-gb``; it is then reported as "did not finish (reason)".
 3. Report: a table on stdout; ``--write-docs`` puts it into docs/performance.md with the machine it ran on.
 
+``--traces`` measures ready-made trace files instead (e.g. tiles made by ``../shared/tools/tile.py TRACE OUT 300``),
+each as one row; the side-by-side table gives, per trace, every tool's seconds, the ratios and each tool's peak
+RSS over the JSON's size. HTA 0.5 (``HolisticTraceAnalysis``) and HTA 0.6 (``traceinsight``) both install the
+``hta`` module, so each runs in the Python given by ``--hta-python`` / ``--hta06-python`` (default: this one),
+and a tool whose package that Python lacks is skipped with a note.
+
 Examples::
 
+    python scripts/bench.py --traces /tmp/tiles/a100_ddp_rank0_nccl.json /tmp/tiles/mi300x_resnet18_train.json \
+        --tools profparse decode hta hta06 --hta-python /tmp/hta05/bin/python --runs 3
     python scripts/bench.py --sizes 100MB --runs 3
     python scripts/bench.py --sizes 500MB 2GB --runs 3 --write-docs
     python scripts/bench.py --generate-only --sizes 2GB
@@ -73,9 +81,11 @@ t = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
 print("rows", len(t.t.get_trace(0)), flush=True)
 """
 
-# HTA 0.6 ships on PyPI as ``traceinsight`` (0.6.x; still the ``hta`` module, same API); it runs in its own venv
-# (--hta06-python) since it pins other versions of pandas and friends
+# HTA 0.6 ships on PyPI as ``traceinsight`` (0.6.x; still the ``hta`` module, same API); each HTA runs in a Python
+# that has it (--hta-python, --hta06-python), since both install the ``hta`` module
 HTA06_CODE = HTA_CODE
+#: the package each HTA tool needs in its Python, and the version it must start with
+HTA_PACKAGES = {"hta": ("HolisticTraceAnalysis", "0.5"), "hta06": ("traceinsight", "0.6")}
 
 # The decode limit: one typed msgspec decode of only the fields profparse reads (the structs of
 # profparse.trace.schema, float timestamps, text args as msgspec.Raw; integer args may also be strings, as in ROCm
@@ -159,6 +169,7 @@ LABELS = {
     "decode": "decode only (msgspec, needed fields)",
     "floor": "floor: imports + profparse's reader on all cores, no columns",
 }
+EVENTS = re.compile(r"^events (\d+)", re.M)
 PHASE = re.compile(r"^profparse-phase (\S+) ([0-9.]+)(?: ([0-9.]+))?(?: ([0-9]+))?$", re.M)
 
 
@@ -614,6 +625,51 @@ def _ratio(res: SizeResult, slow: str, fast: str) -> str:
     return f"**{a['seconds'] / b['seconds']:.1f}x**{cpu}"
 
 
+def _cell(res: SizeResult, tool: str) -> str:
+    """A tool's median seconds and peak RSS / JSON, or why there are none."""
+    t = res.tools.get(tool)
+    if t is None:
+        return "not run"
+    if not t["ok"]:
+        return f"did not finish ({t['reason']})"
+    spread = f" ({min(t['all_seconds']):.1f}-{max(t['all_seconds']):.1f})" if len(t["all_seconds"]) > 1 else ""
+    return f"{t['seconds']:.1f} s{spread}; {t['peak_rss'] / res.bytes:.2f}x"
+
+
+def side_by_side(results: list[SizeResult]) -> str:
+    """Per trace, in one row: each tool's seconds (median, min-max) and peak RSS over the JSON's size, then the
+    ratios that the goals are stated in."""
+    head = [
+        "trace",
+        "JSON MB",
+        "events",
+        "profparse parse: s; RSS/JSON",
+        "decode only",
+        "HTA 0.5 load",
+        "HTA 0.6 load",
+        "profparse / decode",
+        "HTA 0.5 / profparse",
+        "HTA 0.6 / profparse",
+        "runs",
+        "load avg (before, after)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for res in sorted(results, key=lambda r: (r.source, r.bytes)):
+        cells = [
+            res.source or res.size,
+            f"{res.bytes / MB:,.0f}",
+            f"{res.events / 1e6:.2f} M" if res.events else "-",
+            *(_cell(res, tool) for tool in ("profparse", "decode", "hta", "hta06")),
+            _ratio(res, "profparse", "decode"),
+            _ratio(res, "hta", "profparse"),
+            _ratio(res, "hta06", "profparse"),
+            str(res.runs),
+            ", ".join(f"{x:.1f}" for x in res.load),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(results: list[SizeResult]) -> str:
     head = [
         "JSON",
@@ -680,7 +736,7 @@ def scaling(results: list[SizeResult]) -> str:
     rows = ["| JSON | events | µs per event | peak RSS bytes per event | peak RSS / JSON |", "|---|---|---|---|---|"]
     for res in sorted(results, key=lambda r: r.bytes):
         p = res.tools.get("profparse")
-        if not p or not p["ok"]:
+        if not p or not p["ok"] or not res.events:
             continue
         rows.append(
             f"| {_json(res)} | {res.events / 1e6:.2f} M | {p['seconds'] / res.events * 1e6:.2f} | "
@@ -720,6 +776,8 @@ def write_docs(results: list[SizeResult], m: dict, source: str) -> None:
             "of the finished runs, wall clock from spawn to exit. Peak RSS: largest process (`wait4`, as "
             "`/usr/bin/time -v`). Peak PSS: sampled sum over the process and its children (forked decoding workers "
             "included, shared pages counted once). MB = 10^6 bytes, GiB = 2^30 bytes.",
+            "",
+            side_by_side(merged),
             "",
             table(merged),
             "",
@@ -782,9 +840,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-free-gb", type=float, default=1.0, help="kill a run when the machine has less available")
     ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="default: all five")
     ap.add_argument(
+        "--traces", nargs="+", type=Path, metavar="JSON", help="measure these trace files as they are (no tiling)"
+    )
+    ap.add_argument(
+        "--hta-python",
+        default=sys.executable,
+        help="python with HolisticTraceAnalysis 0.5 (HTA 0.5); skipped if it has no such package (default: this one)",
+    )
+    ap.add_argument(
         "--hta06-python",
-        default="/tmp/perf-ti/bin/python",
-        help="python of a venv with traceinsight (HTA 0.6); HTA 0.6 is skipped if it does not exist",
+        default=sys.executable,
+        help="python with traceinsight 0.6 (HTA 0.6); skipped if it has no such package (default: this one)",
     )
     ap.add_argument("--skip-hta-after-fail", action="store_true", help="no more HTA runs at a size once one failed")
     ap.add_argument("--generate-only", action="store_true", help="only write the traces")
@@ -806,16 +872,23 @@ def main(argv: list[str] | None = None) -> int:
     mine = Limits(args.timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
     peer = Limits(args.hta_timeout, int(args.mem_limit_gb * GIB), int(args.min_free_gb * GIB))
     limits = {"profparse": mine, "decode": mine, "floor": mine, "hta": peer, "hta06": peer}
-    if "hta06" in args.tools and not Path(args.hta06_python).exists():
-        print(f"no {args.hta06_python}: HTA 0.6 skipped (see --hta06-python)", file=sys.stderr)
-        args.tools = [t for t in args.tools if t != "hta06"]
+    pythons = {"hta": args.hta_python, "hta06": args.hta06_python}
+    for tool, (package, version) in HTA_PACKAGES.items():
+        if tool in args.tools and not _version_in(pythons[tool], package).startswith(version):
+            print(f"{pythons[tool]} has no {package} {version}: {LABELS[tool]} skipped", file=sys.stderr)
+            args.tools = [t for t in args.tools if t != tool]
     if "profparse" in args.tools and not args.generate_only:
         ensure_bytecode()
     cache: dict = {}
     results: list[SizeResult] = []
-    for target in args.sizes:
-        label = size_label(target)
-        trace, info = ensure_trace(args.source, target, args.work_dir, cache, in_child=not args.generate_only)
+    todo = [(None, t) for t in args.sizes] if not args.traces else [(t, 0) for t in args.traces]
+    for ready, target in todo:
+        if ready is not None:
+            trace, info = ready, {"bytes": ready.stat().st_size, "events": 0}
+            label, source = size_label(info["bytes"]), ready.name.split(".")[0]
+        else:
+            label, source = size_label(target), args.source.name.split(".")[0]
+            trace, info = ensure_trace(args.source, target, args.work_dir, cache, in_child=not args.generate_only)
         if args.generate_only:
             continue
         warm_page_cache(trace)
@@ -831,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
                 if tool == "profparse":
                     cmd, env = profparse_cmd(trace, out), {"PROFPARSE_PROFILE_PHASES": "1"}
                 elif tool == "hta":
-                    cmd = hta_cmd(trace, args.hta_as_gb)
+                    cmd = hta_cmd(trace, args.hta_as_gb, args.hta_python)
                 elif tool == "hta06":
                     cmd = hta_cmd(trace, args.hta_as_gb, args.hta06_python, HTA06_CODE)
                 elif tool == "floor":
@@ -841,6 +914,9 @@ def main(argv: list[str] | None = None) -> int:
                 log = args.work_dir / f"{tool}_{label}_{k}.log"
                 seconds, peak, pss, ok, reason, cpu = measure(cmd, limits[tool], log, env)
                 phases = {}
+                counted = EVENTS.search(log.read_text(errors="replace")) if tool == "decode" and ok else None
+                if counted and not info["events"]:  # a ready trace: its events, as the decode counted them
+                    info["events"] = int(counted.group(1))
                 for m in PHASE.finditer(log.read_text(errors="replace")):
                     phases[m.group(1)] = float(m.group(2))
                     if m.group(3):
@@ -860,15 +936,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
             shutil.rmtree(args.work_dir / f"out_{label}", ignore_errors=True)
         load.append(os.getloadavg()[0])
-        results.append(summarize(label, info, runs, load, args.source.name.split(".")[0]))
+        results.append(summarize(label, info, runs, load, source))
         if args.clean:
             trace.unlink(missing_ok=True)
             trace.with_suffix(".meta.json").unlink(missing_ok=True)
     if args.generate_only:
         return 0
     m = machine()
-    if "hta06" in args.tools:
-        m["versions"]["traceinsight"] = _version_in(args.hta06_python, "traceinsight")
+    for tool, (package, _) in HTA_PACKAGES.items():
+        if tool in args.tools:
+            m["versions"][package] = _version_in(pythons[tool], package)
+    print(side_by_side(results))
+    print()
     print(table(results))
     print()
     print(scaling(results))

@@ -57,3 +57,27 @@ def test_bench_ratios_by_hand():
     assert bench._ratio(res, "hta", "profparse") == "**15.0x** (CPU 12.0x)"
     assert bench._ratio(res, "hta06", "profparse") == "> 25.0x (did not finish)"
     assert bench._ratio(res, "profparse", "decode") == "-"
+
+
+def test_bench_side_by_side_row_by_hand():
+    """One row per trace: each tool's median seconds (spread) and peak RSS over the JSON, then the ratios."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    res = bench.SizeResult(size="300MB", bytes=3 * 10**8, events=1_260_000, runs=2, load=[1.0, 1.5], source="a100")
+    res.tools = {
+        "profparse": {"ok": True, "seconds": 6.0, "cpu": 9.0, "all_seconds": [6.0, 6.4], "peak_rss": 4.5 * 10**8},
+        "decode": {"ok": True, "seconds": 1.5, "cpu": 1.5, "all_seconds": [1.5, 1.5], "peak_rss": 9 * 10**8},
+        "hta": {"ok": True, "seconds": 60.0, "cpu": 60.0, "all_seconds": [60.0, 62.0], "peak_rss": 18 * 10**8},
+    }
+    row = bench.side_by_side([res]).splitlines()[2].split(" | ")
+    assert row[1:7] == [
+        "300",
+        "1.26 M",
+        "6.0 s (6.0-6.4); 1.50x",
+        "1.5 s (1.5-1.5); 3.00x",
+        "60.0 s (60.0-62.0); 6.00x",
+        "not run",
+    ]
+    assert row[7:10] == ["**4.0x** (CPU 6.0x)", "**10.0x** (CPU 6.7x)", "-"]
+    assert row[10:] == ["2", "1.0, 1.5 |"]

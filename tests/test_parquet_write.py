@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from tracebuilder import TraceBuilder, training_step
@@ -84,3 +85,28 @@ def test_duckdb_reads_the_tables_as_pandas_does(tmp_path):
     assert 0 < missing.sum() < len(events) and frame["correlation"].isna().tolist() == missing.tolist()
     values = events["correlation"].dropna().astype("int64").tolist()
     assert frame["correlation"].dropna().astype("int64").tolist() == values
+
+
+def test_release_computes_each_table_once_and_writes_the_same(tmp_path, monkeypatch):
+    """``write_parquet(release=True)`` (``profparse parse``): a table that a later one reads through ``parsed`` (the
+    critical path, for the findings) is held until then, not computed twice; afterwards only what was held before
+    is held; the files are those of a writer that keeps everything."""
+    from profparse.analysis import critical_path
+
+    builder = TraceBuilder()
+    for step in range(6):
+        training_step(builder, step, step * 100)
+    trace = builder.write(tmp_path / "t.json")
+    calls = []
+    path_table = critical_path.path_table
+    monkeypatch.setattr(critical_path, "path_table", lambda **kw: calls.append(1) or path_table(**kw))
+    parsed = profparse.load(trace, cache=False)
+    before = parsed.computed()
+    write_parquet(parsed, tmp_path / "released", release=True)
+    assert len(calls) == 1
+    assert parsed.computed() <= before | {"substeps"}
+    kept = read_parquet(write_parquet(profparse.load(trace, cache=False), tmp_path / "kept"))
+    released = read_parquet(tmp_path / "released")
+    assert sorted(kept) == sorted(released)
+    for name, frame in kept.items():
+        pd.testing.assert_frame_equal(released[name], frame, obj=name)

@@ -56,6 +56,16 @@ def test_needs_form_no_cycle() -> None:
         visit(name, ())
 
 
+def test_reads_name_declared_tables_of_entries_given_the_whole_trace() -> None:
+    """``reads`` (what a table reads through ``parsed``) names tables and values, and only a table given ``parsed``
+    can read anything that way; the writer holds and forgets tables by it."""
+    for spec in TABLES.values():
+        assert set(spec.reads) <= set(TABLES) | set(VALUES), f"{spec.name} reads something undeclared"
+        assert not spec.reads or "parsed" in spec.needs, f"{spec.name} has reads but is not given parsed"
+    assert {"critical_path", "flops", "peak"} <= registry.inputs_of("findings")
+    assert "flop_counts" in registry.inputs_of("findings")  # through flops and peak
+
+
 @pytest.fixture(scope="module")
 def parsed_samples() -> list[ParsedTrace]:
     return [profparse.load(path, cache=False) for path in SAMPLES]

@@ -52,11 +52,20 @@ class Host:
     def clock(self, per_event_ns: np.ndarray, removed: np.ndarray | None = None) -> np.ndarray:
         """``h`` at each knot: the time elapsed from the first knot with each piece shortened by its events'
         cost (``per_event_ns`` per kind) and by ``removed`` (ns per piece), never below zero."""
+        # in place: a big trace has millions of pieces, and each temporary of the plain expression was one more
+        # array of them at the peak of a replay
         length = np.diff(self.knots).astype(np.float64)
         cut = self.counts @ per_event_ns
         if removed is not None:
-            cut = cut + removed
-        return np.concatenate([[0.0], np.cumsum(np.maximum(length - cut, 0.0))]) + float(self.knots[0])
+            cut += removed
+        np.subtract(length, cut, out=length)
+        del cut
+        np.maximum(length, 0.0, out=length)
+        out = np.empty(len(length) + 1)
+        out[0] = 0.0
+        np.cumsum(length, out=out[1:])
+        out += float(self.knots[0])
+        return out
 
 
 @dataclass
@@ -103,6 +112,7 @@ class Model:
     base: int = 0  # the trace time that time 0 of the model's arrays stands for
     host_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the events charged
     launches: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the steps' kernel launches that did not block
+    order: list[int] | None = field(default=None, repr=False)  # what each replay walks in turn (_order)
 
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -159,12 +169,25 @@ def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int
     knots = knots[np.concatenate([[True], knots[1:] != knots[:-1]])]
     pieces = max(len(knots) - 1, 1)
     width = len(OVERHEAD_KINDS)
-    cells = []
-    for point in (start, end):
+    # the four cells of each event written into one array, counted as integers, the counts turned into quarters
+    # in their own memory: a big trace has millions of pieces, and each extra array of them was at the peak of
+    # a replay
+    n = len(start)
+    cells = np.empty(4 * n, dtype=np.int64)
+    for i, point in enumerate((start, end)):
         right = np.searchsorted(knots, point, side="right") - 1  # the piece that starts at the point
-        cells += [np.clip(right - 1, 0, pieces - 1) * width + kind, np.clip(right, 0, pieces - 1) * width + kind]
-    flat = np.bincount(np.concatenate(cells), minlength=pieces * width) if cells else np.zeros(pieces * width)
-    return Host(knots, 0.25 * flat.reshape(pieces, width))
+        for j, piece in enumerate((right - 1, right)):
+            out = cells[(2 * i + j) * n : (2 * i + j + 1) * n]
+            np.clip(piece, 0, pieces - 1, out=out)
+            out *= width
+            out += kind
+        del right
+    counts = np.bincount(cells, minlength=pieces * width)
+    del cells
+    flat = counts.view(np.float64)
+    for at in range(0, len(counts), 1 << 16):  # a block at a time: numpy copies an input that shares the output
+        np.multiply(counts[at : at + (1 << 16)], 0.25, out=flat[at : at + (1 << 16)])
+    return Host(knots, flat.reshape(pieces, width))
 
 
 def _gpu(events: pd.DataFrame, links: Links, steps: pd.DataFrame, w0: int, w1: int) -> tuple[Gpu, np.ndarray]:
@@ -321,10 +344,10 @@ def _simulate(
     ref_h = np.interp(gpu.ref.astype(np.float64), knots, h_knots)
     call_h0 = np.interp(calls.start, knots, h_knots)
     call_h1 = np.interp(calls.end, knots, h_knots)
-    order = np.argsort(np.concatenate([gpu.start, calls.end - 0.5]), kind="stable")  # a call before what starts then
     n = len(gpu.start)
-    ends = np.empty(n)
+    ends = [0.0] * n
     off_t, off_v = [-np.inf], [0.0]
+    # as Python lists for the loop, made again each replay (held across the replays, they were at the peak)
     ref, ref_h_l = gpu.ref.tolist(), ref_h.tolist()
     prev, wait, dur = gpu.prev.tolist(), gpu.wait.tolist(), gpu.dur.tolist()
     fprev, fwait = gpu.fixed_prev.tolist(), gpu.fixed_wait.tolist()
@@ -332,17 +355,21 @@ def _simulate(
     drop = dropped.tolist() if dropped is not None else [False] * len(calls.start)
     starts, cause = np.empty(n if detail else 0), np.zeros(n if detail else 0, dtype=np.int8)
     waited = np.zeros(len(calls.start) if detail else 0, dtype=bool)
-    for item in order.tolist():
+    for item in _order(model):
         if item < n:
             s = ref_h_l[item] + off_v[bisect_right(off_t, ref[item]) - 1] + al[item]
             p = prev[item]
             sp = (ends[p] if p >= 0 else fprev[item]) + ap[item]
             w = wait[item]
             sw = (ends[w] if w >= 0 else fwait[item]) + aw[item]
+            # max(s, sp, sw) without the call, compared as max compares
+            top = sp if sp > s else s
+            if sw > top:
+                top = sw
             if detail:
-                starts[item] = max(s, sp, sw)
-                cause[item] = 0 if s >= max(sp, sw) else (1 if sp >= sw else 2)
-            ends[item] = max(s, sp, sw) + dur[item]
+                starts[item] = top
+                cause[item] = 0 if s >= (sw if sw > sp else sp) else (1 if sp >= sw else 2)
+            ends[item] = top + dur[item]
             continue
         c = item - n
         own_end = call_h0[c] + off_v[bisect_right(off_t, calls.start[c]) - 1] + calls.own[c]
@@ -352,4 +379,13 @@ def _simulate(
             waited[c] = done > own_end
         off_t.append(float(calls.end[c]))
         off_v.append(done - call_h1[c])
-    return ends, off_t, off_v, (starts, cause, waited)
+    return np.array(ends, dtype=np.float64), off_t, off_v, (starts, cause, waited)
+
+
+def _order(model: Model) -> list[int]:
+    """The order in which every replay of ``model`` walks the GPU activities (by start) and the blocking calls (by
+    end; a call before what starts then), made once per model: no change moves a start or an end."""
+    if model.order is None:
+        gpu, calls = model.gpu, model.calls
+        model.order = np.argsort(np.concatenate([gpu.start, calls.end - 0.5]), kind="stable").tolist()
+    return model.order

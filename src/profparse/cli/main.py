@@ -259,9 +259,10 @@ def entry() -> NoReturn:
     # in a CI run of tests/test_ranks.py::test_ctrl_c_while_the_pool_starts). The clean-up is its job; its
     # warnings about doing it are not the user's business.
     sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
-    from profparse.trace.budget import use_system_allocator
+    from profparse.trace.budget import map_big_allocations, use_system_allocator
 
     use_system_allocator()  # before anything imports pyarrow
+    map_big_allocations()
     code = main()
     if code == EXIT_INTERRUPTED and "multiprocessing.util" in sys.modules:
         # a stopped worker pool's semaphores: released as the normal exit would (else the resource tracker warns

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     bar = steps_bar(len(written()), "writing tables", args.quiet)
     advance = None if bar is None else lambda _: bar.update(1)
     try:
-        out = write_parquet(parsed, args.out, force=args.force, on_table=advance)
+        out = write_parquet(parsed, args.out, force=args.force, on_table=advance, release=True)
     finally:
         if bar is not None:
             bar.close()

@@ -17,7 +17,7 @@ from profparse.base import phase_clock
 from profparse.base.files import atomic_dir
 from profparse.base.formats import path_text
 from profparse.tables.parsed import ParsedTrace
-from profparse.tables.registry import written
+from profparse.tables.registry import TableSpec, inputs_of, written
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import NULL
 
@@ -69,17 +69,41 @@ class RowSlices:
 Table = pd.DataFrame | RowSlices
 
 
-def table_makers(parsed: ParsedTrace) -> dict[str, Callable[[], Table]]:
+def table_makers(parsed: ParsedTrace, release: bool = False) -> dict[str, Callable[[], Table]]:
     """The tables to write (:func:`profparse.tables.registry.written`), each computed only when its function is
-    called (internal NULL sentinels)."""
+    called (internal NULL sentinels). A table or value that a later one reads (:func:`last_reader`) is held until
+    then; with ``release``, what this writer computed is forgotten once its last reader is made."""
+    specs = written()
+    last = last_reader(specs)
+    held = parsed.computed()
     makers: dict[str, Callable[[], Table]] = {}
-    for spec in written():
+    for position, spec in enumerate(specs):
         if spec.sliced:
             rows = spec.function()
             makers[spec.name] = lambda rows=rows: RowSlices(len(parsed.raw.events), lambda a, b: rows(parsed, a, b))
-        else:
-            makers[spec.name] = lambda name=spec.name: parsed.table(name, keep=False)
+            continue
+        done = [name for name, at in last.items() if at == position and name not in held] if release else []
+
+        def make(name: str = spec.name, keep: bool = last[spec.name] > position, done: list[str] = done) -> Table:
+            frame = parsed.table(name, keep=keep)
+            if keep and release and name not in held:
+                parsed.lend(name)
+            parsed.forget(done)
+            return frame
+
+        makers[spec.name] = make
     return makers
+
+
+def last_reader(specs: list[TableSpec]) -> dict[str, int]:
+    """Per table or value that ``specs`` (in writing order) read or are: the position of the last one that reads it
+    (:func:`~profparse.tables.registry.inputs_of`). The first table is written beside all the others, so what it
+    reads is read until the end (``len(specs)``)."""
+    last: dict[str, int] = {}
+    for position, spec in enumerate(specs):
+        for name in inputs_of(spec.name) | {spec.name}:
+            last[name] = len(specs) if position == 0 or last.get(name) == len(specs) else position
+    return last
 
 
 def internal_tables(parsed: ParsedTrace) -> dict[str, pd.DataFrame]:
@@ -211,14 +235,20 @@ def _made(make: Callable[[], Table]) -> Table:
 
 
 def write_parquet(
-    parsed: ParsedTrace, out_dir: str | Path, *, force: bool = False, on_table: Callable[[str], Any] | None = None
+    parsed: ParsedTrace,
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    on_table: Callable[[str], Any] | None = None,
+    release: bool = False,
 ) -> Path:
     """Write every table of ``parsed`` into ``out_dir`` (atomically: all tables or nothing); ``on_table(name)``
-    is called as each table is written (e.g. to advance a progress bar)."""
+    is called as each table is written (e.g. to advance a progress bar). ``release``: forget each table and value
+    the writing computed once no later table reads it (for a caller that is done with ``parsed``'s tables)."""
     out_dir = Path(out_dir)
     metadata = {"profparse.source": path_text(parsed.path)}  # a name that is not UTF-8 as \xNN
     with atomic_dir(out_dir, force=force, verb="parse", inputs=[parsed.path]) as tmp:
-        write_tables(table_makers(parsed), tmp, metadata, on_table)
+        write_tables(table_makers(parsed, release=release), tmp, metadata, on_table)
     return out_dir
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,6 +46,7 @@ class ParsedTrace:
     cache: TableStore | None = None  # the cache entry this trace was read from or stored in, if any
     _internal: dict[str, Any] = field(default_factory=dict, init=False)
     _public: dict[str, pd.DataFrame] = field(default_factory=dict, init=False)
+    _lent: set[str] = field(default_factory=set, init=False)  # held only for tables a writer has still to make
 
     if TYPE_CHECKING:  # the registry's public tables, attached below; seen by IDEs and type checkers
         # (tests/test_registry.py keeps this list equal to registry.public_tables(), in order)
@@ -126,6 +128,28 @@ class ParsedTrace:
             if keep or name in needed():
                 self._internal[name] = frame
         return frame
+
+    def computed(self) -> set[str]:
+        """The tables and values held now (internal form)."""
+        return set(self._internal)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Stop holding these tables and values (internal form): a writer that is done with them gives their memory
+        back; they are computed again if asked for."""
+        for name in names:
+            self._internal.pop(name, None)
+            self._lent.discard(name)
+
+    def lend(self, name: str) -> None:
+        """Mark table ``name`` as held only for tables a writer has still to make: a reader that is done with it
+        may give it back early (:meth:`done_with`)."""
+        if name in self._internal:
+            self._lent.add(name)
+
+    def done_with(self, name: str) -> None:
+        """A reader is done with ``name``: forgotten if it was only lent (:meth:`lend`), else kept."""
+        if name in self._lent:
+            self.forget([name])
 
     def value(self, name: str) -> Any:
         """An intermediate result that several tables read (:data:`~profparse.tables.registry.VALUES`)."""

@@ -43,6 +43,8 @@ class TableSpec:
     written: bool = True  # a Parquet file of `profparse parse` (and of each rank in a rank dataset)
     stored: bool = True  # kept in the trace's cache entry once computed
     sliced: bool = False  # long: computed and written a slice of rows at a time (compute takes start, stop)
+    # tables and values read through ``parsed`` (when it is a need): a writer keeps them until this table is made
+    reads: tuple[str, ...] = ()
 
     def function(self) -> Callable[..., Any]:
         return resolve(self.compute)
@@ -94,6 +96,7 @@ TABLES: dict[str, TableSpec] = {
             ("parsed",),
             "docs/tables.md",
             "one row per trace event, with nesting, launch links, stage, stage_rule, step, substage",
+            reads=("substeps",),
             stored=False,  # the cache keeps the columns it is made from
             sliced=True,
         ),
@@ -141,6 +144,7 @@ TABLES: dict[str, TableSpec] = {
             ("parsed",),
             "docs/tables.md",
             "quality checks that found something: check, severity, count, value, message",
+            reads=("runtime_calls", "steps"),
         ),
         TableSpec(
             "load_breakdown",
@@ -243,6 +247,7 @@ TABLES: dict[str, TableSpec] = {
             ("parsed", "flops", "peak"),
             "docs/efficiency.md",
             "FLOPs, achieved TFLOP/s, MFU and HFU per (step, stage), step, stage and module",
+            reads=("stage_summary", "steps"),
         ),
         TableSpec(
             "gemms",
@@ -257,6 +262,7 @@ TABLES: dict[str, TableSpec] = {
             ("parsed",),
             "docs/advice.md",
             "what to change: kind, stage, steps, saving per step (time on the critical path the fix removes), fix",
+            reads=("critical_path", "comm_exposure", "stage_summary", "flops", "peak", "steps"),
         ),
     )
 }
@@ -265,6 +271,21 @@ TABLES: dict[str, TableSpec] = {
 def written() -> list[TableSpec]:
     """The tables ``profparse parse`` writes, the biggest (events) first."""
     return [spec for spec in TABLES.values() if spec.written]
+
+
+def inputs_of(name: str) -> set[str]:
+    """Every table and value that computing ``name`` may read, directly or through what those read (``needs`` and
+    ``reads``; not :data:`INPUTS`)."""
+    out: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        spec: TableSpec | ValueSpec = TABLES[current] if current in TABLES else VALUES[current]
+        for need in (*spec.needs, *(spec.reads if isinstance(spec, TableSpec) else ())):
+            if need not in out and (need in TABLES or need in VALUES):
+                out.add(need)
+                todo.append(need)
+    return out
 
 
 def needed() -> set[str]:

@@ -20,6 +20,7 @@ from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import COLUMNS, MIN_SHARE, Finding, frame
 from profparse.analysis.advice.kinds import KINDS
 from profparse.analysis.advice.simulate import simulate
+from profparse.trace.budget import release_memory
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -34,6 +35,8 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
     if ctx is not None:
         for detect in detectors.registered():
             found.extend(detect(ctx))
+        ctx.release()  # the replay model's memory in place of the path's
+        release_memory()
         simulate(ctx, found)  # every fix with a what-if: replayed without the profiler
     recurring = len(ctx.steps) // 2 + 1 if ctx is not None else 0  # in most steady steps
     return frame(

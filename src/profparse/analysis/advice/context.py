@@ -34,6 +34,15 @@ _UNTRACED_IN_STEP = "(untraced code in the step)"  # path time of the step range
 TOP_EVENTS = 5
 
 
+def steady_rows(path: pd.DataFrame, steady: pd.Series) -> pd.DataFrame:
+    """The path's segments of the ``steady`` steps. The warm-up steps come first, so those segments are usually
+    one run of rows: then a view of them, not a copy (the path of a big trace has millions of segments)."""
+    rows = np.flatnonzero(path["step"].isin(steady).to_numpy())
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+        return path.iloc[rows[0] : rows[-1] + 1].reset_index(drop=True)
+    return path.iloc[rows].reset_index(drop=True)
+
+
 @dataclass
 class AdviceContext:
     """The parsed trace plus its steady steps and their critical path, read once for all detectors."""
@@ -51,10 +60,16 @@ class AdviceContext:
             return None
         warm_up = [int(s) for s in steps.loc[~steps["steady"], "step"]]  # see stages.attribute.find_steps
         steady = steps[steps["steady"]].reset_index(drop=True)
-        path = parsed.table("critical_path")
-        path = path[path["step"].isin(steady["step"])].reset_index(drop=True)
+        path = steady_rows(parsed.table("critical_path"), steady["step"])
         path = path.assign(ns=path["end_ns"] - path["start_ns"])
         return cls(parsed, steady, path, warm_up)
+
+    def release(self) -> None:
+        """Drop the path and what was derived from it (the what-ifs that follow read only the trace), and give the
+        critical path table back if a writer only lent it for the findings."""
+        self.path = self.path.iloc[:0]
+        self._segment_rows = None
+        self.parsed.done_with("critical_path")
 
     # -- the trace ------------------------------------------------------------------------------------------------
 

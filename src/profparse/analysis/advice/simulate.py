@@ -31,15 +31,17 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     if model is None:
         return
     cost, basis = costs(model, parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
+    changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]  (before the replays: their
+    # lists would be held under the changes' temporaries)
     before = rp.mean_step(model, cost)
-    changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]
     alone = [max(before - rp.mean_step(model, cost, c), 0.0) for c in changes]
     # the fixes that will be listed are applied one after another: the specific ones first (the biggest first),
     # the catch-all launch_bound (all host work of a stage) on what they leave
     listed = [i for i in range(len(todo)) if alone[i] >= _threshold(todo[i], before)]
     order = sorted(listed, key=lambda i: (todo[i].kind == "launch_bound", -alone[i]))
     savings = dict(enumerate(alone))
-    savings.update(zip(order, _marginal(model, cost, before, [changes[i] for i in order]), strict=True))
+    marginal = _marginal(model, cost, before, [changes[i] for i in order], alone[order[0]] if order else 0.0)
+    savings.update(zip(order, marginal, strict=True))
     for i, f in enumerate(todo):
         saving = savings[i]
         if i in order[1:]:
@@ -76,13 +78,16 @@ def _threshold(f: Finding, step_ns: float) -> float:
     return max(max(MIN_SHARE, kind.min_share) * step_ns, kind.min_ns)
 
 
-def _marginal(model: rp.Model, cost: np.ndarray, before: float, changes: list[rp.Change]) -> list[float]:
+def _marginal(model: rp.Model, cost: np.ndarray, before: float, changes: list[rp.Change], first: float) -> list[float]:
     """Each fix's saving once the ones before it are applied: fixes that free the same time (two stages'
     launches, a stall and the work behind it) are not counted twice, and together they claim what all of them
-    save at once. One replay per fix."""
+    save at once. One replay per fix after the first, whose saving alone is ``first``."""
     out, done = [], 0.0
     for k in range(len(changes)):
-        total = max(before - rp.mean_step(model, cost, _joined(changes[: k + 1])), 0.0)
+        if k == 0:  # the first fix joined with none is that fix: its replay is the one ``first`` came from
+            total = first
+        else:
+            total = max(before - rp.mean_step(model, cost, _joined(changes[: k + 1])), 0.0)
         out.append(max(total - done, 0.0))
         done = max(total, done)
     return out
@@ -110,6 +115,17 @@ def _covered(intervals: np.ndarray, t: np.ndarray) -> np.ndarray:
     length = np.maximum(end - start, 0)
     before = np.concatenate([[0.0], np.cumsum(length)])
     j = np.searchsorted(start, t, side="right")  # intervals started by t
-    last = np.maximum(j - 1, 0)
-    partial = np.where(j > 0, np.clip(t - start[last], 0, length[last]) - length[last], 0.0)
-    return before[j] + partial
+    # in place (``t`` is every knot of the host timeline: millions on a big trace)
+    last = j - 1
+    np.maximum(last, 0, out=last)
+    partial = start[last]
+    np.subtract(t, partial, out=partial)
+    last_length = length[last]
+    del last
+    np.clip(partial, 0, last_length, out=partial)
+    partial -= last_length
+    del last_length
+    partial[j == 0] = 0.0
+    out = before[j]
+    out += partial
+    return out
