@@ -222,7 +222,7 @@ def without_profiler_basis(data: dict[str, Any]) -> str:
     """What the estimate rests on: ``its own cost ~28.5 ms per step; default costs per event, uncalibrated``."""
     basis = "calibrated at capture" if data["basis"] == "calibrated" else "default costs per event, uncalibrated"
     if data.get("host_speed"):
-        basis = f"default costs per event x{data['host_speed']:.2f} for the host's launch time, uncalibrated"
+        basis = f"default costs per event x{data['host_speed']:.2f} (host speed), uncalibrated"
     if data.get("unprofiled_step_ns"):
         basis += f" ({data['unprofiled_step_ns'] / 1e6:,.1f} ms per step timed unprofiled)"
     return f"the profiler's own cost ~{data['overhead_ns_per_step'] / 1e6:,.1f} ms per step; {basis}"

@@ -8,6 +8,7 @@ order shown; a new section is one more entry (its functions in a module of ``out
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,7 +383,8 @@ def render_text(data: dict[str, Any]) -> str:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
     if data.get("without_profiler"):
         found = data["without_profiler"]
-        out.write(f"  {without_profiler_text(found)}\n  ({without_profiler_basis(found)})\n")
+        basis = textwrap.fill(f"({without_profiler_basis(found)})", 100, initial_indent="  ", subsequent_indent="   ")
+        out.write(f"  {without_profiler_text(found)}\n{basis}\n")
     out.write(summary_findings_text(data))
     out.write(tables_text(summary_tables(data)))
     return out.getvalue()
