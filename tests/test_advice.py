@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tracebuilder import TraceBuilder, backward_node, forward_op, training_step
 
@@ -157,3 +158,42 @@ def test_the_worker_wait_threshold() -> None:
     assert worker_wait_threshold_ns(50e6) == 10e6  # 10 ms, above 5% of the step
     assert worker_wait_threshold_ns(20e6) == 5e6  # a quarter of a short step
     assert worker_wait_threshold_ns(1e9) == 50e6  # 5% of a long step
+
+
+def _gap_steps(tmp_path: Path, gaps_us: list[float], work_us: float = 48_000) -> Path:
+    """CPU training steps of ``work_us`` of forward, backward and optimizer, each followed inside its
+    ``ProfilerStep`` by ``gaps_us[i]`` of untraced time (the loop's own code, or a stall)."""
+    b = TraceBuilder()
+    t0 = 0.0
+    for step, gap in enumerate(gaps_us):
+        b.annotation(f"ProfilerStep#{step}", t0, work_us + gap)
+        part = (work_us - 10) / 3
+        t = t0 + 2
+        b.py("nn.Module: Linear_0", t, part)
+        forward_op(b, "aten::linear", t + 1, part - 2, seq=step)
+        backward_node(b, "AddmmBackward0", t + part + 1, part - 2, seq=step)
+        b.annotation("Optimizer.step#AdamW.step", t + 2 * part + 2, part - 2)
+        b.op("aten::_fused_adamw_", t + 2 * part + 3, part - 4)
+        t0 += work_us + gap
+    return b.write(tmp_path / f"gaps_{'_'.join(str(int(g)) for g in gaps_us)}.json")
+
+
+@pytest.mark.parametrize(
+    ("gaps_us", "fires"),
+    [
+        # one stalled step (a GC pause, a preempted process) lifts the mean to 7.7% of the step, over the kind's 6%:
+        # the median step's 1 ms (2%) is what the loop's code takes
+        ([1_000, 1_000, 1_000, 13_000, 1_000], False),
+        ([5_000, 5_000, 5_000, 5_000, 5_000], True),  # the loop's own work in every step: ~10% of the step
+        ([9_000, 9_000, 1_000, 9_000, 9_000], True),  # in most steps
+    ],
+)
+def test_between_steps_lists_what_the_typical_step_holds(tmp_path: Path, gaps_us: list[float], fires: bool) -> None:
+    found = profparse.load(_gap_steps(tmp_path, gaps_us), cache=False).findings
+    found = found[found["kind"] == "between_steps"]
+    assert len(found) == int(fires), found
+    if fires:  # the saving is the mean of the steady steps' gaps (the untraced time is all on the path)
+        parsed = profparse.load(_gap_steps(tmp_path, gaps_us), cache=False)
+        steady = parsed.steps[parsed.steps["steady"]]["step"].to_numpy()
+        mean_gap_ns = float(np.mean([gaps_us[s] for s in steady])) * 1e3
+        assert found["saving_ns_per_step"].iloc[0] == pytest.approx(mean_gap_ns, rel=0.05)

@@ -5,8 +5,9 @@ Each detector (a function named as its kind, in one module per family, registere
 and returns :class:`Finding` objects of the kinds in :mod:`profparse.analysis.advice.kinds`. A finding's saving is
 the time on the critical path that its fix removes, per step, not the total time of the pattern: work that other
 work hides saves nothing. Findings below :data:`MIN_SHARE` of a step (or their kind's ``min_share``) are dropped:
-noise on a clean run. So are findings in no more than half the steady steps: a one-off (an iterator starting
-its workers, a first allocation) is no per-step saving.
+noise on a clean run; the threshold is met by the median steady step's part of the saving, so that one stalled step
+(a GC pause, a preempted process) does not list a finding for all. So are findings in no more than half the
+steady steps: a one-off (an iterator starting its workers, a first allocation) is no per-step saving.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
         [
             f
             for f in found
-            if f.saving_share >= max(MIN_SHARE, KINDS[f.kind].min_share)
-            and f.saving_ns_per_step >= KINDS[f.kind].min_ns
+            if f.saving_share * f.typical >= max(MIN_SHARE, KINDS[f.kind].min_share)
+            and f.saving_ns_per_step * f.typical >= KINDS[f.kind].min_ns
             and len(set(f.steps)) >= recurring
         ]
     )

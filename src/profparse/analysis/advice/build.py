@@ -75,6 +75,7 @@ def from_path(
     text = message.format(saving=ms(saving), share=share(saving, ctx.step_ns))
     finding = Finding(kind, stages(ctx, segment_mask), steps, saving, ctx.step_ns, confidence, text, found)
     finding.what_if, finding.template = from_segments(ctx, segment_mask, scale), message
+    finding.typical = min(float(per_step.median()) / saving, 1.0)
     return [finding]
 
 

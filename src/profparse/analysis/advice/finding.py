@@ -56,6 +56,9 @@ class Finding:
     fix: str = ""
     what_if: WhatIf | None = None  # the fix, simulated: the saving is replayed (not in the table)
     template: str = ""  # the message with ``{saving}`` and ``{share}`` left to fill once simulated
+    #: the median steady step's part of the saving over the mean's (1: the same in every step): a finding is
+    #: listed only when the typical step, not one stalled step lifting the mean, meets its threshold
+    typical: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

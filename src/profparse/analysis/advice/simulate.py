@@ -73,9 +73,10 @@ def change(model: rp.Model, what: WhatIf) -> rp.Change:
 
 
 def _threshold(f: Finding, step_ns: float) -> float:
-    """The saving from which a finding of its kind is listed (advice's MIN_SHARE and the kind's own bounds)."""
+    """The saving from which a finding of its kind is listed (advice's MIN_SHARE and the kind's own bounds, met
+    by its typical step)."""
     kind = KINDS[f.kind]
-    return max(max(MIN_SHARE, kind.min_share) * step_ns, kind.min_ns)
+    return max(max(MIN_SHARE, kind.min_share) * step_ns, kind.min_ns) / max(f.typical, 1e-9)
 
 
 def _marginal(model: rp.Model, cost: np.ndarray, before: float, changes: list[rp.Change], first: float) -> list[float]:
