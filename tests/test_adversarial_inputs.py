@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,13 +64,31 @@ def write(tmp_path: Path, name: str, data: str | bytes) -> Path:
     return path
 
 
-def run_pair(tmp_path: Path, bad: Path, good: Path, *extra: str) -> tuple[CliRun, CliRun, dict, dict]:
-    """Run ``summarize`` on the valid file, then on the bad one; snapshots of the bad input before and after."""
-    good_run = run_cli("summarize", str(good), *extra)
-    assert_success(good_run, folders=(tmp_path,))
+def run_pair(bad: Path) -> tuple[CliRun, dict, dict]:
+    """Run ``summarize`` on the bad input; snapshots of it before and after."""
     before = snapshot(bad)
-    bad_run = run_cli("summarize", str(bad), *extra)
-    return bad_run, good_run, before, snapshot(bad)
+    bad_run = run_cli("summarize", str(bad))
+    return bad_run, before, snapshot(bad)
+
+
+@pytest.fixture(scope="module")
+def valid(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, CliRun]]:
+    """``valid(mb, gzipped=False)``: the valid file of that size and its ``summarize`` run, made once per test
+    file (pytest-xdist's loadfile gives a file to one worker): every case of the size compares its time with it."""
+    folder = tmp_path_factory.mktemp("valid")
+    made: dict[tuple[float, bool], tuple[Path, CliRun]] = {}
+
+    def get(mb: float, gzipped: bool = False) -> tuple[Path, CliRun]:
+        if (mb, gzipped) not in made:
+            text = valid_text(mb)
+            name = f"valid-{mb}.json" + (".gz" if gzipped else "")
+            path = write(folder, name, gzip.compress(text.encode(), mtime=0) if gzipped else text)
+            run = run_cli("summarize", str(path))
+            assert_success(run, folders=(folder,))
+            made[(mb, gzipped)] = (path, run)
+        return made[(mb, gzipped)]
+
+    return get
 
 
 def assert_recovered(bad_run: CliRun, good_run: CliRun, tmp_path: Path, warning: str) -> None:
@@ -83,12 +102,12 @@ def assert_recovered(bad_run: CliRun, good_run: CliRun, tmp_path: Path, warning:
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_missing_colon(tmp_path, mb):
+def test_missing_colon(tmp_path, mb, valid):
     text = valid_text(mb)
     at = text.index('"pid": 1', len(text) // 2)
     bad = write(tmp_path, "nocolon.json", text[:at] + '"pid" 1' + text[at + len('"pid": 1') :])
-    good = write(tmp_path, "valid.json", text)
-    bad_run, good_run, before, after = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb)
+    bad_run, before, after = run_pair(bad)
     assert_recovered(bad_run, good_run, tmp_path, "malformed JSON")
     assert before == after
     raw, full = read_trace(bad), read_trace(good)
@@ -97,7 +116,7 @@ def test_missing_colon(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_non_utf8_bytes(tmp_path, mb):
+def test_non_utf8_bytes(tmp_path, mb, valid):
     text = valid_text(mb)
     data = bytearray(text.encode())
     rng = random.Random(5)
@@ -106,8 +125,8 @@ def test_non_utf8_bytes(tmp_path, mb):
         at = data.index(b'"aten::op', spot) + 2
         data[at] = 0xFF
     bad = write(tmp_path, "nonutf8.json", bytes(data))
-    good = write(tmp_path, "valid.json", text)
-    bad_run, good_run, _, _ = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb)
+    bad_run, _, _ = run_pair(bad)
     assert_recovered(bad_run, good_run, tmp_path, "malformed JSON")
     raw, full = read_trace(bad), read_trace(good)
     lost = len(full.events) - len(raw.events)
@@ -115,14 +134,14 @@ def test_non_utf8_bytes(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_nan_tokens(tmp_path, mb):
+def test_nan_tokens(tmp_path, mb, valid):
     lines = event_lines(int(mb * (1 << 20)))
     nan = {i for i in range(0, len(lines), 10)}
     for i in nan:  # what Python's json.dumps writes for float('nan')
         lines[i] = lines[i].replace('"dur": ', '"dur": NaN, "x": ', 1)
     bad = write(tmp_path, "nan.json", document(lines))
-    good = write(tmp_path, "valid.json", valid_text(mb))
-    bad_run, good_run, _, _ = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb)
+    bad_run, _, _ = run_pair(bad)
     assert_recovered(bad_run, good_run, tmp_path, "non-finite")
     raw = read_trace(bad)
     assert len(raw.events) == len(lines) - len(nan)  # each event with a NaN dur is dropped, the others kept
@@ -130,14 +149,14 @@ def test_nan_tokens(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_name_full_of_event_boundaries(tmp_path, mb):
+def test_name_full_of_event_boundaries(tmp_path, mb, valid):
     size = int(mb * (1 << 20))
     lines = event_lines(size // 2)
     hostile = {"ph": "X", "cat": "cpu_op", "name": "},{" * (size // 6), "pid": 1, "tid": 1, "ts": 1, "dur": 1}
     lines.insert(len(lines) // 2, json.dumps(hostile))
     bad = write(tmp_path, "braces.json", document(lines))
-    good = write(tmp_path, "valid.json", valid_text(mb))
-    bad_run, good_run, _, _ = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb)
+    bad_run, _, _ = run_pair(bad)
     assert_success(bad_run, folders=(tmp_path,))
     assert_time_within(bad_run, good_run)
     raw = read_trace(bad)
@@ -146,27 +165,27 @@ def test_name_full_of_event_boundaries(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_twenty_flipped_bits_in_gzip(tmp_path, mb):
+def test_twenty_flipped_bits_in_gzip(tmp_path, mb, valid):
     text = valid_text(mb)
     data = bytearray(gzip.compress(text.encode()))
     rng = random.Random(20)
     for _ in range(20):
         data[rng.randrange(10, len(data))] ^= 1 << rng.randrange(8)
     bad = write(tmp_path, "flipped.json.gz", bytes(data))
-    good = write(tmp_path, "valid.json.gz", gzip.compress(text.encode()))
-    bad_run, good_run, before, after = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb, gzipped=True)
+    bad_run, before, after = run_pair(bad)
     # inflate's checks (or, first, the garbage it inflated): "corrupt compressed data" / "... corrupt file"
     assert_clean_failure(bad_run, 4, contains="corrupt", before=before, after=after, folders=(tmp_path,))
     assert_time_within(bad_run, good_run)
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_garbage_after_the_header_is_an_error(tmp_path, mb):
+def test_garbage_after_the_header_is_an_error(tmp_path, mb, valid):
     rng = random.Random(3)
     garbage = bytes(rng.choice(b'abc{}[],:"0 \n') for _ in range(int(mb * (1 << 20))))
     bad = write(tmp_path, "garbage.json", b'{"traceEvents": [' + garbage + b"]}")
-    good = write(tmp_path, "valid.json", valid_text(mb))
-    bad_run, good_run, before, after = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb)
+    bad_run, before, after = run_pair(bad)
     assert_clean_failure(bad_run, 4, contains="malformed JSON", before=before, after=after, folders=(tmp_path,))
     assert_time_within(bad_run, good_run)
 
@@ -175,12 +194,12 @@ def test_garbage_after_the_header_is_an_error(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_cut_json_gz_recovers_the_events_before_the_cut(tmp_path, mb):
+def test_cut_json_gz_recovers_the_events_before_the_cut(tmp_path, mb, valid):
     text = valid_text(mb)
     data = gzip.compress(text.encode())
     bad = write(tmp_path, "cut.json.gz", data[: len(data) * 2 // 3])
-    good = write(tmp_path, "valid.json.gz", data)
-    bad_run, good_run, _, _ = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb, gzipped=True)
+    bad_run, _, _ = run_pair(bad)
     assert_recovered(bad_run, good_run, tmp_path, "truncated")
     inflated = zlib.decompressobj(31).decompress(bad.read_bytes())
     complete = inflated[: inflated.rfind(b"},\n") + 1].count(b'"ph": "X"')  # one per event line
@@ -189,11 +208,11 @@ def test_cut_json_gz_recovers_the_events_before_the_cut(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_document_followed_by_junk_loses_no_event(tmp_path, mb):
+def test_document_followed_by_junk_loses_no_event(tmp_path, mb, valid):
     text = valid_text(mb)
     bad = write(tmp_path, "junk.json", text + "\n]} garbage {\n")
-    good = write(tmp_path, "valid.json", text)
-    bad_run, good_run, _, _ = run_pair(tmp_path, bad, good)
+    good, good_run = valid(mb)
+    bad_run, _, _ = run_pair(bad)
     assert_recovered(bad_run, good_run, tmp_path, "ignored")
     assert "truncated" not in bad_run.stderr
     raw, full = read_trace(bad), read_trace(good)
@@ -202,11 +221,11 @@ def test_document_followed_by_junk_loses_no_event(tmp_path, mb):
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
-def test_whitespace_bomb(tmp_path, mb):
+def test_whitespace_bomb(tmp_path, mb, valid):
     size = int(mb * (1 << 20))
     only = write(tmp_path, "ws.json", b" \n\t" * (size // 3))
-    good = write(tmp_path, "valid.json", valid_text(mb))
-    bad_run, good_run, before, after = run_pair(tmp_path, only, good)
+    good, good_run = valid(mb)
+    bad_run, before, after = run_pair(only)
     assert_clean_failure(bad_run, 4, contains="only whitespace", before=before, after=after, folders=(tmp_path,))
     assert "empty" not in bad_run.stderr
     assert_time_within(bad_run, good_run)
@@ -256,11 +275,10 @@ def gzip_bomb(path: Path, inflated_mb: int) -> Path:
     return path
 
 
-def test_gzip_bomb_stops_early_with_the_memory_it_needs(tmp_path):
+def test_gzip_bomb_stops_early_with_the_memory_it_needs(tmp_path, valid):
     bomb = gzip_bomb(tmp_path / "bomb.json.gz", 400)
     assert bomb.stat().st_size < 4 << 20
-    good = write(tmp_path, "valid.json", valid_text(2))
-    good_run = run_cli("summarize", str(good))
+    good, good_run = valid(2)
     before = snapshot(bomb)
     run = run_cli("summarize", str(bomb), env={"PROFPARSE_MEMORY_LIMIT": "256M"})
     assert_clean_failure(run, 8, contains="needs about", before=before, after=snapshot(bomb), folders=(tmp_path,))
