@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from adversarial import REPO, assert_success, run_cli, snapshot
+from conftest import assert_same_frame
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
@@ -277,7 +278,7 @@ def test_any_error_reading_an_entry_is_a_miss(tmp_path: Path) -> None:
     warm = profparse.load(trace, notify=heard.append)
     assert len(heard) == 1 and "is unreadable" in heard[0] and "parsing again" in heard[0]
     for name, frame in touch_tables(warm).items():
-        pd.testing.assert_frame_equal(frame, reference[name], check_exact=True, obj=name)
+        assert_same_frame(frame, reference[name], check_exact=True, obj=name)
     assert profparse.load(trace, notify=heard.append).cache is not None and len(heard) == 1  # rebuilt
 
 
@@ -307,7 +308,7 @@ def test_reading_a_stored_table_holds_one_copy(batches: int, tmp_path: Path, mon
     frame["name"] = pd.Categorical(rng.choice(["aten::mm", "aten::add", "Memcpy"], rows))
     path = tmp_path / "table.arrow"
     frames.write_frame(path, frame)
-    pd.testing.assert_frame_equal(frames.read_frame(path), frame, check_exact=True)
+    assert_same_frame(frames.read_frame(path), frame, check_exact=True)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run(
         [sys.executable, "-c", READ_PEAK, str(path)], capture_output=True, text=True, env=env, check=True

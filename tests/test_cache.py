@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO_GPU_TRACES
+from conftest import REPO_GPU_TRACES, assert_same_frame
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
@@ -101,7 +101,7 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 
 def assert_same_trace(a: profparse.ParsedTrace, b: profparse.ParsedTrace) -> None:
     for name in TABLES:
-        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True, obj=name)
+        assert_same_frame(getattr(a, name), getattr(b, name), check_exact=True, obj=name)
     assert a.header == b.header
     assert a.raw.report == b.raw.report
     assert a.raw.thread_names == b.raw.thread_names and a.raw.process_names == b.raw.process_names
@@ -448,7 +448,7 @@ def test_real_gpu_trace_same_tables_cold_and_warm(shared_trace: Path, monkeypatc
     warm = profparse.load(shared_trace)
     assert warm.cache is not None
     assert_same_trace(cold, warm)
-    pd.testing.assert_frame_equal(cold.raw.events, warm.raw.events, check_exact=True)
+    assert_same_frame(cold.raw.events, warm.raw.events, check_exact=True)
     assert len(list(warm.cache.folder.glob("table.*.arrow"))) >= 8
 
 
@@ -465,7 +465,7 @@ def test_a_table_that_does_not_read_back_identical_is_not_kept(column: pd.Series
     assert not (entry.folder / "table.odd.arrow").exists() and not leftovers()
     good = pd.DataFrame({"x": pd.Categorical(["a", None, "b"]), "n": pd.array([1, None, 3], dtype="Int64")})
     entry.put_table("good", good)
-    pd.testing.assert_frame_equal(entry.table("good"), good, check_exact=True)
+    assert_same_frame(entry.table("good"), good, check_exact=True)
 
 
 def test_tables_added_later_keep_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_same_frame
 from tracebuilder import TraceBuilder, training_step
 
 import profparse
@@ -109,4 +109,4 @@ def test_release_computes_each_table_once_and_writes_the_same(tmp_path, monkeypa
     released = read_parquet(tmp_path / "released")
     assert sorted(kept) == sorted(released)
     for name, frame in kept.items():
-        pd.testing.assert_frame_equal(released[name], frame, obj=name)
+        assert_same_frame(released[name], frame, obj=name)

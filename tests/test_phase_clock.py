@@ -8,7 +8,7 @@ import sys
 import time
 
 import pandas as pd
-from conftest import REPO
+from conftest import REPO, assert_same_frame
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -37,4 +37,4 @@ def test_phase_clock_prints_each_phase_only_when_asked(tmp_path):
     for name in ("events", "ops", "stage_summary"):
         a = pd.read_parquet(tmp_path / "on" / f"{name}.parquet")
         b = pd.read_parquet(tmp_path / "off" / f"{name}.parquet")
-        pd.testing.assert_frame_equal(a, b)
+        assert_same_frame(a, b)

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 from adversarial import REPO, _session_pids, assert_clean_failure, partial_leftovers, run_cli, snapshot, start_pool_run
-from conftest import SHARED_TRACES
+from conftest import SHARED_TRACES, assert_same_frame
 from tracebuilder import TraceBuilder, slow_rank_folder, training_step
 
 import profparse
@@ -104,7 +104,7 @@ def assert_same_dataset(a: Path, b: Path) -> None:
         right = ds.dataset(b / name, partitioning="hive").to_table()
         assert left.num_rows == right.num_rows and left.equals(right), name
     cols = ["rank", "rank_source", "status", "error", "exit_code", "events"]
-    pd.testing.assert_frame_equal(ranks.read_table(a, "ranks")[cols], ranks.read_table(b, "ranks")[cols])
+    assert_same_frame(ranks.read_table(a, "ranks")[cols], ranks.read_table(b, "ranks")[cols])
     left, right = (ds.dataset(x / "collective_matches").to_table() for x in (a, b))
     assert left.equals(right)
 
@@ -350,9 +350,7 @@ def test_unreadable_rank_is_reported_and_the_others_are_written(built, tmp_path,
     ranks.parse_ranks(built, clean, jobs=1)
     for name in ranks.table_names():
         expected = ranks.read_table(clean, name)
-        pd.testing.assert_frame_equal(
-            ranks.read_table(out, name), expected[expected["rank"] != 2].reset_index(drop=True)
-        )
+        assert_same_frame(ranks.read_table(out, name), expected[expected["rank"] != 2].reset_index(drop=True))
 
     assert main(["parse", str(folder), "-o", str(out), "-q", "--keep-going"]) == 6  # exists, no --force
     assert main(["parse", str(folder), "-o", str(out), "-q", "--keep-going", "--force"]) == 0
