@@ -151,18 +151,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 #: pytest-xdist's --dist loadfile, which hands whole files to the workers in collection order: these go first, so
 #: the run does not end with one worker alone on a long file while the others wait.
 SLOW_FILES = (
-    "test_advice_pairs.py",  # the pairs' captures: the longest file, so it starts first
-    "test_ground_truth.py",
     "test_ranks.py",
     "test_adversarial_inputs.py",
+    "test_ground_truth.py",
     "test_robustness.py",
-    "test_cache_replay.py",
-    "test_report.py",
     "test_adversarial_ranks.py",
+    "test_report.py",
     "test_adversarial_outputs.py",
-    "test_adversarial_cli.py",
+    "test_cache_replay.py",
     "test_capture.py",
-    "test_parallel_read.py",
+    "test_adversarial_cli.py",
+    "test_advice_pairs.py",
+    "test_adversarial_integrations.py",
+    "test_cache.py",
+    "test_integrations_handler.py",
 )
 
 
