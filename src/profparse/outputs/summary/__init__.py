@@ -383,7 +383,10 @@ def render_text(data: dict[str, Any]) -> str:
         out.write("  WARNING: trace is truncated; summary covers the events before the cut\n")
     if data.get("without_profiler"):
         found = data["without_profiler"]
-        basis = textwrap.fill(f"({without_profiler_basis(found)})", 100, initial_indent="  ", subsequent_indent="   ")
+        basis = f"  ({without_profiler_basis(found)})"
+        if len(basis) > 100:  # the cost on one line, what it rests on below it
+            cost, _, rest = basis.partition("; ")
+            basis = f"{cost};\n" + textwrap.fill(rest, 100, initial_indent="   ", subsequent_indent="   ")
         out.write(f"  {without_profiler_text(found)}\n{basis}\n")
     out.write(summary_findings_text(data))
     out.write(tables_text(summary_tables(data)))
