@@ -44,8 +44,6 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
         [
             f
             for f in found
-            if f.saving_share * f.typical >= max(MIN_SHARE, KINDS[f.kind].min_share)
-            and f.saving_ns_per_step * f.typical >= KINDS[f.kind].min_ns
-            and len(set(f.steps)) >= recurring
+            if f.step_ns > 0 and f.saving_ns_per_step >= f.threshold_ns(f.step_ns) and len(set(f.steps)) >= recurring
         ]
     )

@@ -71,6 +71,12 @@ class Finding:
     def saving_share(self) -> float:
         return self.saving_ns_per_step / self.step_ns if self.step_ns > 0 else 0.0
 
+    def threshold_ns(self, step_ns: float) -> float:
+        """The saving from which it is listed in a step of ``step_ns``: :data:`MIN_SHARE` and its kind's own
+        bounds, met by its typical step."""
+        kind = KINDS[self.kind]
+        return max(max(MIN_SHARE, kind.min_share) * step_ns, kind.min_ns) / max(self.typical, 1e-9)
+
 
 def steps_text(steps: list[int]) -> str:
     """``[1, 2, 3, 5]`` -> ``"1-3,5"``."""

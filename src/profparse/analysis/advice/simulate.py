@@ -14,8 +14,7 @@ import pandas as pd
 from profparse.analysis import replay as rp
 from profparse.analysis.advice.build import ms, share
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.finding import MIN_SHARE, Finding, WhatIf
-from profparse.analysis.advice.kinds import KINDS
+from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.analysis.profiler_cost import costs
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -37,7 +36,7 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     alone = [max(before - rp.mean_step(model, cost, c), 0.0) for c in changes]
     # the fixes that will be listed are applied one after another: the specific ones first (the biggest first),
     # the catch-all launch_bound (all host work of a stage) on what they leave
-    listed = [i for i in range(len(todo)) if alone[i] >= _threshold(todo[i], before)]
+    listed = [i for i in range(len(todo)) if alone[i] >= todo[i].threshold_ns(before)]
     order = sorted(listed, key=lambda i: (todo[i].kind == "launch_bound", -alone[i]))
     savings = dict(enumerate(alone))
     marginal = _marginal(model, cost, before, [changes[i] for i in order], alone[order[0]] if order else 0.0)
@@ -70,13 +69,6 @@ def change(model: rp.Model, what: WhatIf) -> rp.Change:
     if len(what.call_rows):
         dropped = np.isin(model.calls.rows, what.call_rows)
     return rp.Change(gpu_scale=scale, host_removed=removed, calls_dropped=dropped)
-
-
-def _threshold(f: Finding, step_ns: float) -> float:
-    """The saving from which a finding of its kind is listed (advice's MIN_SHARE and the kind's own bounds, met
-    by its typical step)."""
-    kind = KINDS[f.kind]
-    return max(max(MIN_SHARE, kind.min_share) * step_ns, kind.min_ns) / max(f.typical, 1e-9)
 
 
 def _marginal(model: rp.Model, cost: np.ndarray, before: float, changes: list[rp.Change], first: float) -> list[float]:
