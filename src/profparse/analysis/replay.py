@@ -28,7 +28,8 @@ import pandas as pd
 
 from profparse.analysis.critical_path import blocking_calls, gpu_work, sync_waits, thread_joins
 from profparse.stages.attribute import Attribution
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.kinds import KIND_CODE
+from profparse.trace.link import Links, kind_mask, name_mask
 
 #: the event kinds the profiler's cost is counted by (docs/without_profiler.md)
 OVERHEAD_KINDS: tuple[str, ...] = ("op_shapes", "op", "python", "runtime", "memory")
@@ -36,6 +37,15 @@ OVERHEAD_KINDS: tuple[str, ...] = ("op_shapes", "op", "python", "runtime", "memo
 LAUNCH_LATENCY_NS = 4_000
 STREAM_GAP_NS = 1_000
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+#: each host kind's overhead kind (a CPU op recorded with shapes is ``op_shapes``, see :func:`overhead_kind`)
+_KIND_OVERHEAD = {
+    "cpu_op": 1,
+    "user_annotation": 1,
+    "python_function": 2,
+    "cuda_runtime": 3,
+    "cuda_driver": 3,
+    "memory": 4,
+}
 #: the runtime call whose traced duration tells how fast the host ran under the profiler (profiler_cost)
 LAUNCH_CALL = "cudaLaunchKernel"
 
@@ -46,7 +56,7 @@ class Host:
     many events of overhead kind ``k`` charge piece ``i`` (an event charges a quarter to each of the pieces on
     both sides of its start and of its end, where the profiler's enter and exit work lies)."""
 
-    knots: np.ndarray
+    knots: np.ndarray  # float64 once the model is made relative to its base (:func:`_shifted`)
     counts: np.ndarray
 
     def clock(self, per_event_ns: np.ndarray, removed: np.ndarray | None = None) -> np.ndarray:
@@ -117,14 +127,14 @@ class Model:
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Each row's overhead kind (index into :data:`OVERHEAD_KINDS`; -1: none)."""
-    kind = events["kind"].astype(object).to_numpy()[rows]
-    out = np.full(len(rows), -1, dtype=np.int64)
-    dims = events["input_dims"].isna().to_numpy()[rows] if "input_dims" in events.columns else np.ones(len(rows), bool)
-    out[(kind == "cpu_op") & ~dims] = 0
-    out[((kind == "cpu_op") & dims) | (kind == "user_annotation")] = 1
-    out[kind == "python_function"] = 2
-    out[(kind == "cuda_runtime") | (kind == "cuda_driver")] = 3
-    out[kind == "memory"] = 4
+    # by the kind's code: the kinds as text would be a string per row
+    table = np.full(len(KIND_CODE), -1, dtype=np.int64)
+    for kind, code in _KIND_OVERHEAD.items():
+        table[KIND_CODE[kind]] = code
+    codes = events["kind"].cat.codes.to_numpy()[rows]
+    out = table[codes]
+    if "input_dims" in events.columns:
+        out[(codes == KIND_CODE["cpu_op"]) & events["input_dims"].notna().to_numpy()[rows]] = 0
     return out
 
 
@@ -147,7 +157,7 @@ def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model
     calls = _calls(events, links, threads, gpu, w0, w1)
     kinds = overhead_kind(events, charged)
     count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
-    launch_rows = charged[events["name"].to_numpy()[charged] == LAUNCH_CALL]
+    launch_rows = charged[name_mask(events, f"^{LAUNCH_CALL}$")[charged]]
     launch_rows = launch_rows[~np.isin(launch_rows, calls.rows)]  # one that waited for the full queue is no probe
     launches = events["dur_ns"].to_numpy()[launch_rows]
     model = Model(steps, host, gpu, calls, step_of, count, host_rows=charged, launches=launches.astype(np.float64))
@@ -158,7 +168,9 @@ def _shifted(model: Model, base: int) -> Model:
     """Every time less ``base`` (the first step's start), so that float64 keeps nanoseconds (trace clocks near
     2**60 ns would round to 256 ns)."""
     model.base = base
-    model.host.knots = model.host.knots - base  # GPU activity and calls are made relative as they are built
+    # GPU activity and calls are made relative as they are built; as float64 once, since every replay
+    # interpolates on the knots (np.interp would convert int64 knots on each call)
+    model.host.knots = (model.host.knots - base).astype(np.float64)
     return model
 
 

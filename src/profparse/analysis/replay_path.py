@@ -22,6 +22,7 @@ import pandas as pd
 from profparse.analysis import replay as rp
 from profparse.analysis.critical_path import BOUND_CODE, BOUNDS, blocking_calls, host_bound_codes, kernel_bound_codes
 from profparse.stages.attribute import Attribution
+from profparse.trace.kinds import KIND_CODE
 from profparse.trace.link import Links
 
 _LAUNCH, _IDLE, _SYNC, _PYTHON = (BOUND_CODE[b] for b in ("launch", "gpu_idle", "sync_wait", "python"))
@@ -31,7 +32,7 @@ def host_labels(events: pd.DataFrame, links: Links, attribution: Attribution, mo
     """Each host piece's bound code: its innermost event's (the covering event that started last, on the main or
     the autograd thread), as the critical path labels a host piece."""
     knots = model.host.knots
-    rows = model.host_rows[events["kind"].astype(object).to_numpy()[model.host_rows] != "memory"]
+    rows = model.host_rows[events["kind"].cat.codes.to_numpy()[model.host_rows] != KIND_CODE["memory"]]
     ts = events["ts_ns"].to_numpy()[rows] - model.base
     end = np.minimum(ts + events["dur_ns"].to_numpy()[rows], knots[-1])
     order = np.lexsort((-end, ts))  # by start, an outer event before the inner one it holds
@@ -50,7 +51,7 @@ class _Walk:
     def __init__(self, model: rp.Model, run: rp.Run, labels: np.ndarray, gpu_bound: np.ndarray) -> None:
         self.model, self.run, self.gpu_bound = model, run, gpu_bound
         self.ns = np.zeros(len(BOUNDS))
-        knots = model.host.knots.astype(np.float64)
+        knots = model.host.knots
         self.knots = knots
         length = np.diff(run.h_knots)
         self.cum = np.zeros((len(BOUNDS), len(length) + 1))

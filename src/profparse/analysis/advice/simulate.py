@@ -55,7 +55,7 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
 
 def change(model: rp.Model, what: WhatIf) -> rp.Change:
     """The model's change for a fix."""
-    knots = model.host.knots.astype(np.float64)
+    knots = model.host.knots
     removed = None
     if len(what.host):
         covered = _covered(what.host.astype(np.float64) - model.base, knots)
