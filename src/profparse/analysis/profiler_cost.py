@@ -125,10 +125,13 @@ def _number(value: Any, default: float) -> float:
     return float(value) if ok else default
 
 
-def replay_table(events: pd.DataFrame, links: Links, attribution: Attribution, header: dict[str, Any]) -> pd.DataFrame:
+def replay_table(
+    events: pd.DataFrame, links: Links, attribution: Attribution, header: dict[str, Any], replay_model: rp.Model | None
+) -> pd.DataFrame:
     """One row per steady step: its measured window, the window replayed unchanged, its time in a loop of steps
-    (the later of host and GPU), the same without the profiler's cost, and that cost."""
-    model = rp.build(events, links, attribution)
+    (the later of host and GPU), the same without the profiler's cost, and that cost (``replay_model``: the
+    steady steps' :func:`~profparse.analysis.replay.build`, shared with the findings' what-ifs)."""
+    model = replay_model
     if model is None:
         return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in COLUMNS})
     on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())

@@ -79,6 +79,12 @@ VALUES: dict[str, ValueSpec] = {
             "flop_counts", "profparse.analysis.flop_counts:count_flops", _ROWS, "FLOPs and bytes of every counted op"
         ),
         ValueSpec(
+            "replay_model",
+            "profparse.analysis.replay:build",
+            _ROWS,
+            "the steady steps' replay model (None without one), read by the replay table and the findings' what-ifs",
+        ),
+        ValueSpec(
             "peak",
             "profparse.analysis.peaks:choose_peak",
             ("header", "events", "flops", "peak_tflops"),
@@ -228,7 +234,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "replay",
             "profparse.analysis.profiler_cost:replay_table",
-            (*_ROWS, "header"),
+            (*_ROWS, "header", "replay_model"),
             "docs/without_profiler.md",
             "per steady step: measured, replayed unchanged, in a loop, and replayed without the profiler's cost",
             written=False,  # a replay per step: computed when summarize or advise asks, not by parse
@@ -262,7 +268,7 @@ TABLES: dict[str, TableSpec] = {
             ("parsed",),
             "docs/advice.md",
             "what to change: kind, stage, steps, saving per step (time on the critical path the fix removes), fix",
-            reads=("critical_path", "comm_exposure", "stage_summary", "flops", "peak", "steps"),
+            reads=("critical_path", "comm_exposure", "stage_summary", "flops", "peak", "steps", "replay_model"),
         ),
     )
 }

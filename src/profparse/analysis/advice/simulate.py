@@ -26,7 +26,7 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     if not todo:
         return
     parsed = ctx.parsed
-    model = rp.build(parsed.raw.events, parsed.links, parsed.attribution)
+    model = parsed.value("replay_model")  # the replay table's, when it was made first
     if model is None:
         return
     cost, basis = costs(model, parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
