@@ -81,11 +81,15 @@ def _top(frame: pd.DataFrame, value: str, n: int, kernel: bool) -> dict[str, lis
         .reset_index()
         .sort_values(["stage", "sum"], ascending=[True, False], kind="stable")
     )
-    shown = {stage: grouped[grouped["stage"] == stage].head(n) for stage in STAGES}
+    # each stage's rows split once (a filter per stage was a pass over the rows each)
+    first = grouped.groupby("stage", observed=True, sort=False).head(n)
+    parts = dict(list(first.groupby("stage", observed=True, sort=False)))
+    shown = {stage: parts.get(stage, first.iloc[:0]) for stage in STAGES}
+    totals = frame.groupby("stage", observed=True)[value].sum()
     names = list(dict.fromkeys(str(x) for rows in shown.values() for x in rows["name"]))
     labels = dict(zip(names, unique_labels(names, LABEL_WIDTH, kernel=kernel), strict=True))
     for stage, rows in shown.items():
-        total = float(frame.loc[frame["stage"] == stage, value].sum())
+        total = float(totals.get(stage, 0))
         out[stage] = [
             {
                 "name": str(r.name),
