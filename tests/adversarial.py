@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import cli_zygote
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -99,6 +101,7 @@ def run_cli(
     signal_after: tuple[float, int] | None = None,
     orphan_grace: float = 3.0,
     processes_before_signal: int = 0,
+    fresh: bool = False,
 ) -> CliRun:
     """Run ``python -m profparse.cli.main ARGV`` in a new session; optionally send ``signal_after=(secs, sig)``,
     the seconds counted once its session holds ``processes_before_signal`` processes (e.g. a started pool).
@@ -106,24 +109,31 @@ def run_cli(
     The CLI is reaped as soon as it ends (a zombie still answers ``kill(pid, 0)``, so its pool workers would take
     it for alive); then this waits up to ``orphan_grace`` seconds for processes of its session to go away and
     records any still alive in ``leftover_pids`` (then kills them, so one failing test never leaks into the next).
+
+    The process is forked from a zygote that has done the imports (:mod:`cli_zygote`), unless the run needs a
+    plain interpreter (a signal while it starts, an environment that changes start-up) or ``fresh`` asks for one.
     """
-    full_env = dict(os.environ)
-    full_env.pop("PROFPARSE_DEBUG", None)
-    full_env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + full_env.get("PYTHONPATH", "")
-    if env:
-        full_env.update(env)
+    base_env = dict(os.environ)
+    base_env.pop("PROFPARSE_DEBUG", None)
+    base_env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + base_env.get("PYTHONPATH", "")
+    full_env = {**base_env, **(env or {})}
     cmd = [sys.executable, "-m", "profparse.cli.main", *argv]
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=stdin,
-        stdout=subprocess.PIPE if stdout is None else stdout,
-        stderr=subprocess.PIPE,
-        env=full_env,
-        cwd=cwd,
-        start_new_session=True,
-    )
-    readers = [_read_all(stream) for stream in (proc.stdout, proc.stderr)]
+    proc: subprocess.Popen[bytes] | cli_zygote.ZygoteProcess
+    if cli_zygote.suits(full_env, base_env, stdin, stdout, signal_after, fresh):
+        proc, out_stream, err_stream = cli_zygote.spawn(list(argv), full_env, base_env, cwd)
+        readers = [_read_all(out_stream), _read_all(err_stream)]
+    else:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=stdin,
+            stdout=subprocess.PIPE if stdout is None else stdout,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        readers = [_read_all(stream) for stream in (proc.stdout, proc.stderr)]
     timed_out = False
     try:
         if signal_after is not None:

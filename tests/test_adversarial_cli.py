@@ -174,9 +174,9 @@ def test_summarize_a_150k_character_kernel_name(tmp_path: Path, kernel: str) -> 
     good = small_trace(tmp_path / "good.json", padding="x" * (len(kernel) + len(op)))
     bad = small_trace(tmp_path / "bad.json", kernel=kernel, op=op)
     assert abs(good.stat().st_size - bad.stat().st_size) < 2000
-    good_run = run_cli("summarize", str(good), "--no-cache", "-q")
+    good_run = run_cli("summarize", str(good), "--no-cache", "-q", fresh=True)
     assert_success(good_run)
-    bad_run = run_cli("summarize", str(bad), "--no-cache", "-q", "--top", "20", timeout=60)
+    bad_run = run_cli("summarize", str(bad), "--no-cache", "-q", "--top", "20", timeout=60, fresh=True)
     assert_success(bad_run)
     assert_time_within(bad_run, good_run, factor=3)
     assert max(len(line) for line in bad_run.stdout.splitlines()) < 1000  # labels, not names
@@ -197,9 +197,9 @@ def test_report_of_many_20k_character_names(tmp_path: Path) -> None:
         padded.launch(t + 10 * i, t + 10 * i + 2, 3, name=f"k{i}", padding="a" * 20_000)
         padded.op(f"aten::op{i}", t + 10 * i + 5, 2, padding="b" * 20_000)
     bad, good = long_names.write(tmp_path / "long.json"), padded.write(tmp_path / "padded.json")
-    good_run = run_cli("report", str(good), "-o", str(tmp_path / "good.html"), "--no-cache", "-q")
+    good_run = run_cli("report", str(good), "-o", str(tmp_path / "good.html"), "--no-cache", "-q", fresh=True)
     assert_success(good_run, folders=(tmp_path,))
-    bad_run = run_cli("report", str(bad), "-o", str(tmp_path / "bad.html"), "--no-cache", "-q", timeout=60)
+    bad_run = run_cli("report", str(bad), "-o", str(tmp_path / "bad.html"), "--no-cache", "-q", timeout=60, fresh=True)
     assert_success(bad_run, folders=(tmp_path,))
     assert_time_within(bad_run, good_run, factor=3)
 

@@ -28,7 +28,7 @@ def test_ctrl_c_at_any_moment(tmp_path: Path, verb: str) -> None:
     out = tmp_path / "out"
     # --no-cache: every run does the whole run's work (a cached second run ends long before 75 % of the first)
     argv = [verb, str(TRACE), "--no-cache"] + (["-o", str(out), "-q"] if verb == "parse" else [])
-    whole = run_cli(*argv)
+    whole = run_cli(*argv, fresh=True)  # timed as the signalled runs below start: in a plain interpreter
     assert_success(whole, folders=(tmp_path,))
     before = snapshot(TRACE)
     # from the modules' loading to the end of the work, as shares of a whole run's time. A signal in the
@@ -56,7 +56,7 @@ def test_sigterm_leaves_nothing_half_written(tmp_path: Path, share: float) -> No
         pytest.skip(f"{TRACE} not present")
     out = tmp_path / "out"
     argv = ["parse", str(TRACE), "-o", str(out), "-q", "--no-cache"]
-    whole = run_cli(*argv)
+    whole = run_cli(*argv, fresh=True)  # timed as the signalled runs below start: in a plain interpreter
     assert_success(whole, folders=(tmp_path,))
     shutil.rmtree(out)
     run = run_cli(*argv, signal_after=(share * whole.seconds, signal.SIGTERM))

@@ -37,8 +37,12 @@ def modules_trace(path: Path, n: int, *, nested: bool) -> Path:
 @pytest.mark.parametrize("n", [2000, 8000])
 def test_summarize_deep_module_nesting_is_linear(tmp_path, n):
     """10k nested levels took 117 s (flat: 1.5 s): same-class nesting, levels and roll-ups went level by level."""
-    flat = run_cli("summarize", "--format", "json", "-q", str(modules_trace(tmp_path / "flat.json", n, nested=False)))
-    deep = run_cli("summarize", "--format", "json", "-q", str(modules_trace(tmp_path / "deep.json", n, nested=True)))
+    flat = run_cli(
+        "summarize", "--format", "json", "-q", str(modules_trace(tmp_path / "flat.json", n, nested=False)), fresh=True
+    )
+    deep = run_cli(
+        "summarize", "--format", "json", "-q", str(modules_trace(tmp_path / "deep.json", n, nested=True)), fresh=True
+    )
     assert_success(flat)
     assert_success(deep)
     assert_time_within(deep, flat, factor=3.0)
@@ -80,8 +84,8 @@ def test_annotate_cut_trace_is_linear(tmp_path):
     cut = text.rfind(b'"name": "aten::add"') + 5  # inside the last event
     (tmp_path / "cut.json").write_bytes(text[:cut])
     before = snapshot(tmp_path / "whole.json", tmp_path / "cut.json")
-    whole = run_cli("annotate", "-q", str(tmp_path / "whole.json"), "-o", str(tmp_path / "a_whole.json"))
-    cutrun = run_cli("annotate", "-q", str(tmp_path / "cut.json"), "-o", str(tmp_path / "a_cut.json"))
+    whole = run_cli("annotate", "-q", str(tmp_path / "whole.json"), "-o", str(tmp_path / "a_whole.json"), fresh=True)
+    cutrun = run_cli("annotate", "-q", str(tmp_path / "cut.json"), "-o", str(tmp_path / "a_cut.json"), fresh=True)
     assert_success(whole, folders=(tmp_path,))
     assert_success(cutrun, folders=(tmp_path,))
     assert_time_within(cutrun, whole, factor=3.0)
