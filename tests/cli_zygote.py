@@ -211,6 +211,8 @@ def suits(
 ) -> bool:
     """Whether a run with ``env`` can start from the zygote started with ``base`` (see the module's docstring;
     ``fresh``: the caller asks for a plain interpreter)."""
+    if not sys.platform.startswith("linux"):  # SOCK_SEQPACKET and fd passing as Linux has them
+        return False
     if os.environ.get(FRESH_ENV) or fresh or signal_after is not None or stdout is not None:
         return False
     if stdin not in (None, subprocess.DEVNULL):
