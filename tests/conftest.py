@@ -151,19 +151,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 #: pytest-xdist's --dist loadfile, which hands whole files to the workers in collection order: these go first, so
 #: the run does not end with one worker alone on a long file while the others wait.
 SLOW_FILES = (
-    "test_ranks.py",
-    "test_adversarial_inputs.py",
-    "test_ground_truth.py",
     "test_robustness.py",
-    "test_adversarial_ranks.py",
+    "test_ground_truth.py",
+    "test_ranks.py",
     "test_report.py",
-    "test_adversarial_outputs.py",
+    "test_adversarial_inputs.py",
     "test_cache_replay.py",
     "test_capture.py",
-    "test_adversarial_cli.py",
-    "test_advice_pairs.py",
-    "test_adversarial_integrations.py",
+    "test_output_digests.py",
+    "test_replay.py",
+    "test_adversarial_ranks.py",
     "test_cache.py",
+    "test_advice_pairs.py",
+    "test_adversarial_cli.py",
+    "test_adversarial_outputs.py",
+    "test_adversarial_integrations.py",
+    "test_critical_path.py",
+    "test_memory_categories.py",
     "test_integrations_handler.py",
 )
 
