@@ -32,7 +32,10 @@ def base_document(steps: int = 3) -> dict:
 
 
 def cli(capsys, path) -> tuple[int, str]:
-    code = main(["summarize", str(path)])
+    """``summarize PATH``'s exit code and stderr. Without the cache: each broken file is read once, and storing
+    its tables was a third of each run (the cache's own handling of cut and broken traces is tested in
+    test_cache_replay.py and test_adversarial_cache.py)."""
+    code = main(["summarize", str(path), "--no-cache"])
     _, err = capsys.readouterr()
     return code, err
 
