@@ -39,13 +39,17 @@ STREAM_GAP_NS = 1_000
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 #: each host kind's overhead kind (a CPU op recorded with shapes is ``op_shapes``, see :func:`overhead_kind`)
 _KIND_OVERHEAD = {
-    "cpu_op": 1,
-    "user_annotation": 1,
-    "python_function": 2,
-    "cuda_runtime": 3,
-    "cuda_driver": 3,
-    "memory": 4,
+    "cpu_op": "op",
+    "user_annotation": "op",
+    "python_function": "python",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "memory": "memory",
 }
+#: the same by kind code (index into OVERHEAD_KINDS; -1: none), read by the kind's category code per row
+_OVERHEAD_OF_CODE = np.full(len(KIND_CODE), -1, dtype=np.int64)
+for _kind, _overhead in _KIND_OVERHEAD.items():
+    _OVERHEAD_OF_CODE[KIND_CODE[_kind]] = OVERHEAD_KINDS.index(_overhead)
 #: the runtime call whose traced duration tells how fast the host ran under the profiler (profiler_cost)
 LAUNCH_CALL = "cudaLaunchKernel"
 
@@ -127,14 +131,11 @@ class Model:
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Each row's overhead kind (index into :data:`OVERHEAD_KINDS`; -1: none)."""
-    # by the kind's code: the kinds as text would be a string per row
-    table = np.full(len(KIND_CODE), -1, dtype=np.int64)
-    for kind, code in _KIND_OVERHEAD.items():
-        table[KIND_CODE[kind]] = code
-    codes = events["kind"].cat.codes.to_numpy()[rows]
-    out = table[codes]
+    codes = events["kind"].cat.codes.to_numpy()[rows]  # the kinds as text would be a string per row
+    out = _OVERHEAD_OF_CODE[codes]
     if "input_dims" in events.columns:
-        out[(codes == KIND_CODE["cpu_op"]) & events["input_dims"].notna().to_numpy()[rows]] = 0
+        shapes = (codes == KIND_CODE["cpu_op"]) & events["input_dims"].notna().to_numpy()[rows]
+        out[shapes] = OVERHEAD_KINDS.index("op_shapes")
     return out
 
 
@@ -152,10 +153,10 @@ def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model
     end = ts + events["dur_ns"].to_numpy()
     on = np.isin(links.thread.astype(np.int64), threads) & (ts >= w0) & (ts < w1)
     charged = np.flatnonzero(on & (links.host & kind_mask(events, (*_HOST_KINDS, "memory"))))
-    host = _host(ts[charged], np.minimum(end[charged], w1), overhead_kind(events, charged), w0, w1)
+    kinds = overhead_kind(events, charged)
+    host = _host(ts[charged], np.minimum(end[charged], w1), kinds, w0, w1)
     gpu, step_of = _gpu(events, links, steps, w0, w1)
     calls = _calls(events, links, threads, gpu, w0, w1)
-    kinds = overhead_kind(events, charged)
     count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
     launch_rows = charged[name_mask(events, f"^{LAUNCH_CALL}$")[charged]]
     launch_rows = launch_rows[~np.isin(launch_rows, calls.rows)]  # one that waited for the full queue is no probe
