@@ -144,10 +144,11 @@ class Zygote:
             cwd=REPO,
         )
         theirs.close()
-        self.sock, self.env = ours, env
+        self.sock = ours
         self.lock, self.changed = threading.Lock(), threading.Condition()
-        self.pids: dict[int, int] = {}
-        self.exits: dict[int, int] = {}
+        self.pids: dict[int, int] = {}  # request id -> the pid it started
+        self.exits: dict[int, int] = {}  # pid -> exit code (negative: the signal that ended it)
+        self.gone = False  # the zygote ended: every wait ends
         self.next_id = 0
         threading.Thread(target=self._listen, daemon=True).start()
 
@@ -160,7 +161,7 @@ class Zygote:
             with self.changed:
                 if not message:
                     self.sock.close()
-                    self.pids[-1] = -1  # the zygote is gone: every wait ends
+                    self.gone = True
                     self.changed.notify_all()
                     return
                 reply = json.loads(message)
@@ -171,7 +172,7 @@ class Zygote:
                 self.changed.notify_all()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None and -1 not in self.pids
+        return self.proc.poll() is None and not self.gone
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path | None, fds: tuple[int, int, int]) -> int:
         with self.lock:
@@ -181,7 +182,7 @@ class Zygote:
             request = {"id": request_id, "argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "cpus": cpus}
             socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
         with self.changed:
-            if not self.changed.wait_for(lambda: request_id in self.pids or -1 in self.pids, timeout=60):
+            if not self.changed.wait_for(lambda: request_id in self.pids or self.gone, timeout=60):
                 raise RuntimeError("the CLI zygote did not answer")
             if request_id not in self.pids:
                 raise RuntimeError("the CLI zygote ended")
@@ -189,10 +190,10 @@ class Zygote:
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         with self.changed:
-            self.changed.wait_for(lambda: pid in self.exits or -1 in self.pids, timeout=timeout)
+            self.changed.wait_for(lambda: pid in self.exits or self.gone, timeout=timeout)
             if pid in self.exits:
                 return self.exits.pop(pid)
-            if -1 in self.pids:
+            if self.gone:
                 raise RuntimeError("the CLI zygote ended while a run was going")
             return None
 
