@@ -221,7 +221,7 @@ def optimizer_not_batched(ctx: AdviceContext) -> list[Finding]:
     rows = np.flatnonzero(child)
     if len(rows) < MIN_PER_TENSOR_OPS * len(ctx.steps):
         return []
-    calls = pd.DataFrame({"name": events["name"].to_numpy()[rows], "dur": events["dur_ns"].to_numpy()[rows]})
+    calls = pd.DataFrame({"name": ctx.name_of(rows), "dur": events["dur_ns"].to_numpy()[rows]})
     beyond = calls["dur"] - calls.groupby("name", observed=True)["dur"].transform("min")
     one_pass = float(beyond.groupby(calls["name"], observed=True).sum().max()) / len(ctx.steps)
     segments = ctx.segments_of(ctx.under(steps))
