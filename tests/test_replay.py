@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 from pathlib import Path
@@ -88,6 +89,65 @@ def test_slower_kernels_lengthen_a_gpu_bound_step(tmp_path: Path) -> None:
     same = rp.replay(model, _cost(0))
     double = rp.replay(model, _cost(0), rp.Change(gpu_scale=np.full(len(model.gpu.dur), 2.0)))
     assert np.allclose(double["host_ns"] - same["host_ns"], 10 * 50_000, rtol=0.02)
+
+
+def _mixed_steps() -> TraceBuilder:
+    """The host-bound steps with Python functions, runtime calls and memory events among the ops, some of them
+    sharing a start or an end (knots shared by several events)."""
+    b = _steps(2, sync=False)
+    for step in range(3):
+        t0 = 1000.0 + step * 201
+        b.py("train.py(12): step", t0 + 1, 190)
+        b.span("cudaMemsetAsync", t0 + 20, 3, "cuda_runtime")
+        b.memory(t0 + 40, 4096, 8192)
+        b.op("aten::add", t0 + 60, 10)  # starts and ends with the aten::mul at t0 + 60
+    return b
+
+
+def test_host_cost_per_piece_is_a_quarter_per_side_of_each_start_and_end(tmp_path: Path) -> None:
+    """Ground truth by brute force: each charged event puts a quarter of its kind's cost on the pieces on both
+    sides of its start and of its end; invariant: the pieces hold every charged event's whole cost."""
+    p = profparse.parse(_mixed_steps().write(tmp_path / "t.json"))
+    model = rp.build(p.raw.events, p.links, p.attribution)
+    assert model is not None
+    events = p.raw.events
+    rows = model.host_rows
+    kinds = rp.overhead_kind(events, rows)
+    assert {"op", "python", "runtime", "memory"} <= {rp.OVERHEAD_KINDS[k] for k in kinds}
+    cost = np.array([100.0, 4000.0, 700.0, 300.0, 50.0])
+    knots = model.host.knots
+    start = events["ts_ns"].to_numpy()[rows] - model.base
+    end = np.minimum(start + events["dur_ns"].to_numpy()[rows], knots[-1])
+    expected = np.zeros(len(knots) - 1)
+    for s, e, k in zip(start, end, kinds, strict=True):
+        for point in (s, e):
+            right = int(np.searchsorted(knots, point, side="right")) - 1
+            for piece in (right - 1, right):
+                expected[min(max(piece, 0), len(expected) - 1)] += cost[k] / 4
+    got = model.host.cut(cost)
+    assert np.allclose(got, expected, rtol=0, atol=1e-9)
+    assert got.sum() == pytest.approx(cost[kinds].sum())
+    assert model.host.cut(cost) is got  # kept for the same costs
+    assert not np.array_equal(model.host.cut(cost * 2), got)
+
+
+def test_host_time_removed_in_blocks_is_the_union_s_time_per_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A what-if's removed host time, worked out a few knots at a time, against the union of its intervals
+    counted on a 1 ns grid."""
+    simulate = importlib.import_module("profparse.analysis.advice.simulate")  # the package exports its function
+    rng = np.random.default_rng(7)
+    knots = np.unique(rng.integers(0, 400, 60)).astype(np.float64)
+    starts = rng.integers(0, 380, 25)
+    intervals = np.stack([starts, starts + rng.integers(0, 40, 25)], axis=1).astype(np.float64)
+    grid = np.zeros(400, dtype=bool)
+    for s, e in intervals.astype(int):
+        grid[s:e] = True
+    expected = np.array([grid[int(a) : int(b)].sum() for a, b in zip(knots[:-1], knots[1:], strict=True)]) * 0.5
+    whole = simulate._removed(intervals, knots, 0.5)
+    monkeypatch.setattr(simulate, "BLOCK", 3)
+    blocked = simulate._removed(intervals, knots, 0.5)
+    assert np.array_equal(blocked, whole)
+    assert np.allclose(whole, expected, rtol=0, atol=1e-9)
 
 
 def test_basis_default_or_calibrated(tmp_path: Path) -> None:

@@ -362,27 +362,35 @@ def blocking_calls(events: pd.DataFrame, links: Links) -> tuple[np.ndarray, np.n
     ``cuda_sync`` event (other than a stream's wait), a call that returned after its own memcpy ended. In a trace
     without ``cuda_sync`` events also any runtime call that waited :data:`INFER_MIN_WAIT_NS` for GPU work and
     returned within :data:`INFER_MAX_RETURN_NS` of its end. Returns (boolean per row: blocking, inferred)."""
-    runtime = kind_mask(events, {"cuda_runtime", "cuda_driver"}) & links.host
-    named = name_mask(events, BLOCKING_CALL)
-    op = links.enclosing_op.astype(np.int64)
+    # what a blocking call can be is worked out on the runtime calls alone: arrays of every event (times, ends,
+    # int64 copies of the links) were at the peak of parse on a big trace
+    runtime = np.flatnonzero(kind_mask(events, {"cuda_runtime", "cuda_driver"}) & links.host)
+    named = name_mask(events, BLOCKING_CALL)[runtime]
+    op = links.enclosing_op[runtime].astype(np.int64)
     named |= (op >= 0) & name_mask(events, BLOCKING_OP)[np.maximum(op, 0)]
+    del op
     corr = events["correlation"].to_numpy()
     sync = kind_mask(events, {"cuda_sync"})
     if sync.any():
         waits = sync & name_mask(events, re.compile(r"Stream Wait Event"))
-        named |= np.isin(corr, corr[sync & ~waits]) & (corr != NULL)
-    ts = events["ts_ns"].to_numpy()
-    end = ts + events["dur_ns"].to_numpy()
-    launch = links.launch.astype(np.int64)
-    activity = np.flatnonzero((launch >= 0) & kind_mask(events, {"gpu_memcpy"}))
-    own = activity[(end[activity] <= end[launch[activity]]) & (end[activity] > ts[launch[activity]])]
-    named[launch[own]] = True
+        named |= np.isin(corr[runtime], corr[sync & ~waits]) & (corr[runtime] != NULL)
+    ts, dur = events["ts_ns"].to_numpy(), events["dur_ns"].to_numpy()
+    activity = np.flatnonzero(kind_mask(events, {"gpu_memcpy"}) & (links.launch >= 0))
+    launch = links.launch[activity].astype(np.int64)
+    end = ts[activity] + dur[activity]
+    returned_after = np.zeros(len(events), dtype=bool)  # a call that returned after its own memcpy ended
+    returned_after[launch[(end <= ts[launch] + dur[launch]) & (end > ts[launch])]] = True
+    named |= returned_after[runtime]
+    del activity, launch, end, returned_after
+    blocking = np.zeros(len(events), dtype=bool)
+    blocking[runtime[named]] = True
     inferred = np.zeros(len(events), dtype=bool)
     if not sync.any():
-        calls = np.flatnonzero(runtime & ~named)
-        done = _last_gpu_end(events, ts[calls], end[calls])
-        inferred[calls] = (done >= ts[calls] + INFER_MIN_WAIT_NS) & (end[calls] - done <= INFER_MAX_RETURN_NS)
-    return (named & runtime) | inferred, inferred
+        calls = runtime[~named]
+        start, stop = ts[calls], ts[calls] + dur[calls]
+        done = _last_gpu_end(events, start, stop)
+        inferred[calls] = (done >= start + INFER_MIN_WAIT_NS) & (stop - done <= INFER_MAX_RETURN_NS)
+    return blocking | inferred, inferred
 
 
 def _gpu_ends(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -407,21 +415,21 @@ def sync_waits(events: pd.DataFrame, links: Links, blocking: np.ndarray) -> tupl
     """For each blocking call the GPU activity it waited for: the last one to end inside the call, on the stream a
     ``Stream Sync`` event names for it, else on any stream. Returns (call rows, activity rows)."""
     calls = np.flatnonzero(blocking)
-    ts = events["ts_ns"].to_numpy()
-    end = ts + events["dur_ns"].to_numpy()
+    ts, dur = events["ts_ns"].to_numpy(), events["dur_ns"].to_numpy()
     rows, ends = _gpu_ends(events)
     if not len(rows):
         return calls[:0], rows
-    j = np.searchsorted(ends, end[calls], side="right") - 1
+    call_end = ts[calls] + dur[calls]
+    j = np.searchsorted(ends, call_end, side="right") - 1
     found = np.where(j >= 0, rows[np.maximum(j, 0)], -1)
     stream = _synced_stream(events, calls)
     named = stream != NULL
     if named.any():
-        found[named] = _last_on_stream(events, rows, ends, stream[named], end[calls[named]])
+        found[named] = _last_on_stream(events, rows, ends, stream[named], call_end[named])
     if _has_recorded_waits(events, "Event Sync"):
         found = _recorded_event_waits(events, calls, found)
     ok = found >= 0
-    ok[ok] = end[found[ok]] > ts[calls[ok]]
+    ok[ok] = ts[found[ok]] + dur[found[ok]] > ts[calls[ok]]
     return calls[ok], found[ok]
 
 

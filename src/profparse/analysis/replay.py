@@ -20,6 +20,7 @@ computed only when asked for (``summarize``, ``advise``), never by ``parse``.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
@@ -36,6 +37,8 @@ OVERHEAD_KINDS: tuple[str, ...] = ("op_shapes", "op", "python", "runtime", "memo
 #: a launch-latency or stream gap that did not bind an activity in the trace is taken as at most this
 LAUNCH_LATENCY_NS = 4_000
 STREAM_GAP_NS = 1_000
+#: pieces of the host timeline a replay's temporaries hold at once
+_BLOCK = 1 << 16
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 #: each host kind's overhead kind (a CPU op recorded with shapes is ``op_shapes``, see :func:`overhead_kind`)
 _KIND_OVERHEAD = {
@@ -56,28 +59,49 @@ LAUNCH_CALL = "cudaLaunchKernel"
 
 @dataclass
 class Host:
-    """The host timeline of the steady steps: ``knots`` (sorted times) cut it into pieces; ``counts[i, k]`` is how
-    many events of overhead kind ``k`` charge piece ``i`` (an event charges a quarter to each of the pieces on
-    both sides of its start and of its end, where the profiler's enter and exit work lies)."""
+    """The host timeline of the steady steps: ``knots`` (sorted times) cut it into pieces; ``cells`` (one row per
+    charged event, grouped by overhead kind: ``cells[bounds[k]:bounds[k + 1]]`` are kind ``k``'s) names the four
+    pieces each event charges a quarter of its cost to: those on both sides of its start and of its end, where
+    the profiler's enter and exit work lies.
+
+    Four piece numbers per event instead of a count per piece and kind: the dense counts were five float64 values
+    for each of millions of pieces, the largest array at the peak of ``parse`` on a trace of many short events."""
 
     knots: np.ndarray  # float64 once the model is made relative to its base (:func:`_shifted`)
-    counts: np.ndarray
+    cells: np.ndarray  # (events, 4) piece numbers
+    bounds: np.ndarray  # len(OVERHEAD_KINDS) + 1 row offsets into ``cells``
+    _cut: tuple[bytes, np.ndarray] | None = field(default=None, repr=False)
+
+    def cut(self, per_event_ns: np.ndarray) -> np.ndarray:
+        """The profiler's cost in each piece (ns): a quarter of ``per_event_ns`` of its kind for each event that
+        charges it; kept for the last ``per_event_ns`` (a model is replayed many times at one cost)."""
+        key = per_event_ns.tobytes()
+        if self._cut is None or self._cut[0] != key:
+            pieces = max(len(self.knots) - 1, 1)
+            cut = np.zeros(pieces)
+            for k, quarter in enumerate(per_event_ns * 0.25):
+                rows = self.cells[self.bounds[k] : self.bounds[k + 1]]
+                if len(rows) and quarter:
+                    cut += np.bincount(rows.ravel(), minlength=pieces) * quarter
+            self._cut = (key, cut)
+        return self._cut[1]
 
     def clock(self, per_event_ns: np.ndarray, removed: np.ndarray | None = None) -> np.ndarray:
         """``h`` at each knot: the time elapsed from the first knot with each piece shortened by its events'
         cost (``per_event_ns`` per kind) and by ``removed`` (ns per piece), never below zero."""
-        # in place: a big trace has millions of pieces, and each temporary of the plain expression was one more
-        # array of them at the peak of a replay
-        length = np.diff(self.knots).astype(np.float64)
-        cut = self.counts @ per_event_ns
-        if removed is not None:
-            cut += removed
-        np.subtract(length, cut, out=length)
-        del cut
-        np.maximum(length, 0.0, out=length)
-        out = np.empty(len(length) + 1)
+        # in the output's memory, a block at a time: a big trace has millions of pieces, and each temporary of the
+        # plain expression was one more array of them at the peak of a replay
+        cut = self.cut(per_event_ns)
+        out = np.empty(len(self.knots))
         out[0] = 0.0
-        np.cumsum(length, out=out[1:])
+        length = out[1:]
+        np.subtract(self.knots[1:], self.knots[:-1], out=length)
+        for at in range(0, len(length), _BLOCK):
+            piece = slice(at, at + _BLOCK)
+            charged = cut[piece] if removed is None else cut[piece] + removed[piece]
+            np.subtract(length[piece], charged, out=length[piece])
+        np.maximum(length, 0.0, out=length)
+        np.cumsum(length, out=length)
         out += float(self.knots[0])
         return out
 
@@ -149,12 +173,16 @@ def build(events: pd.DataFrame, links: Links, attribution: Attribution) -> Model
     host_rows = np.flatnonzero(links.host & kind_mask(events, _HOST_KINDS))
     joins = thread_joins(events, links, attribution, host_rows)
     threads = np.unique(np.concatenate([[attribution.main_thread], joins["thread"].to_numpy()]))
-    ts = events["ts_ns"].to_numpy()
-    end = ts + events["dur_ns"].to_numpy()
-    on = np.isin(links.thread.astype(np.int64), threads) & (ts >= w0) & (ts < w1)
-    charged = np.flatnonzero(on & (links.host & kind_mask(events, (*_HOST_KINDS, "memory"))))
+    ts, dur = events["ts_ns"].to_numpy(), events["dur_ns"].to_numpy()
+    # the host events first, then their threads and times: arrays of every event were at the peak of parse
+    charged = np.flatnonzero(links.host & kind_mask(events, (*_HOST_KINDS, "memory")))
+    at = ts[charged]
+    charged = charged[np.isin(links.thread[charged].astype(np.int64), threads) & (at >= w0) & (at < w1)]
+    del at
     kinds = overhead_kind(events, charged)
-    host = _host(ts[charged], np.minimum(end[charged], w1), kinds, w0, w1)
+    start = ts[charged]
+    host = _host(start, np.minimum(start + dur[charged], w1), kinds, w0, w1)
+    del start
     gpu, step_of = _gpu(events, links, steps, w0, w1)
     calls = _calls(events, links, threads, gpu, w0, w1)
     count = np.bincount(kinds[kinds >= 0], minlength=len(OVERHEAD_KINDS)).astype(np.float64)
@@ -181,34 +209,26 @@ def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int
     knots = np.sort(np.concatenate([[w0, w1], start, end]))  # sorted, then deduplicated: np.unique hashes, slower
     knots = knots[np.concatenate([[True], knots[1:] != knots[:-1]])]
     pieces = max(len(knots) - 1, 1)
-    width = len(OVERHEAD_KINDS)
-    # the four cells of each event written into one array, counted as integers, the counts turned into quarters
-    # in their own memory: a big trace has millions of pieces, and each extra array of them was at the peak of
-    # a replay
-    n = len(start)
-    cells = np.empty(4 * n, dtype=np.int64)
+    by_kind = np.argsort(kind, kind="stable")
+    start, end, kind = start[by_kind], end[by_kind], kind[by_kind]
+    del by_kind
+    bounds = np.searchsorted(kind, np.arange(len(OVERHEAD_KINDS) + 1))
+    cells = np.empty((len(start), 4), dtype=np.int32 if pieces < 2**31 else np.int64)
     for i, point in enumerate((start, end)):
         right = np.searchsorted(knots, point, side="right") - 1  # the piece that starts at the point
-        for j, piece in enumerate((right - 1, right)):
-            out = cells[(2 * i + j) * n : (2 * i + j + 1) * n]
-            np.clip(piece, 0, pieces - 1, out=out)
-            out *= width
-            out += kind
+        cells[:, 2 * i] = np.clip(right - 1, 0, pieces - 1)
+        cells[:, 2 * i + 1] = np.clip(right, 0, pieces - 1)
         del right
-    counts = np.bincount(cells, minlength=pieces * width)
-    del cells
-    flat = counts.view(np.float64)
-    for at in range(0, len(counts), 1 << 16):  # a block at a time: numpy copies an input that shares the output
-        np.multiply(counts[at : at + (1 << 16)], 0.25, out=flat[at : at + (1 << 16)])
-    return Host(knots, flat.reshape(pieces, width))
+    return Host(knots, cells, bounds)
 
 
 def _gpu(events: pd.DataFrame, links: Links, steps: pd.DataFrame, w0: int, w1: int) -> tuple[Gpu, np.ndarray]:
     work = gpu_work(events, links)
-    call_end = events["ts_ns"].to_numpy() + events["dur_ns"].to_numpy()
-    has = work.launch >= 0
+    launch = np.maximum(work.launch, 0)
+    call_end = events["ts_ns"].to_numpy()[launch] + events["dur_ns"].to_numpy()[launch]  # each launch's end
     # no launch recorded (a collective's kernel): it starts when the host, replayed, reaches its start
-    when = np.where(has, np.minimum(call_end[np.maximum(work.launch, 0)], work.start), work.start)
+    when = np.where(work.launch >= 0, np.minimum(call_end, work.start), work.start)
+    del launch, call_end
     inside = np.flatnonzero((when >= w0) & (when < w1))
     inside = inside[np.argsort(work.start[inside], kind="stable")]
     position = np.full(len(work.rows), -1, dtype=np.int64)
@@ -247,16 +267,16 @@ def _delay(start: np.ndarray, cause: np.ndarray, binding: np.ndarray, default: i
 def _calls(events: pd.DataFrame, links: Links, threads: np.ndarray, gpu: Gpu, w0: int, w1: int) -> Calls:
     blocking, _ = blocking_calls(events, links)
     calls, targets = sync_waits(events, links, blocking)
-    ts = events["ts_ns"].to_numpy()
-    end = ts + events["dur_ns"].to_numpy()
+    ts, dur = events["ts_ns"].to_numpy(), events["dur_ns"].to_numpy()
     keep = np.isin(links.thread[calls].astype(np.int64), threads) & (ts[calls] >= w0) & (ts[calls] < w1)
     calls, targets = calls[keep], targets[keep]
-    order = np.argsort(end[calls], kind="stable")
+    order = np.argsort(ts[calls] + dur[calls], kind="stable")
     calls, targets = calls[order], targets[order]
     position = pd.Series(np.arange(len(gpu.rows)), index=gpu.rows)
     target = position.reindex(targets).fillna(-1).to_numpy().astype(np.int64)
-    done = end[targets] - w0
-    c0, c1 = ts[calls] - w0, end[calls] - w0  # relative to the first step's start: float64 keeps ns
+    done = ts[targets] + dur[targets] - w0
+    c0 = ts[calls] - w0  # relative to the first step's start: float64 keeps ns
+    c1 = c0 + dur[calls]
     own = c1 - np.maximum(c0, np.minimum(done, c1))  # the call's time not waiting
     f = np.float64
     return Calls(c0.astype(f), c1.astype(f), target, done.astype(f), own.astype(f), (c1 - done).astype(f), calls)
@@ -358,13 +378,15 @@ def _simulate(
     call_h0 = np.interp(calls.start, knots, h_knots)
     call_h1 = np.interp(calls.end, knots, h_knots)
     n = len(gpu.start)
-    ends = [0.0] * n
+    ends = array("d", bytes(8 * n))
     off_t, off_v = [-np.inf], [0.0]
-    # as Python lists for the loop, made again each replay (held across the replays, they were at the peak)
-    ref, ref_h_l = gpu.ref.tolist(), ref_h.tolist()
-    prev, wait, dur = gpu.prev.tolist(), gpu.wait.tolist(), gpu.dur.tolist()
-    fprev, fwait = gpu.fixed_prev.tolist(), gpu.fixed_wait.tolist()
-    al, ap, aw = gpu.after_launch.tolist(), gpu.after_prev.tolist(), gpu.after_wait.tolist()
+    # as arrays of the standard library for the loop (indexing one gives a Python number as a list does, but it
+    # holds 8 bytes per value, not a 32-byte object: ten lists of every activity were at the peak of parse), made
+    # again each replay (held across the replays, they were at the peak too)
+    ref, ref_h_l = _values(gpu.ref), _values(ref_h)
+    prev, wait, dur = _values(gpu.prev), _values(gpu.wait), _values(gpu.dur)
+    fprev, fwait = _values(gpu.fixed_prev), _values(gpu.fixed_wait)
+    al, ap, aw = _values(gpu.after_launch), _values(gpu.after_prev), _values(gpu.after_wait)
     drop = dropped.tolist() if dropped is not None else [False] * len(calls.start)
     starts, cause = np.empty(n if detail else 0), np.zeros(n if detail else 0, dtype=np.int8)
     waited = np.zeros(len(calls.start) if detail else 0, dtype=bool)
@@ -392,7 +414,14 @@ def _simulate(
             waited[c] = done > own_end
         off_t.append(float(calls.end[c]))
         off_v.append(done - call_h1[c])
-    return np.array(ends, dtype=np.float64), off_t, off_v, (starts, cause, waited)
+    return np.frombuffer(ends, dtype=np.float64).copy(), off_t, off_v, (starts, cause, waited)
+
+
+def _values(values: np.ndarray) -> array:
+    """``values`` as a standard-library array of the same numbers (float64 or int64)."""
+    if values.dtype.kind == "f":
+        return array("d", values.astype(np.float64, copy=False).tobytes())
+    return array("q", values.astype(np.int64, copy=False).tobytes())
 
 
 def _order(model: Model) -> list[int]:
