@@ -30,8 +30,10 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
     if model is None:
         return
     cost, basis = costs(model, parsed.header, bool(kind_mask(parsed.raw.events, GPU_ACTIVITY_KINDS).any()))
-    changes = [change(model, f.what_if) for f in todo]  # type: ignore[arg-type]  (before the replays: their
-    # lists would be held under the changes' temporaries)
+    changes = []
+    for f in todo:  # before the replays (their lists would be held under the changes' temporaries)
+        changes.append(change(model, f.what_if))  # type: ignore[arg-type]
+        f.what_if = None  # its intervals (every host event of a stage, for launch_bound) are in the change now
     before = rp.mean_step(model, cost)
     alone = [max(before - rp.mean_step(model, cost, c), 0.0) for c in changes]
     # the fixes that will be listed are applied one after another: the specific ones first (the biggest first),
