@@ -96,3 +96,20 @@ def test_the_path_tiles_each_step_on_sample_traces(sample_trace: Path) -> None:
 
 def test_the_path_tiles_each_step_on_shared_traces(shared_trace: Path) -> None:
     _check_tiles(shared_trace)
+
+
+def test_running_sums_kept_every_few_pieces_give_the_same_path(
+    sample_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path's host time per bound, summed on from a running sum kept every 2 pieces (and the innermost events
+    painted 2 at a time), is bit for bit the path summed from the first piece (as one running sum over all)."""
+    p = profparse.parse(sample_trace)
+    model = rp.build(p.raw.events, p.links, p.attribution)
+    if model is None:
+        pytest.skip("no steady step")
+    cost = _cost(OP_NS)
+    whole = replay_path.bound_ns(p.raw.events, p.links, p.attribution, model, cost)
+    assert len(model.host.knots) > 3 and whole[list(BOUNDS)].to_numpy().sum() > 0
+    monkeypatch.setattr(replay_path, "_EVERY", 2)
+    pieces = replay_path.bound_ns(p.raw.events, p.links, p.attribution, model, cost)
+    assert pieces.equals(whole)

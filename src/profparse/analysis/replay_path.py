@@ -25,6 +25,8 @@ from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import KIND_CODE
 from profparse.trace.link import Links
 
+#: host pieces between two kept running sums of the replayed path (:class:`_Walk`)
+_EVERY = 1 << 12
 _LAUNCH, _IDLE, _SYNC, _PYTHON = (BOUND_CODE[b] for b in ("launch", "gpu_idle", "sync_wait", "python"))
 
 
@@ -39,8 +41,11 @@ def host_labels(events: pd.DataFrame, links: Links, attribution: Attribution, mo
     first = np.searchsorted(knots, ts[order], side="left")
     last = np.searchsorted(knots, end[order], side="left")
     inner = np.full(max(len(knots) - 1, 0), -1, dtype=np.int64)
-    for row, a, b in zip(rows[order].tolist(), first.tolist(), last.tolist(), strict=True):
-        inner[a:b] = row  # a later start overwrites: the innermost event wins
+    rows = rows[order]
+    for at in range(0, len(rows), _EVERY):  # as Python numbers a block at a time (all at once, at the peak)
+        block = slice(at, at + _EVERY)
+        for row, a, b in zip(rows[block].tolist(), first[block].tolist(), last[block].tolist(), strict=True):
+            inner[a:b] = row  # a later start overwrites: the innermost event wins
     blocking, _ = blocking_calls(events, links)
     return host_bound_codes(events, attribution, inner, blocking)
 
@@ -54,10 +59,13 @@ class _Walk:
         knots = model.host.knots
         self.knots = knots
         length = np.diff(run.h_knots)
-        self.cum = np.zeros((len(BOUNDS), len(length) + 1))
-        for code in range(len(BOUNDS)):
-            self.cum[code, 1:] = np.cumsum(np.where(labels == code, length, 0.0))
         self.labels, self.length = labels, length
+        # the running sum of replayed host time per bound code is kept only every _EVERY pieces (a full array of
+        # them per code was the peak of summarize on a big trace) and summed on from there when asked for
+        self.codes = np.arange(len(BOUNDS))[:, None]
+        self.every = np.zeros((len(BOUNDS), len(length) // _EVERY + 1))
+        for k in range(1, self.every.shape[1]):
+            self.every[:, k] = self._summed_on(k - 1, k * _EVERY)
         self.at_knots = run.host_time(model, knots)  # replayed host time at each knot
         calls = model.calls
         waited = np.flatnonzero(run.call_waited) if len(run.call_waited) else np.zeros(0, dtype=np.int64)
@@ -67,10 +75,21 @@ class _Walk:
         if b > a:
             self.ns[code] += b - a
 
+    def _summed_on(self, k: int, i: int) -> np.ndarray:
+        """Replayed host length per bound code before piece ``i``, summed on from checkpoint ``k`` (piece
+        ``k * _EVERY``) one piece after the other, as one running sum over every piece adds them."""
+        piece = slice(k * _EVERY, i)
+        masked = np.where(self.labels[piece] == self.codes, self.length[piece], 0.0)
+        return np.cumsum(np.concatenate([self.every[:, k : k + 1], masked], axis=1), axis=1)[:, -1]
+
+    def _cum(self, i: int) -> np.ndarray:
+        """Replayed host length per bound code before piece ``i``."""
+        return self._summed_on(i // _EVERY, i)
+
     def _upto(self, t: float) -> np.ndarray:
         """Replayed host length per bound code from the first knot to trace time ``t``."""
         i = int(np.clip(np.searchsorted(self.knots, t, side="right") - 1, 0, len(self.length) - 1))
-        out = self.cum[:, i].copy()
+        out = self._cum(max(i, 0))  # (i is -1 only without a piece: every sum is 0)
         width = self.knots[i + 1] - self.knots[i]
         if width > 0:
             out[self.labels[i]] += self.length[i] * min(max((t - self.knots[i]) / width, 0.0), 1.0)
