@@ -162,9 +162,11 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     if calls.size == 0 or flops.empty:
         return pd.DataFrame({c: [] for c in columns})
     parent, depth = links.parent, links.depth
+    # row numbers in the links' integer type (int32): each array here is one per event, at the peak of parse
+    row = np.arange(n, dtype=parent.dtype)
     enclosing = innermost_ancestor_of_kind(parent, depth, module)
-    inner = np.where(module, np.arange(n), enclosing)
-    call_pos = np.full(n, -1, dtype=np.int64)
+    inner = np.where(module, row, enclosing)
+    call_pos = np.full(n, -1, dtype=parent.dtype)
     call_pos[calls] = np.arange(len(calls))
     up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
     level = call_levels(up)
@@ -172,9 +174,10 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     node_rows, node_call, _ = backward_node_measures(events, links, inner, call_pos, none, none, none)
     node = np.zeros(n, dtype=bool)
     node[node_rows] = True
-    node_pos = np.full(n, -1, dtype=np.int64)
+    node_pos = np.full(n, -1, dtype=parent.dtype)
     node_pos[node_rows] = np.arange(len(node_rows))
-    within = np.where(node, np.arange(n), innermost_ancestor_of_kind(parent, depth, node))
+    within = np.where(node, row, innermost_ancestor_of_kind(parent, depth, node))
+    del row, enclosing
 
     rows = np.searchsorted(events["trace_index"].to_numpy(), flops["trace_index"].to_numpy())
     counted = flops["status"].isin(STATUS[:2]).to_numpy()

@@ -259,9 +259,10 @@ def backward_node_measures(events, links, inner, call_pos, activity, kernels, op
     node_call = np.where(call >= 0, call_pos[np.maximum(call, 0)], -1)
 
     # measures per node: host duration; ops, GPU time and kernels inside it
-    node_pos = np.full(n, -1, dtype=np.int64)
+    # in the links' integer type (int32): arrays of every event
+    node_pos = np.full(n, -1, dtype=parent.dtype)
     node_pos[node_rows] = np.arange(len(node_rows))
-    within = np.where(node, np.arange(n), outer_node)  # the node around each row (itself included)
+    within = np.where(node, np.arange(n, dtype=parent.dtype), outer_node)  # the node around each row (itself too)
 
     def per_node(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         owner = within[rows]

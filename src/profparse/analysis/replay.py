@@ -82,7 +82,12 @@ class Host:
             for k, quarter in enumerate(per_event_ns * 0.25):
                 rows = self.cells[self.bounds[k] : self.bounds[k + 1]]
                 if len(rows) and quarter:
-                    cut += np.bincount(rows.ravel(), minlength=pieces) * quarter
+                    count = np.bincount(rows.ravel(), minlength=pieces).astype(np.int64, copy=False)
+                    charged = count.view(np.float64)  # each count times the quarter, in the counts' own memory
+                    for at in range(0, pieces, _BLOCK):  # (a block at a time: numpy copies an input it overwrites)
+                        np.multiply(count[at : at + _BLOCK], quarter, out=charged[at : at + _BLOCK])
+                    cut += charged
+                    del count, charged
             self._cut = (key, cut)
         return self._cut[1]
 
