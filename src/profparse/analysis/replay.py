@@ -156,6 +156,8 @@ class Model:
     host_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the events charged
     launches: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the steps' kernel launches that did not block
     order: list[int] | None = field(default=None, repr=False)  # what each replay walks in turn (_order)
+    #: per GPU activity, how many blocking calls ended by its launch (_calls_before)
+    calls_before: array | None = field(default=None, repr=False)
 
 
 def overhead_kind(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -388,7 +390,7 @@ def _simulate(
     # as arrays of the standard library for the loop (indexing one gives a Python number as a list does, but it
     # holds 8 bytes per value, not a 32-byte object: ten lists of every activity were at the peak of parse), made
     # again each replay (held across the replays, they were at the peak too)
-    ref, ref_h_l = _values(gpu.ref), _values(ref_h)
+    before, ref_h_l = _calls_before(model), _values(ref_h)
     prev, wait, dur = _values(gpu.prev), _values(gpu.wait), _values(gpu.dur)
     fprev, fwait = _values(gpu.fixed_prev), _values(gpu.fixed_wait)
     al, ap, aw = _values(gpu.after_launch), _values(gpu.after_prev), _values(gpu.after_wait)
@@ -397,7 +399,7 @@ def _simulate(
     waited = np.zeros(len(calls.start) if detail else 0, dtype=bool)
     for item in _order(model):
         if item < n:
-            s = ref_h_l[item] + off_v[bisect_right(off_t, ref[item]) - 1] + al[item]
+            s = ref_h_l[item] + off_v[before[item]] + al[item]
             p = prev[item]
             sp = (ends[p] if p >= 0 else fprev[item]) + ap[item]
             w = wait[item]
@@ -427,6 +429,16 @@ def _values(values: np.ndarray) -> array:
     if values.dtype.kind == "f":
         return array("d", values.astype(np.float64, copy=False).tobytes())
     return array("q", values.astype(np.int64, copy=False).tobytes())
+
+
+def _calls_before(model: Model) -> array:
+    """Per GPU activity, the blocking calls that ended by its launch's return: the host offset it starts from
+    is the one after the last of them (``off_v`` in :func:`_simulate`). Every such call is walked before the
+    activity (a call ends before ``ref`` <= the activity's start), and the calls are walked by end: so this is
+    the count of all calls ending by then, made once per model."""
+    if model.calls_before is None:
+        model.calls_before = _values(np.searchsorted(model.calls.end, model.gpu.ref, side="right"))
+    return model.calls_before
 
 
 def _order(model: Model) -> list[int]:
