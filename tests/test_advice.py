@@ -197,3 +197,33 @@ def test_between_steps_lists_what_the_typical_step_holds(tmp_path: Path, gaps_us
         steady = parsed.steps[parsed.steps["steady"]]["step"].to_numpy()
         mean_gap_ns = float(np.mean([gaps_us[s] for s in steady])) * 1e3
         assert found["saving_ns_per_step"].iloc[0] == pytest.approx(mean_gap_ns, rel=0.05)
+
+
+def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that lent the findings the tables their detectors read (parse, ``release``) holds none of them
+    when the what-ifs are replayed (the peak of parse); the findings are those of a plain parse."""
+    from profparse.outputs.parquet import table_makers
+    from profparse.tables.registry import TABLES
+
+    read = {name for name in TABLES["findings"].reads if name in TABLES}
+    assert {"critical_path", "flops", "stage_summary"} <= read
+    trace = REPO / "sample_traces" / "gpu" / "a100_ddp_rank0_nccl.json.gz"
+    parsed = profparse.parse(trace)
+    held_at_what_ifs: list[set[str]] = []
+    simulate = advice.simulate
+
+    def watched(ctx, found) -> None:
+        held_at_what_ifs.append(ctx.parsed.computed())
+        simulate(ctx, found)
+
+    monkeypatch.setattr(advice, "simulate", watched)
+    made = {name: make() for name, make in table_makers(parsed, release=True).items()}
+    assert len(held_at_what_ifs) == 1
+    assert {"critical_path", "flops"} <= set(made)
+    assert not read & held_at_what_ifs[0], held_at_what_ifs[0]
+    monkeypatch.undo()
+    plain = profparse.parse(trace).table("findings")
+    assert not plain.empty
+    assert made["findings"].equals(plain)

@@ -66,10 +66,15 @@ class AdviceContext:
 
     def release(self) -> None:
         """Drop the path and what was derived from it (the what-ifs that follow read only the trace), and give the
-        critical path table back if a writer only lent it for the findings."""
+        tables the detectors read back if a writer only lent them for the findings (:meth:`ParsedTrace.lend`): the
+        what-ifs that follow read the trace and the replay model only."""
+        from profparse.tables.registry import TABLES
+
         self.path = self.path.iloc[:0]
         self._segment_rows = None
-        self.parsed.done_with("critical_path")
+        for name in TABLES["findings"].reads:
+            if name != "replay_model":
+                self.parsed.done_with(name)
 
     # -- the trace ------------------------------------------------------------------------------------------------
 
