@@ -202,13 +202,14 @@ def test_between_steps_lists_what_the_typical_step_holds(tmp_path: Path, gaps_us
 def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A writer that lent the findings the tables their detectors read (parse, ``release``) holds none of them
-    when the what-ifs are replayed (the peak of parse); the findings are those of a plain parse."""
+    """A writer that lent the findings the tables and values their detectors read (parse, ``release``) holds none
+    of them when the what-ifs are replayed (the peak of parse); the findings are those of a plain parse."""
     from profparse.outputs.parquet import table_makers
-    from profparse.tables.registry import TABLES
+    from profparse.tables.registry import inputs_of
 
-    read = {name for name in TABLES["findings"].reads if name in TABLES}
-    assert {"critical_path", "flops", "stage_summary"} <= read
+    # what the findings read, less the replay model and what the events table (written beside all others) reads
+    read = inputs_of("findings") - inputs_of("replay_model") - {"replay_model"} - inputs_of("events")
+    assert {"critical_path", "flops", "flop_counts", "stage_summary"} <= read
     trace = REPO / "sample_traces" / "gpu" / "a100_ddp_rank0_nccl.json.gz"
     parsed = profparse.parse(trace)
     held_at_what_ifs: list[set[str]] = []

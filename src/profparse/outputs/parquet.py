@@ -85,9 +85,16 @@ def table_makers(parsed: ParsedTrace, release: bool = False) -> dict[str, Callab
         done = [name for name, at in last.items() if at == position and name not in held] if release else []
 
         def make(name: str = spec.name, keep: bool = last[spec.name] > position, done: list[str] = done) -> Table:
+            before = parsed.computed()
             frame = parsed.table(name, keep=keep)
-            if keep and release and name not in held:
-                parsed.lend(name)
+            if release:
+                # what this table computed and a later one reads is lent too (a reader done with it early may
+                # give it back, :meth:`ParsedTrace.done_with`), but not what the first table, written beside the
+                # others, reads to the end
+                kept = {name} if keep else set()
+                for lent in (kept | (parsed.computed() - before - {name})) - held - set(done):
+                    if last.get(lent, 0) < len(specs):
+                        parsed.lend(lent)
             parsed.forget(done)
             return frame
 

@@ -65,16 +65,15 @@ class AdviceContext:
         return cls(parsed, steady, path, warm_up)
 
     def release(self) -> None:
-        """Drop the path and what was derived from it (the what-ifs that follow read only the trace), and give the
-        tables the detectors read back if a writer only lent them for the findings (:meth:`ParsedTrace.lend`): the
-        what-ifs that follow read the trace and the replay model only."""
-        from profparse.tables.registry import TABLES
+        """Drop the path and what was derived from it, and give the tables and values the detectors read back if a
+        writer only lent them for the findings (:meth:`ParsedTrace.lend`): the what-ifs that follow read the trace
+        and the replay model only."""
+        from profparse.tables.registry import inputs_of
 
         self.path = self.path.iloc[:0]
         self._segment_rows = None
-        for name in TABLES["findings"].reads:
-            if name != "replay_model":
-                self.parsed.done_with(name)
+        for name in inputs_of("findings") - inputs_of("replay_model") - {"replay_model"}:
+            self.parsed.done_with(name)
 
     # -- the trace ------------------------------------------------------------------------------------------------
 
