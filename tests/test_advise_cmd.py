@@ -181,3 +181,18 @@ def test_findings_csv_and_markdown_sections(trace, capsys, monkeypatch):
     _, md, _ = run(capsys, "summarize", str(trace), "-q", "--format", "markdown")
     assert md.index("## Findings") < md.index("## Stage totals")
     assert all(f"{i}. {f['kind']}" in md for i, f in enumerate(values, 1))
+
+
+def test_a_long_step_list_is_shortened_in_the_heading_and_whole_in_the_data() -> None:
+    from profparse.outputs.summary.findings import STEPS_SHOWN, heading, steps_label
+
+    steps = [s for base in range(0, 40_000, 1000) for s in (base + 4, base + 5, base + 6)]
+    label = steps_label(steps)
+    assert label == f"steps 4-6,1004-1006,...,39004-39006 ({len(steps)} steps)"
+    assert len(label) < STEPS_SHOWN + 30
+    assert steps_label([1, 2, 3, 5]) == "steps 1-3,5" and steps_label([7]) == "step 7"
+    assert steps_label([]) == "all steps"
+    assert steps_label([1, 3, 5, 7, 9, 11]) == "steps 1,3,5,7,9,11"  # short: whole
+    finding = {"kind": "launch_bound", "stage": "forward", "steps": steps, "saving_ns_per_step": 1e6,
+               "saving_share": 0.5, "confidence": "medium"}  # fmt: skip
+    assert label in heading(1, finding)

@@ -61,11 +61,22 @@ def _evidence(text: Any) -> dict[str, Any]:
 # -- the numbered list -----------------------------------------------------------------------------------------------
 
 
+#: characters of a step list a finding's heading shows whole; a longer one shows its first two and last runs
+STEPS_SHOWN = 40
+
+
 def steps_label(steps: list[int]) -> str:
-    """``[1, 2, 3, 5]`` -> ``steps 1-3,5``; no steps: ``all steps``."""
+    """``[1, 2, 3, 5]`` -> ``steps 1-3,5``; no steps: ``all steps``; a long list as its first two and last runs
+    and how many steps (``steps 5-6,1004-1006,...,33004-33006 (102 steps)``: one unbroken "word" of hundreds of
+    characters was wrapped in the middle of its numbers). The tables and JSON keep the whole list."""
     if not steps:
         return "all steps"
-    return ("step " if len(steps) == 1 else "steps ") + steps_text(steps)
+    text = steps_text(steps)
+    word = "step " if len(steps) == 1 else "steps "
+    runs = text.split(",")
+    if len(text) <= STEPS_SHOWN or len(runs) <= 3:
+        return word + text
+    return f"{word}{runs[0]},{runs[1]},...,{runs[-1]} ({len(set(steps))} steps)"
 
 
 def heading(n: int, f: dict[str, Any]) -> str:
