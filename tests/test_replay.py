@@ -144,7 +144,7 @@ def test_host_time_removed_in_blocks_is_the_union_s_time_per_piece(monkeypatch: 
         grid[s:e] = True
     expected = np.array([grid[int(a) : int(b)].sum() for a, b in zip(knots[:-1], knots[1:], strict=True)]) * 0.5
     whole = simulate._removed(intervals, knots, 0.5)
-    monkeypatch.setattr(simulate, "BLOCK", 3)
+    monkeypatch.setattr(rp, "BLOCK", 3)
     blocked = simulate._removed(intervals, knots, 0.5)
     assert np.array_equal(blocked, whole)
     assert np.allclose(whole, expected, rtol=0, atol=1e-9)

@@ -111,5 +111,6 @@ def test_running_sums_kept_every_few_pieces_give_the_same_path(
     whole = replay_path.bound_ns(p.raw.events, p.links, p.attribution, model, cost)
     assert len(model.host.knots) > 3 and whole[list(BOUNDS)].to_numpy().sum() > 0
     monkeypatch.setattr(replay_path, "_EVERY", 2)
+    monkeypatch.setattr(rp, "BLOCK", 2)
     pieces = replay_path.bound_ns(p.raw.events, p.links, p.attribution, model, cost)
     assert pieces.equals(whole)

@@ -121,8 +121,9 @@ def call_tree(events: pd.DataFrame, links: Links) -> CallTree | None:
     if calls.size == 0:
         return None
     enclosing = innermost_ancestor_of_kind(links.parent, links.depth, module)  # nearest module call above each row
-    inner = np.where(module, np.arange(n), enclosing)
-    call_pos = np.full(n, -1, dtype=np.int64)
+    # row numbers in the links' integer type (int32), as efficiency's module rows keep them: arrays of every event
+    inner = np.where(module, np.arange(n, dtype=links.parent.dtype), enclosing)
+    call_pos = np.full(n, -1, dtype=links.parent.dtype)
     call_pos[calls] = np.arange(len(calls))
     up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
     return CallTree(calls, inner, call_pos, up, call_levels(up))

@@ -37,8 +37,9 @@ OVERHEAD_KINDS: tuple[str, ...] = ("op_shapes", "op", "python", "runtime", "memo
 #: a launch-latency or stream gap that did not bind an activity in the trace is taken as at most this
 LAUNCH_LATENCY_NS = 4_000
 STREAM_GAP_NS = 1_000
-#: pieces of the host timeline a replay's temporaries hold at once
-_BLOCK = 1 << 16
+#: pieces of the host timeline (or host events) that a replay's, a what-if's or the replayed path's temporaries hold
+#: at once: arrays of every piece were at the peak of parse on a big trace
+BLOCK = 1 << 16
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 #: each host kind's overhead kind (a CPU op recorded with shapes is ``op_shapes``, see :func:`overhead_kind`)
 _KIND_OVERHEAD = {
@@ -84,8 +85,8 @@ class Host:
                 if len(rows) and quarter:
                     count = np.bincount(rows.ravel(), minlength=pieces).astype(np.int64, copy=False)
                     charged = count.view(np.float64)  # each count times the quarter, in the counts' own memory
-                    for at in range(0, pieces, _BLOCK):  # (a block at a time: numpy copies an input it overwrites)
-                        np.multiply(count[at : at + _BLOCK], quarter, out=charged[at : at + _BLOCK])
+                    for at in range(0, pieces, BLOCK):  # (a block at a time: numpy copies an input it overwrites)
+                        np.multiply(count[at : at + BLOCK], quarter, out=charged[at : at + BLOCK])
                     cut += charged
                     del count, charged
             self._cut = (key, cut)
@@ -101,8 +102,8 @@ class Host:
         out[0] = 0.0
         length = out[1:]
         np.subtract(self.knots[1:], self.knots[:-1], out=length)
-        for at in range(0, len(length), _BLOCK):
-            piece = slice(at, at + _BLOCK)
+        for at in range(0, len(length), BLOCK):
+            piece = slice(at, at + BLOCK)
             charged = cut[piece] if removed is None else cut[piece] + removed[piece]
             np.subtract(length[piece], charged, out=length[piece])
         np.maximum(length, 0.0, out=length)

@@ -42,8 +42,8 @@ def host_labels(events: pd.DataFrame, links: Links, attribution: Attribution, mo
     last = np.searchsorted(knots, end[order], side="left")
     inner = np.full(max(len(knots) - 1, 0), -1, dtype=np.int64)
     rows = rows[order]
-    for at in range(0, len(rows), _EVERY):  # as Python numbers a block at a time (all at once, at the peak)
-        block = slice(at, at + _EVERY)
+    for at in range(0, len(rows), rp.BLOCK):  # as Python numbers a block at a time (all at once, at the peak)
+        block = slice(at, at + rp.BLOCK)
         for row, a, b in zip(rows[block].tolist(), first[block].tolist(), last[block].tolist(), strict=True):
             inner[a:b] = row  # a later start overwrites: the innermost event wins
     blocking, _ = blocking_calls(events, links)

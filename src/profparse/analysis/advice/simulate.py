@@ -100,11 +100,6 @@ def _joined(changes: list[rp.Change]) -> rp.Change:
     )
 
 
-#: knots of the host timeline worked on at once: a what-if's temporaries are arrays of this many, not of every knot
-#: (millions on a big trace: five such arrays were at the peak of parse)
-BLOCK = 1 << 16
-
-
 def _sum(arrays: list[np.ndarray]) -> np.ndarray:
     """Their sum, added one to the next (as ``np.sum(arrays, axis=0)`` adds them, without stacking them first:
     each is an array of every host piece)."""
@@ -118,8 +113,8 @@ def _removed(intervals: np.ndarray, knots: np.ndarray, share: float) -> np.ndarr
     """Per piece between ``knots``: ``share`` of its time covered by the union of ``intervals`` (n x 2)."""
     union = _union(intervals)
     out = np.empty(max(len(knots) - 1, 0))
-    for at in range(0, len(out), BLOCK):
-        stop = min(at + BLOCK, len(out))
+    for at in range(0, len(out), rp.BLOCK):  # a block of knots at a time (rp.BLOCK)
+        stop = min(at + rp.BLOCK, len(out))
         covered = _covered(union, knots[at : stop + 1])
         np.subtract(covered[1:], covered[:-1], out=out[at:stop])
     out *= share
