@@ -199,9 +199,7 @@ def test_between_steps_lists_what_the_typical_step_holds(tmp_path: Path, gaps_us
         assert found["saving_ns_per_step"].iloc[0] == pytest.approx(mean_gap_ns, rel=0.05)
 
 
-def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer that lent the findings the tables and values their detectors read (parse, ``release``) holds none
     of them when the what-ifs are replayed (the peak of parse); the findings are those of a plain parse."""
     from profparse.outputs.parquet import table_makers
