@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from profparse.analysis.flop_counts import BACKWARD, STATUS, module_calls
+from profparse.analysis.flop_counts import BACKWARD, STATUS
 from profparse.analysis.math_modes import MODES
-from profparse.analysis.modules import backward_node_measures, call_levels, roll_up
+from profparse.analysis.modules import backward_node_measures, call_tree, roll_up
 from profparse.analysis.peaks import PeakChoice
 from profparse.base.marks import STAGES
 from profparse.tables.rows import stage_categorical
@@ -155,29 +155,21 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     around the node's forward op (same sequence number), as :mod:`profparse.analysis.modules` does for time."""
     events, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
     n = len(events)
-    module = module_calls(events, links)
-    calls = np.flatnonzero(module)
+    tree = call_tree(events, links)
     columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu",
                "counted_host", "uncounted_host", *MODE_FLOPS, *MODE_MODEL]  # fmt: skip
-    if calls.size == 0 or flops.empty:
+    if tree is None or flops.empty:
         return pd.DataFrame({c: [] for c in columns})
+    calls, inner, call_pos, up, level = tree.calls, tree.inner, tree.call_pos, tree.up, tree.level
     parent, depth = links.parent, links.depth
-    # row numbers in the links' integer type (int32): each array here is one per event, at the peak of parse
-    row = np.arange(n, dtype=parent.dtype)
-    enclosing = innermost_ancestor_of_kind(parent, depth, module)
-    inner = np.where(module, row, enclosing)
-    call_pos = np.full(n, -1, dtype=parent.dtype)
-    call_pos[calls] = np.arange(len(calls))
-    up = np.where(enclosing[calls] >= 0, call_pos[np.maximum(enclosing[calls], 0)], -1)
-    level = call_levels(up)
     none = np.zeros(0, dtype=np.int64)
     node_rows, node_call, _ = backward_node_measures(events, links, inner, call_pos, none, none, none)
     node = np.zeros(n, dtype=bool)
     node[node_rows] = True
     node_pos = np.full(n, -1, dtype=parent.dtype)
     node_pos[node_rows] = np.arange(len(node_rows))
-    within = np.where(node, row, innermost_ancestor_of_kind(parent, depth, node))
-    del row, enclosing
+    # in the links' integer type (int32), as the call tree's: arrays of every event
+    within = np.where(node, np.arange(n, dtype=parent.dtype), innermost_ancestor_of_kind(parent, depth, node))
 
     rows = np.searchsorted(events["trace_index"].to_numpy(), flops["trace_index"].to_numpy())
     counted = flops["status"].isin(STATUS[:2]).to_numpy()
