@@ -5,7 +5,7 @@ pid/tid as ints, numeric strings and labels. Every row is checked against the fi
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 import pandas as pd
@@ -203,13 +203,15 @@ def test_missing_cat_is_the_empty_category(tmp_path):
         [f"{9223372036854775 - i}.{807 - i:03d}" for i in range(50)],  # up to the last int64 nanosecond
         [f"{1712195495519689 + i}.{i % 10}" for i in range(50)],  # one decimal
         [f"{1712195495519689 + i}.{i % 100:02d}" for i in range(50)],  # two decimals, same width
+        [f"{4458676917968 + i}.{(5 * i + 5) % 10000:04d}" for i in range(50)],  # four: ties round half to even
+        [f"{4458676917968 + i}.{(37 * i) % 10**6:06d}" for i in range(50)],  # six, as a float's repr can have
     ],
 )
 def test_exact_ts_from_the_text_buffer_equals_decimal_arithmetic(written):
     """_exact_ts_uniform (digits read from Arrow's buffer) gives what Decimal gives, for every form it takes."""
     got = _exact_ts_uniform(pa.array(written, pa.string()))
     assert got is not None and got.dtype == np.int64
-    assert got.tolist() == [int(Decimal(t) * 1000) for t in written]
+    assert got.tolist() == [int((Decimal(t) * 1000).to_integral_value(ROUND_HALF_EVEN)) for t in written]
     sliced = pa.array(["0.5", *written], pa.string())[1:]  # an array that starts at an offset into its buffers
     assert _exact_ts_uniform(sliced).tolist() == got.tolist()
 
@@ -219,7 +221,8 @@ def test_exact_ts_from_the_text_buffer_equals_decimal_arithmetic(written):
     [
         ["1712195495519689.047", "1712195495519690.5"],  # widths differ
         ["-1712195495519.047", "-1712195495520.047"],  # a sign
-        ["1712195495519.0470", "1712195495520.0470"],  # four decimals
+        ["17121954955190.470123", "17121954955190.470123"],  # 20 digits: beyond 2**64
+        ["4458676918011.9734567", "4458676918012.5"],  # seven decimals: Decimal, one value at a time
         ["1.712195495519047e12", "1.712195495519048e12"],  # not only digits
         ["1712195495519689", "1712195495519690"],  # no dot
         ["9999999999999999.999", "9999999999999999.998"],  # beyond int64 nanoseconds

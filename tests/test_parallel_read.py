@@ -6,6 +6,7 @@ import gzip
 import json
 import random
 import sys
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
 from conftest import shared_traces
@@ -153,6 +154,16 @@ def test_exact_timestamp_fast_path_equals_decimal_path():
             assert fast.tolist() == slow.tolist(), sample
     assert _exact_ts_fast(pa.array(texts[9:], pa.string())) is not None
     assert _exact_ts_fast(pa.array(["1e3", "1.0"], pa.string())) is None
+    # more decimals than whole nanoseconds (a float's repr after arithmetic, hand-written text): rounded half to
+    # even, on both paths, ties included; beyond six decimals the slow path takes one value at a time
+    ties = [f"{rng.randrange(-10**9, 9 * 10**11)}.{rng.randrange(1000):03d}{tail}" for tail in ("5", "50", "5000")
+            for _ in range(40)]  # fmt: skip
+    many = [f"{rng.randrange(9 * 10**11)}.{rng.randrange(10**d):0{d}d}" for d in (4, 5, 6, 7) for _ in range(40)]
+    for sample in [ties, many, ties + many + texts[9:]]:
+        fast = _exact_ts_fast(pa.array(sample, pa.string()))
+        slow = _exact_ts_ns(sample)
+        exact = [int((Decimal(t) * 1000).to_integral_value(ROUND_HALF_EVEN)) for t in sample]
+        assert fast is not None and fast.tolist() == exact and slow.tolist() == exact
 
 
 def test_growing_columns_and_args_seen_late(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ microseconds cannot hold whole nanoseconds, absurd values (non-finite, beyond in
 
 from __future__ import annotations
 
+import decimal
 from typing import Any
 
 import msgspec
@@ -72,12 +73,44 @@ def _text_column(values: Any) -> pa.Array | None:
     return None if text.null_count == len(text) else text
 
 
-_NS_PER_UNIT = np.array([1000, 100, 10, 1], dtype=np.int64)  # by number of decimals
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _digits_to_ns(digits: np.ndarray, decimals: int | np.ndarray) -> np.ndarray | None:
+    """Decimal text read as an integer with its dot dropped (``digits``, int64 or uint64, with ``decimals``
+    places) -> int64 nanoseconds, rounded half to even beyond three decimals as :func:`_exact_ts_ns` rounds.
+    None when a value is beyond int64 nanoseconds."""
+    decimals = np.asarray(decimals)
+    if int(decimals.max()) <= 3:  # Kineto's %.3f: whole nanoseconds, a multiplication
+        scale = _POW10[3 - decimals]
+        limit = _INT64_MAX // scale
+        if digits.dtype == np.uint64:
+            if int(digits.max()) > int(np.min(limit)):
+                return None
+            return digits.astype(np.int64) * scale
+        if ((digits > limit) | (digits < -limit)).any():
+            return None
+        return digits * scale
+    if digits.dtype == np.uint64:
+        if int(digits.max()) > _INT64_MAX:
+            return None
+        digits = digits.astype(np.int64)
+    scale = _POW10[np.clip(3 - decimals, 0, None)]
+    divisor = _POW10[np.clip(decimals - 3, 0, None)]
+    magnitude = np.abs(digits)  # int64's lowest value stays negative: caught by the limit below
+    whole, rest = np.divmod(magnitude, divisor)
+    half = divisor // 2
+    whole += (divisor > 1) & ((rest > half) | ((rest == half) & (whole % 2 == 1)))
+    limit = _INT64_MAX // scale
+    if ((magnitude < 0) | (whole > limit)).any():
+        return None
+    return np.where(digits < 0, -whole, whole) * scale
 
 
 def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
-    """:func:`_exact_ts_ns` for plain decimal text with 1 to 3 decimals (``1712195495519689.047``): drop the dot,
-    parse the digits as an integer, scale to nanoseconds. None when any value is not of that form."""
+    """:func:`_exact_ts_ns` for plain decimal text with 1 to 18 decimals (``1712195495519689.047``): drop the
+    dot, parse the digits as an integer, scale to nanoseconds. None when any value is not of that form."""
     if text is None or text.null_count or len(text) == 0:
         return None
     uniform = _exact_ts_uniform(text)
@@ -85,17 +118,13 @@ def _exact_ts_fast(text: pa.Array | None) -> np.ndarray | None:
         return uniform
     dot = pc.find_substring(text, ".").to_numpy()
     decimals = pc.binary_length(text).to_numpy() - dot - 1
-    if (dot < 1).any() or (decimals < 1).any() or (decimals > 3).any():
+    if (dot < 1).any() or (decimals < 1).any() or (decimals > 18).any():
         return None
     try:
         digits = pc.replace_substring(text, ".", "", max_replacements=1).cast(pa.int64()).to_numpy()
     except pa.ArrowException:  # an exponent, a sign Arrow does not take, too many digits
         return None
-    scale = _NS_PER_UNIT[decimals]
-    limit = np.iinfo(np.int64).max // scale
-    if ((digits > limit) | (digits < -limit)).any():
-        return None
-    return digits * scale
+    return _digits_to_ns(digits, decimals)
 
 
 def _exact_ts_uniform(text: pa.Array) -> np.ndarray | None:
@@ -112,7 +141,7 @@ def _exact_ts_uniform(text: pa.Array) -> np.ndarray | None:
     data = data.reshape(n, width)
     dot = int(np.argmax(data[0] == 46))  # '.'
     decimals = width - dot - 1
-    if data[0, dot] != 46 or dot < 1 or not 1 <= decimals <= 3 or (data[:, dot] != 46).any():
+    if data[0, dot] != 46 or dot < 1 or decimals < 1 or (data[:, dot] != 46).any():
         return None
     numbers = (np.delete(data, dot, axis=1) - np.uint8(48)).T.copy()  # wraps below '0': each digit must be <= 9
     if (numbers > 9).any():
@@ -121,10 +150,7 @@ def _exact_ts_uniform(text: pa.Array) -> np.ndarray | None:
     for column in numbers[1:]:  # Horner, one column of digits at a time (an integer matmul is 5x slower)
         digits *= np.uint64(10)
         digits += column
-    scale = int(_NS_PER_UNIT[decimals])
-    if int(digits.max()) > np.iinfo(np.int64).max // scale:
-        return None
-    return digits.astype(np.int64) * scale
+    return _digits_to_ns(digits, decimals)
 
 
 def _us_to_ns(values: np.ndarray) -> np.ndarray:
@@ -134,11 +160,24 @@ def _us_to_ns(values: np.ndarray) -> np.ndarray:
 
 
 def _exact_ts_ns(texts: list[Any]) -> np.ndarray:
-    """Timestamps as decoded text (floats) or ints (whole microseconds) -> exact int64 nanoseconds."""
+    """Timestamps as decoded text (floats) or ints (whole microseconds) -> exact int64 nanoseconds, rounded half
+    to even."""
     as_text = [v if isinstance(v, str) else ("0" if v is None else str(v)) for v in texts]
-    dec = pa.array(as_text, pa.string()).cast(pa.decimal128(30, 6))
+    try:
+        dec = pa.array(as_text, pa.string()).cast(pa.decimal128(30, 6))
+    except pa.ArrowInvalid:  # more than six decimals (or a form Arrow does not take): one value at a time
+        return np.array([_decimal_ns(v) for v in as_text], dtype=np.int64)
     scaled = pc.multiply(dec, pa.scalar(1000, pa.decimal128(4, 0)))
     return pc.round(scaled, 0).cast(pa.int64()).to_numpy()
+
+
+def _decimal_ns(text: str) -> int:
+    """One timestamp's text -> nanoseconds, rounded half to even (0 for text that is not a finite number)."""
+    try:
+        value = (decimal.Decimal(text) * 1000).to_integral_value(decimal.ROUND_HALF_EVEN)
+    except decimal.InvalidOperation:
+        return 0
+    return int(value) if value.is_finite() and abs(value) <= _INT64_MAX else 0
 
 
 def time_columns(
