@@ -21,6 +21,7 @@ from profparse.cli.main import main as cli
 
 TARGET = 0.995  # as tests/test_ground_truth.py
 STEPS = (1, 4)
+LOSS_SCALING = ("aten::div", "aten::to", "aten::_to_copy", "aten::empty_strided", "aten::copy_")  # the op, its cast
 
 
 def _tiny_run(
@@ -119,10 +120,25 @@ def test_stages_agree_with_the_marks(run: SimpleNamespace) -> None:
     result = agreement(truth, profparse.parse(stripped))
     confusion = result.confusion("cpu_op")
     assert int(confusion.to_numpy().sum()) == result.summary.loc["cpu_op", "total_ns"] > 0  # parts add up
-    share = result.share("cpu_op")
+    # The one boundary the rules cannot see: the Trainer divides the loss for gradient accumulation inside
+    # accelerator.backward (the callback's backward mark), an op with autograd history like the forward's loss
+    # ops just before it, so the rules say forward. It takes ~0.2% of the ops' time, but a stall inside it on a
+    # loaded machine once made it 9%: it is checked by what it is (one such op per profiled step), and the time
+    # share on everything else.
+    ops = result.ops
+    scaling = (
+        ~ops["agree"]
+        & (ops["truth"] == "backward")
+        & (ops["stage_rule"] == "forward.autograd_op")
+        & ops["name"].isin(LOSS_SCALING)
+    )
+    per_step = ops[scaling].groupby(["step", "name"], observed=True).size()
+    assert (per_step <= 1).all(), per_step
+    rest = ops[~scaling]
+    share = rest.loc[rest["agree"], "self_ns"].sum() / rest["self_ns"].sum()
     wrong = result.disagreements("cpu_op", top=3)
     detail = "; ".join(f"{r.name} {r.truth}->{r.stage} ({r.stage_rule})" for r in wrong.itertuples())
-    assert share >= TARGET, f"{100 * share:.3f}% of cpu_op self time agrees: {detail}"
+    assert share >= TARGET, f"{100 * share:.3f}% of cpu_op self time agrees (loss scaling aside): {detail}"
 
 
 def test_files_open_with_every_verb(run: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
