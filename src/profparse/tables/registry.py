@@ -285,13 +285,18 @@ def inputs_of(name: str) -> set[str]:
     out: set[str] = set()
     todo = [name]
     while todo:
-        current = todo.pop()
-        spec: TableSpec | ValueSpec = TABLES[current] if current in TABLES else VALUES[current]
-        for need in (*spec.needs, *(spec.reads if isinstance(spec, TableSpec) else ())):
-            if need not in out and (need in TABLES or need in VALUES):
+        for need in direct_inputs(todo.pop()):
+            if need not in out:
                 out.add(need)
                 todo.append(need)
     return out
+
+
+def direct_inputs(name: str) -> tuple[str, ...]:
+    """The tables and values that computing ``name`` reads itself (``needs`` and ``reads``; not :data:`INPUTS`)."""
+    spec: TableSpec | ValueSpec = TABLES[name] if name in TABLES else VALUES[name]
+    reads = spec.reads if isinstance(spec, TableSpec) else ()
+    return tuple(need for need in (*spec.needs, *reads) if need in TABLES or need in VALUES)
 
 
 def needed() -> set[str]:
