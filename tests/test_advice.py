@@ -199,6 +199,65 @@ def test_between_steps_lists_what_the_typical_step_holds(tmp_path: Path, gaps_us
         assert found["saving_ns_per_step"].iloc[0] == pytest.approx(mean_gap_ns, rel=0.05)
 
 
+def test_a_writer_makes_each_table_and_value_once_and_holds_what_is_read_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Writing every table with ``release``: nothing is computed twice (what a later table reads is held until
+    then), and what a made table was made from is not held for that table's later readers (the FLOP counts are
+    given back once the flops table is made: the findings read the table, not the counts)."""
+    from profparse.outputs.parquet import table_makers
+    from profparse.tables import registry
+
+    trace = REPO / "sample_traces" / "gpu" / "a100_ddp_rank0_nccl.json.gz"
+    parsed = profparse.parse(trace)
+    made: list[str] = []
+    held_when: dict[str, set[str]] = {}
+    resolve = registry.resolve
+    by_path = {spec.compute: name for name, spec in {**registry.TABLES, **registry.VALUES}.items()}
+
+    def counted(path: str):
+        function = resolve(path)
+
+        def run(**kwargs):
+            name = by_path[path]
+            made.append(name)
+            held_when[name] = parsed.computed()
+            return function(**kwargs)
+
+        return run
+
+    monkeypatch.setattr(registry, "resolve", counted)
+    for make in table_makers(parsed, release=True).values():
+        make()
+    repeated = {name for name in made if made.count(name) > 1}
+    assert not repeated, repeated
+    assert {"flops", "flop_counts", "findings", "critical_path"} <= set(made)
+    assert "flops" in held_when["findings"] and "flop_counts" not in held_when["findings"]
+
+
+def test_what_if_host_time_is_kept_as_its_union() -> None:
+    """A what-if's host intervals are kept as their union (sorted, disjoint, touching ones joined): the same time
+    covered on a 1 ns grid, in or out of order, with empty and reversed intervals."""
+    from profparse.analysis.advice.finding import WhatIf, disjoint
+
+    rng = np.random.default_rng(3)
+    starts = rng.integers(0, 500, 200)
+    intervals = np.stack([starts, starts + rng.integers(-5, 30, 200)], axis=1)
+    intervals[:10, 1] = intervals[10:20, 0]  # touching
+    grid = np.zeros(600, dtype=bool)
+    for start, end in intervals:
+        grid[start:end] = True
+    for given in (intervals, intervals[np.argsort(intervals[:, 0], kind="stable")]):
+        union = disjoint(given)
+        assert (union[1:, 0] > union[:-1, 1]).all() and (union[:, 1] > union[:, 0]).all()
+        covered = np.zeros(600, dtype=bool)
+        for start, end in union:
+            covered[start:end] = True
+        assert np.array_equal(covered, grid)
+    assert np.array_equal(WhatIf(intervals).host, disjoint(intervals))
+    assert len(disjoint(np.zeros((0, 2), dtype=np.int64))) == 0
+
+
 def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer that lent the findings the tables and values their detectors read (parse, ``release``) holds none
     of them when the what-ifs are replayed (the peak of parse); the findings are those of a plain parse."""

@@ -43,6 +43,10 @@ def steady_rows(path: pd.DataFrame, steady: pd.Series) -> pd.DataFrame:
     return path.iloc[rows].reset_index(drop=True)
 
 
+#: path segments whose temporaries :meth:`AdviceContext.by_step_stage` holds at once
+_BLOCK = 1 << 18
+
+
 @dataclass
 class AdviceContext:
     """The parsed trace plus its steady steps and their critical path, read once for all detectors."""
@@ -52,6 +56,7 @@ class AdviceContext:
     path: pd.DataFrame  # critical-path segments of those steps, with ``ns``
     warm_up: list[int]  # steps left out
     _segment_rows: np.ndarray | None = None
+    _step_stage: np.ndarray | None = None
 
     @classmethod
     def of(cls, parsed: ParsedTrace) -> AdviceContext | None:
@@ -70,8 +75,8 @@ class AdviceContext:
         and the replay model only."""
         from profparse.tables.registry import inputs_of
 
-        self.path = self.path.iloc[:0]
-        self._segment_rows = None
+        self.path = self.path.iloc[:0].copy()  # a slice alone is a view: it would hold the whole path
+        self._segment_rows = self._step_stage = None
         for name in inputs_of("findings") - inputs_of("replay_model") - {"replay_model"}:
             self.parsed.done_with(name)
 
@@ -161,16 +166,17 @@ class AdviceContext:
             pos = np.clip(np.searchsorted(raw_index, index), 0, max(len(raw_index) - 1, 0))
             found = (index >= 0) & (len(raw_index) > 0)
             found &= raw_index[pos] == index if len(raw_index) else found
-            self._segment_rows = np.where(found, pos, -1)
+            narrow = np.int32 if len(raw_index) < 2**31 else np.int64  # held by all detectors: 4 bytes a segment
+            self._segment_rows = np.where(found, pos, -1).astype(narrow)
         return self._segment_rows
 
     def per_step(self, segment_mask: np.ndarray, weight: np.ndarray | None = None) -> pd.Series:
         """Path ns per steady step of the segments in ``segment_mask``, each at its ``weight`` (a share of it)
         when given (0 where none)."""
-        ns = self.path["ns"].to_numpy(dtype=np.float64)
+        ns = self.path["ns"].to_numpy()[segment_mask].astype(np.float64)  # masked first: a copy of those only
         if weight is not None:
-            ns = ns * weight
-        sums = pd.Series(ns[segment_mask], index=self.path["step"].to_numpy()[segment_mask]).groupby(level=0).sum()
+            ns *= weight[segment_mask]
+        sums = pd.Series(ns, index=self.path["step"].to_numpy()[segment_mask]).groupby(level=0).sum()
         return sums.reindex(self.steps["step"], fill_value=0.0)
 
     def by_step_stage(self, segment_mask: np.ndarray) -> pd.Series:
@@ -179,12 +185,22 @@ class AdviceContext:
         from profparse.base.marks import STAGES
 
         steps = self.steps["step"].to_numpy()
-        # steps in time order need not be in number order (a renumbered step): look each one up
-        position = pd.Index(steps).get_indexer(self.path["step"].to_numpy())
-        keep = segment_mask & (position >= 0)
-        key = position * len(STAGES) + self.path["stage"].cat.codes.to_numpy().astype(np.int64)
-        ns = self.path["ns"].to_numpy(dtype=np.float64)
-        sums = np.bincount(key[keep], weights=ns[keep], minlength=len(steps) * len(STAGES))
+        if self._step_stage is None:  # the same for every mask: made once, 4 bytes a segment
+            # steps in time order need not be in number order (a renumbered step): look each one up
+            index, step = pd.Index(steps), self.path["step"].to_numpy()
+            codes = self.path["stage"].cat.codes.to_numpy()
+            self._step_stage = np.empty(len(step), dtype=np.int32)
+            for at in range(0, len(step), _BLOCK):
+                position = index.get_indexer(step[at : at + _BLOCK])
+                key = position * len(STAGES) + codes[at : at + _BLOCK]
+                self._step_stage[at : at + _BLOCK] = np.where(position >= 0, key, -1)
+        key, ns = self._step_stage, self.path["ns"].to_numpy()
+        sums = np.zeros(len(steps) * len(STAGES))
+        for at in range(0, len(key), _BLOCK):  # bincount's int64 and float64 copies of a block at a time
+            block = slice(at, at + _BLOCK)
+            keep = segment_mask[block] & (key[block] >= 0)
+            # whole nanoseconds: every partial sum is an integer below 2**53, so the blocks add up exactly
+            sums += np.bincount(key[block][keep], weights=ns[block][keep], minlength=len(sums))
         index = pd.MultiIndex.from_product([steps, list(STAGES)], names=["step", "stage"])
         return pd.Series(sums, index=index)
 
