@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import statistics
 from pathlib import Path
@@ -131,10 +130,9 @@ def test_host_cost_per_piece_is_a_quarter_per_side_of_each_start_and_end(tmp_pat
     assert not np.array_equal(model.host.cut(cost * 2), got)
 
 
-def test_host_time_removed_in_blocks_is_the_union_s_time_per_piece(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A what-if's removed host time, worked out a few knots at a time, against the union of its intervals
-    counted on a 1 ns grid."""
-    simulate = importlib.import_module("profparse.analysis.advice.simulate")  # the package exports its function
+def test_host_time_removed_is_the_union_s_time_per_piece_in_any_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A what-if's removed host time, worked out per piece as the clock needs it (a block of knots at a time),
+    against the union of its intervals counted on a 1 ns grid; several fixes' times add up per piece."""
     rng = np.random.default_rng(7)
     knots = np.unique(rng.integers(0, 400, 60)).astype(np.float64)
     starts = rng.integers(0, 380, 25)
@@ -143,11 +141,17 @@ def test_host_time_removed_in_blocks_is_the_union_s_time_per_piece(monkeypatch: 
     for s, e in intervals.astype(int):
         grid[s:e] = True
     expected = np.array([grid[int(a) : int(b)].sum() for a, b in zip(knots[:-1], knots[1:], strict=True)]) * 0.5
-    whole = simulate._removed(intervals, knots, 0.5)
+    removed = rp.Removed.of(intervals, 0.5)
+    assert np.allclose(removed.per_piece(knots), expected, rtol=0, atol=1e-9)
+    other = rp.Removed.of(intervals[::-1][:7] + 11.0, 0.25)
+    both = removed.per_piece(knots) + other.per_piece(knots)
+    host = rp.Host(knots, np.zeros((0, 4), dtype=np.int32), np.zeros(len(rp.OVERHEAD_KINDS) + 1, dtype=np.int64))
+    cost = np.zeros(len(rp.OVERHEAD_KINDS))
+    lengths = np.maximum(np.diff(knots) - both, 0.0)  # never below zero
+    whole = host.clock(cost, (removed, other))
+    assert np.array_equal(whole, knots[0] + np.concatenate([[0.0], np.cumsum(lengths)]))
     monkeypatch.setattr(rp, "BLOCK", 3)
-    blocked = simulate._removed(intervals, knots, 0.5)
-    assert np.array_equal(blocked, whole)
-    assert np.allclose(whole, expected, rtol=0, atol=1e-9)
+    assert np.array_equal(host.clock(cost, (removed, other)), whole)
 
 
 def test_basis_default_or_calibrated(tmp_path: Path) -> None:

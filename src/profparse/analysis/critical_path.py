@@ -808,27 +808,38 @@ def _segments(
     last = np.maximum(bounds[:-1] + count - 1, 0)
     filler = (count > 0) & (seg_start[last] > w0)
     inside &= seg_end > seg_start  # empty segments are dropped
-    at = np.flatnonzero(inside)
+    narrow = np.int32 if len(members) < 2**31 else np.int64  # segment positions
+    at = np.flatnonzero(inside).astype(narrow)
     del inside
     kept = np.bincount(owner[at], minlength=len(w0))
     length = kept + filler
     out_first = np.cumsum(length) - length
-    k_at = owner[at]
+    k_at = owner[at].astype(narrow)
     del owner
-    rank = np.arange(len(at)) - (np.cumsum(kept) - kept)[k_at]
-    position = out_first[k_at] + filler[k_at] + (kept[k_at] - 1 - rank)  # reversed: earliest first
-    del k_at, rank
+    # out_first + filler + kept - 1 - rank, in place: reversed, earliest first
+    position = np.arange(len(at), dtype=np.int64)  # the rank of each in its chain, negated below
+    position -= (np.cumsum(kept) - kept)[k_at]
+    np.negative(position, out=position)
+    position += out_first[k_at]
+    position += filler[k_at]
+    position += kept[k_at]
+    position -= 1
+    position = position.astype(narrow)
+    del k_at
     release_memory()
+    # each output made from one input, which is let go then: members, ends and starts are not all held at once
     node = np.full(int(length.sum()), -1, dtype=np.int64)
     node[position] = members[at]
     del members
-    s = np.empty(len(node), dtype=np.int64)
-    s[position] = seg_start[at]
-    s[out_first[filler]] = w0[filler]
     e = np.empty(len(node), dtype=np.int64)
     e[position] = seg_end[at]
+    del seg_end
     e[out_first[filler]] = seg_start[last[filler]]
-    return np.repeat(np.arange(len(w0), dtype=np.int64), length), node, s, e
+    s = np.empty(len(node), dtype=np.int64)
+    s[position] = seg_start[at]
+    del seg_start, at, position
+    s[out_first[filler]] = w0[filler]
+    return np.repeat(np.arange(len(w0), dtype=narrow), length), node, s, e
 
 
 def _on_path(nodes: Nodes, node: np.ndarray) -> Nodes:
@@ -860,8 +871,10 @@ def _columns(
     first in each step). Idle time on a stream takes the stage of the activity after it; untraced host time outside
     every event (or inside the step range only) the stage of the segments on both sides when they agree, else
     ``other``."""
+    # codes in their table's own widths (int8 stages and bounds, int32 names): int64 copies of every segment were
+    # at the peak of parse on a trace with a long path
     has, row, stage_row, gpu = on_path.pred, on_path.row, on_path.stage_row, on_path.gpu
-    stage = np.where(stage_row >= 0, attribution.stage[np.maximum(stage_row, 0)], -1).astype(np.int64)
+    stage = np.where(stage_row >= 0, attribution.stage[np.maximum(stage_row, 0)], -1).astype(np.int8)
     del stage_row
     # the step range's own time is code the profiler did not trace (Python between ops without stacks): like
     # time outside every event it takes the stage around it, not the range's ``other``
@@ -876,10 +889,15 @@ def _columns(
     stage[between] = prev_stage[between]  # untraced host time between two segments of one stage: that stage
     del prev_stage, between, same_step
     stage[stage < 0] = STAGES.index("other")  # else other
-    bound = np.where(has, on_path.bound, np.where(filler_gpu, BOUND_CODE["gpu_idle"], BOUND_CODE["python"]))
+    idle = np.where(filler_gpu, np.int8(BOUND_CODE["gpu_idle"]), np.int8(BOUND_CODE["python"]))
+    bound = np.where(has, on_path.bound.astype(np.int8, copy=False), idle)
+    del idle
     gpu |= filler_gpu
     known = len(events["name"].cat.categories)  # idle time is named by two codes after the trace's names
-    name = np.where(row >= 0, events["name"].cat.codes.to_numpy()[np.maximum(row, 0)], np.where(gpu, known + 1, known))
+    name = np.where(gpu, np.int32(known + 1), np.int32(known))
+    named = row >= 0
+    name[named] = events["name"].cat.codes.to_numpy()[row[named]]
+    del named
     trace_index = events["trace_index"].to_numpy()
     return {
         "step": steps["step"].to_numpy()[k],
@@ -895,9 +913,9 @@ def _columns(
 def _frame(events: pd.DataFrame, columns: dict[str, np.ndarray]) -> pd.DataFrame:
     """The table from its columns, which it takes (``columns`` is emptied: each is let go once it is in)."""
     names = pd.Index([*events["name"].cat.categories, IDLE_HOST, IDLE_GPU]).astype(object)
-    name = columns.pop("name").astype(np.int64, copy=False)
+    name = columns.pop("name")
     used = np.bincount(name, minlength=len(names)) > 0  # only the names on the path
-    code = np.cumsum(used) - 1
+    code = (np.cumsum(used) - 1).astype(np.int32)
     coded = {
         "stage": pd.Categorical.from_codes(columns.pop("stage").astype(np.int8), categories=list(STAGES)),
         "bound": pd.Categorical.from_codes(columns.pop("bound").astype(np.int8), categories=list(BOUNDS)),

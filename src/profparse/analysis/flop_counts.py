@@ -164,8 +164,12 @@ def count_flops(events: pd.DataFrame, links: Links, attribution: Attribution) ->
     status[op & ancestors_of(parent, counted) & (status >= 0)] = 4
     status[counted] = 0
     status[linked] = 1
-    owner = np.where(counted, np.arange(n), counting)
-    owner = np.where(owner >= 0, owner, np.where(op, np.arange(n), -1))  # uncounted ops own their own kernels
+    # row numbers in int32 where they fit, made in place: held with the counts until the flops table is made
+    owner = counting.astype(np.int32 if n < 2**31 else np.int64)
+    del counting
+    itself = np.flatnonzero(counted | ((owner < 0) & op))  # uncounted ops own their own kernels
+    owner[itself] = itself
+    del itself
     modules = module_calls(events, links)
     call = innermost_ancestor_of_kind(parent, depth, modules)
     recompute = counted & (call >= 0) & (attribution.stage[np.maximum(call, 0)] == BACKWARD)
@@ -188,7 +192,7 @@ def _link_backward_nodes(
     n = len(events)
     parent, depth = links.parent, links.depth
     counted_rows = np.flatnonzero(counted)
-    forward = np.full(n, -1, dtype=np.int64)
+    forward = np.full(n, -1, dtype=np.int32 if n < 2**31 else np.int64)
     linked_family: dict[int, str] = {}
     seq, fwd_tid = events["sequence_number"].to_numpy(), events["fwd_thread_id"].to_numpy()
     has_seq = op & (seq != NULL)
@@ -228,29 +232,50 @@ def _link_backward_nodes(
     return forward, linked_family
 
 
-def _kernel_time(events: pd.DataFrame, links: Links, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Kernel time and count per owner row (the counted op, or the uncounted op, that launched them)."""
-    n = len(events)
-    kernels = np.flatnonzero(kind_mask(events, {"kernel"}) & (links.launch_op >= 0))
-    who = owner[links.launch_op[kernels]]
-    ok = who >= 0
-    dur = events["dur_ns"].to_numpy()[kernels[ok]]
-    return (
-        np.bincount(who[ok], weights=dur, minlength=n).astype(np.int64),
-        np.bincount(who[ok], minlength=n).astype(np.int64),
-    )
+class _KernelTime:
+    """Kernel time and count per owner row (the counted op, or the uncounted op, that launched them), for the
+    owners that have kernels only (``owners`` ascending): arrays of every event were at the peak of parse."""
+
+    def __init__(self, events: pd.DataFrame, links: Links, owner: np.ndarray) -> None:
+        kernels = np.flatnonzero(kind_mask(events, {"kernel"}) & (links.launch_op >= 0))
+        who = owner[links.launch_op[kernels]]
+        ok = who >= 0
+        self.owners, inverse = np.unique(who[ok], return_inverse=True)
+        dur = events["dur_ns"].to_numpy()[kernels[ok]]
+        # summed per owner in kernel order, as a bincount over every row sums them
+        self.ns = np.bincount(inverse.ravel(), weights=dur, minlength=len(self.owners)).astype(np.int64)
+        self.count = np.bincount(inverse.ravel(), minlength=len(self.owners)).astype(np.int64)
+
+    def timed(self, n: int) -> np.ndarray:
+        """Boolean per row: it owns kernel time."""
+        out = np.zeros(n, dtype=bool)
+        out[self.owners[self.ns > 0]] = True
+        return out
+
+    def at(self, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``values`` (per owner) of ``rows``, 0 for a row that owns no kernel."""
+        position = np.minimum(np.searchsorted(self.owners, rows), max(len(self.owners) - 1, 0))
+        found = self.owners[position] == rows if len(self.owners) else np.zeros(len(rows), dtype=bool)
+        return np.where(found, values[position] if len(values) else 0, 0).astype(np.int64)
 
 
 def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, flop_counts: Counts) -> pd.DataFrame:
     """One row per counted op, and per uncounted op with time of its own ("not counted"), in trace order."""
-    gpu_ns, kernel_count = _kernel_time(events, links, flop_counts.owner)
+    kernel_time = _KernelTime(events, links, flop_counts.owner)
     counted = flop_counts.status >= 0
     counted &= flop_counts.status <= 1
-    host_ns = np.where(counted, events["dur_ns"].to_numpy(), links.self_ns)
     on_gpu = bool(kind_mask(events, GPU_ACTIVITY_KINDS).any())
-    timed = gpu_ns > 0 if on_gpu else host_ns > 0
+    if on_gpu:
+        timed = kernel_time.timed(len(events))
+    else:
+        host_time = np.where(counted, events["dur_ns"].to_numpy(), links.self_ns)
+        timed = host_time > 0
+        del host_time
     worth = (flop_counts.flops > 0) | (flop_counts.nbytes > 0) | timed  # views with no time are no row
     rows = np.flatnonzero((flop_counts.status >= 0) & (counted | timed) & worth)
+    del timed, worth
+    gpu_ns, kernel_count = kernel_time.at(rows, kernel_time.ns), kernel_time.at(rows, kernel_time.count)
+    host_ns = np.where(counted[rows], events["dur_ns"].to_numpy()[rows], links.self_ns[rows])
     fwd = flop_counts.forward[rows]
     combo = flop_counts.costs.combo[rows]
     has = (combo >= 0) & (flop_counts.status[rows] == 0)
@@ -264,7 +289,7 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, flo
     family[fwd >= 0] = linked_family
     source = np.where(fwd >= 0, "forward op", "").astype(object)
     flops, nbytes = flop_counts.flops[rows], flop_counts.nbytes[rows]
-    time = (gpu_ns if on_gpu else host_ns)[rows].astype(np.float64)
+    time = (gpu_ns if on_gpu else host_ns).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         achieved = np.where(time > 0, flops / time / 1e3, np.nan)
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
@@ -285,13 +310,13 @@ def flop_table(events: pd.DataFrame, links: Links, attribution: Attribution, flo
             "recompute": flop_counts.recompute[rows],
             "flops": flops,
             "bytes": nbytes,
-            "gpu_ns": gpu_ns[rows],
-            "kernel_count": kernel_count[rows],
-            "host_ns": host_ns[rows].astype(np.int64),
+            "gpu_ns": gpu_ns,
+            "kernel_count": kernel_count,
+            "host_ns": host_ns.astype(np.int64),
             "achieved_tflops": achieved,
             "intensity": intensity,
             "forward_trace_index": forward_ti.astype(np.int64),
-            "on_device": gpu_ns[rows] > 0 if on_gpu else np.ones(len(rows), bool),
+            "on_device": gpu_ns > 0 if on_gpu else np.ones(len(rows), bool),
             "math_mode": mode,
             "math_mode_rule": mode_rule,
         }

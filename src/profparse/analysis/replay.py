@@ -92,9 +92,9 @@ class Host:
             self._cut = (key, cut)
         return self._cut[1]
 
-    def clock(self, per_event_ns: np.ndarray, removed: np.ndarray | None = None) -> np.ndarray:
+    def clock(self, per_event_ns: np.ndarray, removed: tuple[Removed, ...] | None = None) -> np.ndarray:
         """``h`` at each knot: the time elapsed from the first knot with each piece shortened by its events'
-        cost (``per_event_ns`` per kind) and by ``removed`` (ns per piece), never below zero."""
+        cost (``per_event_ns`` per kind) and by the host time ``removed`` (their sum), never below zero."""
         # in the output's memory, a block at a time: a big trace has millions of pieces, and each temporary of the
         # plain expression was one more array of them at the peak of a replay
         cut = self.cut(per_event_ns)
@@ -104,7 +104,12 @@ class Host:
         np.subtract(self.knots[1:], self.knots[:-1], out=length)
         for at in range(0, len(length), BLOCK):
             piece = slice(at, at + BLOCK)
-            charged = cut[piece] if removed is None else cut[piece] + removed[piece]
+            charged = cut[piece]
+            if removed:
+                extra = removed[0].per_piece(self.knots[at : at + BLOCK + 1])
+                for more in removed[1:]:
+                    extra += more.per_piece(self.knots[at : at + BLOCK + 1])
+                charged = charged + extra
             np.subtract(length[piece], charged, out=length[piece])
         np.maximum(length, 0.0, out=length)
         np.cumsum(length, out=length)
@@ -291,12 +296,49 @@ def _calls(events: pd.DataFrame, links: Links, threads: np.ndarray, gpu: Gpu, w0
 
 
 @dataclass
+class Removed:
+    """Host time a what-if removes: ``share`` of the time its intervals (model time) cover, in each piece of the
+    host timeline. Kept as the intervals' union, worked out per piece as a replay needs it: a what-if is a few
+    hundred intervals, the pieces are millions, and every what-if is held while the findings replay them."""
+
+    start: np.ndarray  # the union's sorted starts
+    length: np.ndarray  # its lengths (overlaps counted once)
+    before: np.ndarray  # the time it covers before each start (and in all, last)
+    share: float
+
+    @classmethod
+    def of(cls, intervals: np.ndarray, share: float) -> Removed:
+        """``share`` of the union of ``intervals`` (n x 2: start, end)."""
+        start, end = intervals[:, 0], intervals[:, 1]
+        order = np.argsort(start)
+        start, end = start[order], np.maximum.accumulate(end[order])
+        start = np.maximum(start, np.concatenate([[-np.inf], end[:-1]]))  # overlaps counted once
+        length = np.maximum(end - start, 0)
+        return cls(start, length, np.concatenate([[0.0], np.cumsum(length)]), share)
+
+    def covered(self, t: np.ndarray) -> np.ndarray:
+        """Time of the union before each of ``t``."""
+        j = np.searchsorted(self.start, t, side="right")  # intervals started by t
+        last = np.maximum(j - 1, 0)
+        partial = np.clip(t - self.start[last], 0, self.length[last]) - self.length[last]
+        partial[j == 0] = 0.0
+        return self.before[j] + partial
+
+    def per_piece(self, knots: np.ndarray) -> np.ndarray:
+        """ns removed in each piece between ``knots`` (one fewer than them)."""
+        covered = self.covered(knots)
+        out = covered[1:] - covered[:-1]
+        out *= self.share
+        return out
+
+
+@dataclass
 class Change:
-    """A what-if applied to the model before replaying: GPU durations scaled, host time removed (ns per piece),
-    blocking calls that no longer wait, extra host cost per event kind removed."""
+    """A what-if applied to the model before replaying: GPU durations scaled, host time removed (several fixes'
+    added in their order), blocking calls that no longer wait, extra host cost per event kind removed."""
 
     gpu_scale: np.ndarray | None = None
-    host_removed: np.ndarray | None = None
+    host_removed: tuple[Removed, ...] | None = None
     calls_dropped: np.ndarray | None = None
 
 

@@ -57,10 +57,9 @@ def simulate(ctx: AdviceContext, found: list[Finding]) -> None:
 
 def change(model: rp.Model, what: WhatIf) -> rp.Change:
     """The model's change for a fix."""
-    knots = model.host.knots
     removed = None
     if len(what.host):
-        removed = _removed(what.host.astype(np.float64) - model.base, knots, what.host_share)
+        removed = (rp.Removed.of(what.host.astype(np.float64) - model.base, what.host_share),)
     scale = None
     if len(what.gpu_rows):
         at = pd.Index(model.gpu.rows).get_indexer(what.gpu_rows)
@@ -95,48 +94,6 @@ def _joined(changes: list[rp.Change]) -> rp.Change:
     dropped = [c.calls_dropped for c in changes if c.calls_dropped is not None]
     return rp.Change(
         gpu_scale=np.prod(scales, axis=0) if scales else None,
-        host_removed=_sum(removed) if removed else None,
+        host_removed=tuple(part for parts in removed for part in parts) if removed else None,
         calls_dropped=np.any(dropped, axis=0) if dropped else None,
     )
-
-
-def _sum(arrays: list[np.ndarray]) -> np.ndarray:
-    """Their sum, added one to the next (as ``np.sum(arrays, axis=0)`` adds them, without stacking them first:
-    each is an array of every host piece)."""
-    out = arrays[0].copy()
-    for more in arrays[1:]:
-        out += more
-    return out
-
-
-def _removed(intervals: np.ndarray, knots: np.ndarray, share: float) -> np.ndarray:
-    """Per piece between ``knots``: ``share`` of its time covered by the union of ``intervals`` (n x 2)."""
-    union = _union(intervals)
-    out = np.empty(max(len(knots) - 1, 0))
-    for at in range(0, len(out), rp.BLOCK):  # a block of knots at a time (rp.BLOCK)
-        stop = min(at + rp.BLOCK, len(out))
-        covered = _covered(union, knots[at : stop + 1])
-        np.subtract(covered[1:], covered[:-1], out=out[at:stop])
-    out *= share
-    return out
-
-
-def _union(intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The union of ``intervals`` (n x 2) as sorted starts, lengths (overlaps counted once) and the time covered
-    before each start."""
-    start, end = intervals[:, 0], intervals[:, 1]
-    order = np.argsort(start)
-    start, end = start[order], np.maximum.accumulate(end[order])
-    start = np.maximum(start, np.concatenate([[-np.inf], end[:-1]]))  # overlaps counted once
-    length = np.maximum(end - start, 0)
-    return start, length, np.concatenate([[0.0], np.cumsum(length)])
-
-
-def _covered(union: tuple[np.ndarray, np.ndarray, np.ndarray], t: np.ndarray) -> np.ndarray:
-    """Time of the ``union`` (:func:`_union`) before each of ``t``."""
-    start, length, before = union
-    j = np.searchsorted(start, t, side="right")  # intervals started by t
-    last = np.maximum(j - 1, 0)
-    partial = np.clip(t - start[last], 0, length[last]) - length[last]
-    partial[j == 0] = 0.0
-    return before[j] + partial
