@@ -17,7 +17,7 @@ from profparse.base import phase_clock
 from profparse.base.files import atomic_dir
 from profparse.base.formats import path_text
 from profparse.tables.parsed import ParsedTrace
-from profparse.tables.registry import TableSpec, direct_inputs, written
+from profparse.tables.registry import TableSpec, inputs_of, written
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import NULL
 
@@ -106,29 +106,16 @@ def last_reader(specs: list[TableSpec]) -> dict[str, int]:
     """Per table or value that ``specs`` (in writing order) read or are: the position of the last one that reads it.
     A table reads what it needs directly, and what those need only where they are not made yet: once the flops
     table is made, a later reader of it does not read the FLOP counts it was made from (55 MiB on a 300 MB trace,
-    held until the findings were done when every input was counted). The first table is written beside all the
-    others, so what it reads is read until the end (``len(specs)``)."""
+    given back then, not after the findings). The first table is written beside all the others, so what it reads
+    is read until the end (``len(specs)``)."""
     last: dict[str, int] = {}
     made: set[str] = set()
     for position, spec in enumerate(specs):
-        for name in _reads_now(spec.name, made) | {spec.name}:
+        reads = inputs_of(spec.name, held=made)
+        made |= reads | {spec.name}
+        for name in reads | {spec.name}:
             last[name] = len(specs) if position == 0 or last.get(name) == len(specs) else position
     return last
-
-
-def _reads_now(name: str, made: set[str]) -> set[str]:
-    """What making ``name`` reads when ``made`` are held already: its direct inputs, and the inputs of those it
-    makes itself (recursively, :func:`~profparse.tables.registry.direct_inputs`); ``made`` grows by them."""
-    out: set[str] = set()
-    todo = [name]
-    while todo:
-        for need in direct_inputs(todo.pop()):
-            if need not in out:
-                out.add(need)
-                if need not in made:
-                    todo.append(need)
-    made |= out | {name}
-    return out
 
 
 def internal_tables(parsed: ParsedTrace) -> dict[str, pd.DataFrame]:

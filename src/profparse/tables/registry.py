@@ -15,7 +15,7 @@ with NULL sentinels), or one of :data:`VALUES` (intermediate results that severa
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,16 +279,17 @@ def written() -> list[TableSpec]:
     return [spec for spec in TABLES.values() if spec.written]
 
 
-def inputs_of(name: str) -> set[str]:
+def inputs_of(name: str, held: Collection[str] = ()) -> set[str]:
     """Every table and value that computing ``name`` may read, directly or through what those read (``needs`` and
-    ``reads``; not :data:`INPUTS`)."""
+    ``reads``; not :data:`INPUTS`); not through what is ``held`` already (read, not made again)."""
     out: set[str] = set()
     todo = [name]
     while todo:
         for need in direct_inputs(todo.pop()):
             if need not in out:
                 out.add(need)
-                todo.append(need)
+                if need not in held:
+                    todo.append(need)
     return out
 
 
