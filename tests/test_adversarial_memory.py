@@ -241,3 +241,28 @@ def test_a_run_in_a_memory_cgroup_below_the_estimate_is_exit_8_not_the_oom_kill(
         assert run.seconds < 30, run.seconds
     finally:
         folder.rmdir()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_heap_top_is_kept_between_chunks() -> None:
+    """With profparse's allocator settings, a buffer the size of a decoded chunk, filled and freed again and again,
+    faults its pages in once, not each time: the heap's top is kept (:data:`budget.TRIM_THRESHOLD`; with glibc's
+    128 KiB, fixed once the mmap threshold is set, it was given back after each). Counted in a fresh interpreter,
+    as the command sets them at its start."""
+    script = """
+import resource
+from profparse.trace import budget
+budget.map_big_allocations()
+buffers = [bytearray(1 << 10) for _ in range(64)]  # heap in use below the buffer
+start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    chunk = bytearray(3 << 19)  # 1.5 MiB: a decoded chunk's columns
+    chunk[::4096] = b"x" * len(range(0, len(chunk), 4096))  # every page written
+    del chunk
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    pages = (3 << 19) // 4096
+    assert int(run.stdout) < 5 * pages  # about once, not once per buffer
