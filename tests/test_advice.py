@@ -238,7 +238,8 @@ def test_a_writer_makes_each_table_and_value_once_and_holds_what_is_read_later(
 def test_what_if_host_time_is_kept_as_its_union() -> None:
     """A what-if's host intervals are kept as their union (sorted, disjoint, touching ones joined): the same time
     covered on a 1 ns grid, in or out of order, with empty and reversed intervals."""
-    from profparse.analysis.advice.finding import WhatIf, disjoint
+    from profparse.analysis.advice.finding import WhatIf
+    from profparse.base.intervals import union_pieces
 
     rng = np.random.default_rng(3)
     starts = rng.integers(0, 500, 200)
@@ -248,14 +249,14 @@ def test_what_if_host_time_is_kept_as_its_union() -> None:
     for start, end in intervals:
         grid[start:end] = True
     for given in (intervals, intervals[np.argsort(intervals[:, 0], kind="stable")]):
-        union = disjoint(given)
+        union = WhatIf(given).host
         assert (union[1:, 0] > union[:-1, 1]).all() and (union[:, 1] > union[:, 0]).all()
         covered = np.zeros(600, dtype=bool)
         for start, end in union:
             covered[start:end] = True
         assert np.array_equal(covered, grid)
-    assert np.array_equal(WhatIf(intervals).host, disjoint(intervals))
-    assert len(disjoint(np.zeros((0, 2), dtype=np.int64))) == 0
+    assert np.array_equal(WhatIf(intervals).host, np.stack(union_pieces(intervals[:, 0], intervals[:, 1]), axis=1))
+    assert WhatIf().host.shape == (0, 2)
 
 
 def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(monkeypatch: pytest.MonkeyPatch) -> None:

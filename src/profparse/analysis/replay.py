@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import blocking_calls, gpu_work, sync_waits, thread_joins
+from profparse.base.intervals import coverage, union_pieces
 from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import KIND_CODE
 from profparse.trace.link import Links, kind_mask, name_mask
@@ -301,32 +302,18 @@ class Removed:
     host timeline. Kept as the intervals' union, worked out per piece as a replay needs it: a what-if is a few
     hundred intervals, the pieces are millions, and every what-if is held while the findings replay them."""
 
-    start: np.ndarray  # the union's sorted starts
-    length: np.ndarray  # its lengths (overlaps counted once)
-    before: np.ndarray  # the time it covers before each start (and in all, last)
+    start: np.ndarray  # the union's sorted disjoint pieces
+    end: np.ndarray
     share: float
 
     @classmethod
     def of(cls, intervals: np.ndarray, share: float) -> Removed:
         """``share`` of the union of ``intervals`` (n x 2: start, end)."""
-        start, end = intervals[:, 0], intervals[:, 1]
-        order = np.argsort(start)
-        start, end = start[order], np.maximum.accumulate(end[order])
-        start = np.maximum(start, np.concatenate([[-np.inf], end[:-1]]))  # overlaps counted once
-        length = np.maximum(end - start, 0)
-        return cls(start, length, np.concatenate([[0.0], np.cumsum(length)]), share)
-
-    def covered(self, t: np.ndarray) -> np.ndarray:
-        """Time of the union before each of ``t``."""
-        j = np.searchsorted(self.start, t, side="right")  # intervals started by t
-        last = np.maximum(j - 1, 0)
-        partial = np.clip(t - self.start[last], 0, self.length[last]) - self.length[last]
-        partial[j == 0] = 0.0
-        return self.before[j] + partial
+        return cls(*union_pieces(intervals[:, 0], intervals[:, 1]), share)
 
     def per_piece(self, knots: np.ndarray) -> np.ndarray:
         """ns removed in each piece between ``knots`` (one fewer than them)."""
-        covered = self.covered(knots)
+        covered = coverage(self.start, self.end, knots).astype(np.float64, copy=False)
         out = covered[1:] - covered[:-1]
         out *= self.share
         return out

@@ -106,6 +106,17 @@ def merge(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return start[heads], np.maximum.reduceat(end, heads)
 
 
+def union_pieces(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of [start, end) intervals in any order as sorted disjoint pieces of positive length (touching
+    ones joined): :func:`merge`, sorting first only where the starts are out of order."""
+    if (start[1:] < start[:-1]).any():
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
+    start, end = merge(start, end)
+    keep = end > start
+    return start[keep], end[keep]
+
+
 def coverage(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Length of the disjoint sorted intervals [starts, ends) lying before each point ``x``."""
     if not len(starts):

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.advice.kinds import KINDS
+from profparse.base.intervals import union_pieces
 
 COLUMNS = (
     "kind",
@@ -43,26 +44,7 @@ class WhatIf:
     def __post_init__(self) -> None:
         # the time they cover is all a replay reads of them: kept as their union, which for a stage's host events
         # (launch_bound: every op and the ops inside it) is a fraction of them, and findings are held until replayed
-        self.host = disjoint(self.host)
-
-
-def disjoint(intervals: np.ndarray) -> np.ndarray:
-    """The union of ``intervals`` (n x 2: start, end) as sorted disjoint intervals of positive length (touching
-    ones joined)."""
-    if len(intervals) == 0:
-        return intervals
-    start, end = intervals[:, 0], intervals[:, 1]
-    if (start[1:] < start[:-1]).any():  # path segments come in order: no sort, no copies
-        order = np.argsort(start, kind="stable")
-        start, end = start[order], end[order]
-    end = np.maximum.accumulate(end)
-    opens = np.empty(len(start), dtype=bool)  # an interval that starts after all before it ended
-    opens[0] = True
-    np.greater(start[1:], end[:-1], out=opens[1:])
-    first = np.flatnonzero(opens)
-    del opens
-    out = np.stack([start[first], end[np.append(first[1:] - 1, len(start) - 1)]], axis=1)
-    return out[out[:, 1] > out[:, 0]]
+        self.host = np.stack(union_pieces(self.host[:, 0], self.host[:, 1]), axis=1)
 
 
 @dataclass
