@@ -16,11 +16,10 @@ import pandas as pd
 
 from profparse.analysis.flop_counts import BACKWARD, STATUS
 from profparse.analysis.math_modes import MODES
-from profparse.analysis.modules import backward_node_measures, call_tree, roll_up
+from profparse.analysis.modules import backward_nodes, call_tree, roll_up
 from profparse.analysis.peaks import PeakChoice
 from profparse.base.marks import STAGES
 from profparse.tables.rows import stage_categorical
-from profparse.trace.ancestors import innermost_ancestor_of_kind
 from profparse.trace.kinds import NULL
 
 if TYPE_CHECKING:
@@ -154,30 +153,21 @@ def _module_rows(parsed: ParsedTrace, flops: pd.DataFrame) -> pd.DataFrame:
     Forward ops count for the innermost ``nn.Module`` call around them; ops inside a backward node for the call
     around the node's forward op (same sequence number), as :mod:`profparse.analysis.modules` does for time."""
     events, links, attribution = parsed.raw.events, parsed.links, parsed.attribution
-    n = len(events)
     tree = call_tree(events, links)
     columns = ["step", "stage", "module", "recompute", "flops", "model", "bytes", "counted_gpu", "uncounted_gpu",
                "counted_host", "uncounted_host", *MODE_FLOPS, *MODE_MODEL]  # fmt: skip
     if tree is None or flops.empty:
         return pd.DataFrame({c: [] for c in columns})
     calls, inner, call_pos, up, level = tree.calls, tree.inner, tree.call_pos, tree.up, tree.level
-    parent, depth = links.parent, links.depth
-    none = np.zeros(0, dtype=np.int64)
-    node_rows, node_call, _ = backward_node_measures(events, links, inner, call_pos, none, none, none)
-    node = np.zeros(n, dtype=bool)
-    node[node_rows] = True
-    node_pos = np.full(n, -1, dtype=parent.dtype)
-    node_pos[node_rows] = np.arange(len(node_rows))
-    # in the links' integer type (int32), as the call tree's: arrays of every event
-    within = np.where(node, np.arange(n, dtype=parent.dtype), innermost_ancestor_of_kind(parent, depth, node))
+    _, node_call, node_of = backward_nodes(events, links, inner, call_pos)
 
     rows = np.searchsorted(events["trace_index"].to_numpy(), flops["trace_index"].to_numpy())
     counted = flops["status"].isin(STATUS[:2]).to_numpy()
     rows, f = rows[counted], flops[counted]
     fwd_call = np.where(inner[rows] >= 0, call_pos[np.maximum(inner[rows], 0)], -1)
-    in_node = (fwd_call < 0) & (within[rows] >= 0)
+    in_node = (fwd_call < 0) & (node_of[rows] >= 0)
     bwd_call = np.full(len(rows), -1, dtype=np.int64)
-    bwd_call[in_node] = node_call[node_pos[within[rows[in_node]]]]
+    bwd_call[in_node] = node_call[node_of[rows[in_node]]]
 
     def per_call(target: np.ndarray, values: np.ndarray) -> np.ndarray:
         ok = target >= 0

@@ -226,8 +226,9 @@ def _orphan_row(ts: np.ndarray, rows: np.ndarray, measures: dict[str, np.ndarray
     )
 
 
-def backward_node_measures(events, links, inner, call_pos, activity, kernels, ops):
-    """Backward nodes (outermost event per node), the call of their forward op, and their host/GPU measures."""
+def backward_nodes(events, links, inner, call_pos):
+    """Backward nodes (outermost event per node), the call of their forward op, and per event the position of the
+    node around it (itself included; -1: none)."""
     n = len(events)
     seq = events["sequence_number"].to_numpy()
     fwd_tid = events["fwd_thread_id"].to_numpy()
@@ -240,11 +241,15 @@ def backward_node_measures(events, links, inner, call_pos, activity, kernels, op
     node = is_bwd & ~same_as_parent
     # a node running inside another node (reentrant checkpointing) is counted in the outer one
     node &= innermost_ancestor_of_kind(parent, links.depth, node) < 0
-    outer_node = innermost_ancestor_of_kind(parent, links.depth, node)
     node_rows = np.flatnonzero(node)
-    empty = {k: np.zeros(0, np.int64) for k in ("host", "gpu", "ops", "kernels")}
+    # in the links' integer type (int32): an array of every event
+    node_of = np.full(n, -1, dtype=parent.dtype)
     if node_rows.size == 0:
-        return node_rows, np.zeros(0, np.int64), empty
+        return node_rows, np.zeros(0, np.int64), node_of
+    node_of[node_rows] = np.arange(len(node_rows))
+    outer_node = innermost_ancestor_of_kind(parent, links.depth, node)
+    inside = ~node & (outer_node >= 0)
+    node_of[inside] = node_of[outer_node[inside]]
 
     # forward op of each sequence number: the latest-starting forward op that recorded it
     fwd_rows = np.flatnonzero(has_seq & ~is_bwd)
@@ -258,18 +263,21 @@ def backward_node_measures(events, links, inner, call_pos, activity, kernels, op
     fwd_op = np.where(found, creator[np.minimum(pos, max(len(creator) - 1, 0))], -1)
     call = np.where(fwd_op >= 0, inner[np.maximum(fwd_op, 0)], -1)
     node_call = np.where(call >= 0, call_pos[np.maximum(call, 0)], -1)
+    return node_rows, node_call, node_of
+
+
+def backward_node_measures(events, links, inner, call_pos, activity, kernels, ops):
+    """Backward nodes (outermost event per node), the call of their forward op, and their host/GPU measures."""
+    node_rows, node_call, node_of = backward_nodes(events, links, inner, call_pos)
+    if node_rows.size == 0:
+        return node_rows, node_call, {k: np.zeros(0, np.int64) for k in ("host", "gpu", "ops", "kernels")}
 
     # measures per node: host duration; ops, GPU time and kernels inside it
-    # in the links' integer type (int32): arrays of every event
-    node_pos = np.full(n, -1, dtype=parent.dtype)
-    node_pos[node_rows] = np.arange(len(node_rows))
-    within = np.where(node, np.arange(n, dtype=parent.dtype), outer_node)  # the node around each row (itself too)
-
     def per_node(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        owner = within[rows]
+        owner = node_of[rows]
         ok = owner >= 0
         w = None if weights is None else weights[ok]
-        return np.bincount(node_pos[owner[ok]], weights=w, minlength=len(node_rows)).astype(np.int64)
+        return np.bincount(owner[ok], weights=w, minlength=len(node_rows)).astype(np.int64)
 
     dur = events["dur_ns"].to_numpy()
     launch = links.launch
