@@ -8,6 +8,7 @@ import random
 import sys
 from decimal import ROUND_HALF_EVEN, Decimal
 
+import numpy as np
 import pytest
 from conftest import shared_traces
 from tracebuilder import TraceBuilder, training_step
@@ -180,3 +181,34 @@ def test_growing_columns_and_args_seen_late(tmp_path, monkeypatch):
     assert whole.events.equals(small.events)
     assert small.events["mem_bytes"].iloc[-1] == 64 and small.events["python_id"].iloc[-1] == 3
     assert not small.events["python_parent_id"].to_numpy().flags.writeable  # absent everywhere: no memory
+
+
+def test_columns_left_in_shared_memory_whole_or_in_part(tmp_path, monkeypatch):
+    """Workers hand a chunk's columns back in shared memory as far as they fit, the rest through the pipe: the
+    table is the sequential reader's either way."""
+    import profparse.trace.workers as workers
+
+    doc = document()
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=1))
+    room = {}
+    original = workers._Slots.result_view
+
+    def small_view(self, slot):
+        return original(self, slot)[: room["bytes"]]
+
+    monkeypatch.setattr(workers._Slots, "result_view", small_view)
+    for room["bytes"] in (0, 200, 1000, 1 << 20):  # none fits, some, all
+        assert_same(path, 700)
+
+    events, raw = workers.ChunkDecoder("").decode_body(json.dumps(doc["traceEvents"])[1:-1].encode())
+    made = workers.chunk_columns(events, raw)
+    expected = {key: None if values is None else values.copy() for key, values in made.cols.items()}
+    buffer = memoryview(bytearray(600))
+    workers._columns_out(made, buffer)
+    placed = [key for key, values in made.cols.items() if isinstance(values, workers._InSlot)]
+    assert placed and len(placed) < sum(v is not None for v in expected.values())  # the rest stayed arrays
+    workers._columns_in(made, buffer)
+    for key, values in expected.items():
+        got = made.cols[key]
+        assert (got is None) if values is None else (got.dtype == values.dtype and np.array_equal(got, values)), key
