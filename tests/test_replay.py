@@ -386,3 +386,23 @@ def test_h200_check_command_line(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "measured.json" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_unchanged_replay_is_made_once_per_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay table's path, its steps without the profiler and the findings' step before any fix are one
+    replay: made once, each reader getting its own copy of the same frame."""
+    p = profparse.parse(_steps(5.0, sync=True).write(tmp_path / "t.json"))
+    made = []
+    simulate = rp._simulate
+    monkeypatch.setattr(rp, "_simulate", lambda *a, **k: made.append(1) or simulate(*a, **k))
+    table = p.table("replay")
+    assert len(made) == 2  # with the profiler's cost (the trace as it ran) and without it
+    model = p.value("replay_model")
+    cost, _ = pc.costs(model, p.header, True)
+    again = rp.replay(model, cost)
+    assert len(made) == 2
+    assert np.array_equal(np.round(again["step_ns"].to_numpy()), table["without_profiler_ns"].to_numpy())
+    again["step_ns"] = 0.0  # a reader's copy: the next reader still gets the replay
+    assert rp.mean_step(model, cost) == float(rp.run(model, cost, detail=False).frame["step_ns"].mean()) > 0
+    assert rp.mean_step(model, cost, rp.Change(calls_dropped=np.ones(len(model.calls.start), dtype=bool))) > 0
+    assert len(made) == 4  # a change, and the check above, replay again

@@ -140,8 +140,8 @@ def replay_table(
     scaled = basis == "default" and on_gpu and unprofiled_step_ns(header) is None  # else measured, or fitted
     speed = host_speed(model) if scaled else 1.0
     same = rp.replay(model, np.zeros(len(rp.OVERHEAD_KINDS)))
-    without = rp.replay(model, cost)
     path = replay_path.bound_ns(events, links, attribution, model, cost)
+    without = rp.replay(model, cost)  # the path's replay
     paths = {f"path_{b}_ns": np.round(path[b].to_numpy()).astype(np.int64) for b in BOUNDS}
     return pd.DataFrame(
         {
