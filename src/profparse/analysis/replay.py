@@ -224,7 +224,8 @@ def _shifted(model: Model, base: int) -> Model:
 def _host(start: np.ndarray, end: np.ndarray, kind: np.ndarray, w0: int, w1: int) -> Host:
     keep = kind >= 0
     start, end, kind = start[keep], end[keep], kind[keep]
-    knots = np.sort(np.concatenate([[w0, w1], start, end]))  # sorted, then deduplicated: np.unique hashes, slower
+    # sorted (timsort: starts and ends come nearly in order), then deduplicated: np.unique hashes, slower
+    knots = np.sort(np.concatenate([[w0, w1], start, end]), kind="stable")
     knots = knots[np.concatenate([[True], knots[1:] != knots[:-1]])]
     pieces = max(len(knots) - 1, 1)
     by_kind = np.argsort(kind, kind="stable")

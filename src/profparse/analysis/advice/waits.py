@@ -32,7 +32,7 @@ def overlap_saving(ctx: AdviceContext, calls: np.ndarray) -> np.ndarray:
     events = ctx.events
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
-    starts = np.sort(ts[kind_mask(events, GPU_ACTIVITY_KINDS)])
+    starts = np.sort(ts[kind_mask(events, GPU_ACTIVITY_KINDS)], kind="stable")  # timsort: nearly sorted
     nxt = np.searchsorted(starts, end[calls])
     big = np.iinfo(np.int64).max
     next_start = np.where(nxt < len(starts), starts[np.minimum(nxt, max(len(starts) - 1, 0))], big)
