@@ -644,3 +644,20 @@ def test_an_event_sync_follows_its_args_not_the_last_end(tmp_path) -> None:
     assert ("gpu_compute", 40, 603) in guessed and ("sync_wait", 603, 605) in guessed
     segments = _segments(_parse(_event_sync_trace(args=True), tmp_path, "args.json"))
     assert segments[-3:] == [("gpu_compute", 20, 600), ("sync_wait", 600, 605), ("python", 605, 1000)]
+
+
+def test_blocking_calls_are_worked_out_once_per_event_table(tmp_path, monkeypatch) -> None:
+    import profparse.analysis.critical_path as cp
+
+    parsed = _parse(_blocking_copy_trace(False), tmp_path, "inferred.json")
+    events, links = parsed.raw.events, parsed.links
+    made = []
+    work = cp._blocking_calls
+    monkeypatch.setattr(cp, "_blocking_calls", lambda e, lk: made.append(e) or work(e, lk))
+    first = blocking_calls(events, links)
+    first[0][:] = False  # a caller's own copy: the next caller still gets the answer
+    again = blocking_calls(events, links)
+    assert len(made) == 1 and again[1].any() and np.array_equal(again[0] & again[1], again[1])
+    assert [m.tolist() for m in again] == [m.tolist() for m in work(events, links)]
+    other = events.copy()  # another table (same rows): worked out for it
+    assert [m.tolist() for m in blocking_calls(other, links)] == [m.tolist() for m in again] and len(made) == 2

@@ -25,6 +25,7 @@ event). Each segment is clipped to the next one's start, so that the segments ti
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -361,7 +362,20 @@ def blocking_calls(events: pd.DataFrame, links: Links) -> tuple[np.ndarray, np.n
     Known: a synchronize call, a runtime call of ``aten::item`` / ``_local_scalar_dense``, a call matched by a
     ``cuda_sync`` event (other than a stream's wait), a call that returned after its own memcpy ended. In a trace
     without ``cuda_sync`` events also any runtime call that waited :data:`INFER_MIN_WAIT_NS` for GPU work and
-    returned within :data:`INFER_MAX_RETURN_NS` of its end. Returns (boolean per row: blocking, inferred)."""
+    returned within :data:`INFER_MAX_RETURN_NS` of its end. Returns (boolean per row: blocking, inferred).
+    Worked out once per event table (kept in ``links.memo`` as row numbers)."""
+    known = links.memo.get("blocking_calls")
+    if known is None or known[0]() is not events:
+        known = (weakref.ref(events), *(np.flatnonzero(mask) for mask in _blocking_calls(events, links)))
+        links.memo["blocking_calls"] = known
+    out = np.zeros((2, len(events)), dtype=bool)
+    out[0, known[1]] = True
+    out[1, known[2]] = True
+    return out[0], out[1]
+
+
+def _blocking_calls(events: pd.DataFrame, links: Links) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`blocking_calls` worked out."""
     # what a blocking call can be is worked out on the runtime calls alone: arrays of every event (times, ends,
     # int64 copies of the links) were at the peak of parse on a big trace
     runtime = np.flatnonzero(kind_mask(events, {"cuda_runtime", "cuda_driver"}) & links.host)

@@ -9,7 +9,8 @@ enclosing ``cpu_op`` as its launching op.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -73,6 +74,9 @@ class Links:
     launch_op: np.ndarray  # GPU activity -> innermost cpu_op around the runtime call
     enclosing_op: np.ndarray  # any host event -> innermost cpu_op ancestor (itself excluded)
     threads: pd.DataFrame  # one row per host thread id: pid, tid
+    #: values derived from the links and their event table, made once (e.g. the blocking calls, read by the
+    #: critical path, the replay, two findings and a quality check)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def gpu_tracks(events: pd.DataFrame) -> set[tuple[int, int]]:
