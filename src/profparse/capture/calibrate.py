@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: ops per micro-loop and loops per setting (the fastest loop counts: the host's jitter only adds)
+#: ops per micro-loop, loops per setting and round, rounds (the fastest loop counts: the host's jitter only adds)
 LOOP_OPS = 400
 REPEATS = 5
+ROUNDS = 3
 CALIBRATION_KEY = "profparse_calibration"  # the same name as profparse.analysis.profiler_cost's
 
 
@@ -40,19 +41,20 @@ def _fastest(run: Callable[[], None], sync: Callable[[], None]) -> float:
 
 
 def _per_op(torch: Any, device: str, activities: list[Any]) -> dict[str, float]:
-    """ns per op of the micro-loop on ``device``: unprofiled, profiled, profiled with shapes. The unprofiled loops
-    are timed before the profiled ones and again after them: a host that got faster in between (another process
-    ending) once made the unprofiled loop, timed only first, slower than the profiled one."""
+    """ns per op of the micro-loop on ``device``: unprofiled, profiled, profiled with shapes, each the fastest over
+    :data:`ROUNDS` rounds that time all three in turn: a host whose speed changed while one setting was timed
+    (another process starting or ending) once made the unprofiled loop slower than the profiled one."""
     x = torch.ones(256, device=device)
     on_cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if on_cuda else (lambda: None)
     _loop(torch, x)  # warm: first-call costs out of the timing
-    out = {"plain": _fastest(lambda: _loop(torch, x), sync)}
-    for name, shapes in (("profiled", False), ("shapes", True)):
-        with torch.profiler.profile(activities=activities, record_shapes=shapes):
-            _loop(torch, x)
-            out[name] = _fastest(lambda: _loop(torch, x), sync)
-    out["plain"] = min(out["plain"], _fastest(lambda: _loop(torch, x), sync))
+    out = dict.fromkeys(("plain", "profiled", "shapes"), float("inf"))
+    for _ in range(ROUNDS):
+        out["plain"] = min(out["plain"], _fastest(lambda: _loop(torch, x), sync))
+        for name, shapes in (("profiled", False), ("shapes", True)):
+            with torch.profiler.profile(activities=activities, record_shapes=shapes):
+                _loop(torch, x)
+                out[name] = min(out[name], _fastest(lambda: _loop(torch, x), sync))
     return out
 
 
