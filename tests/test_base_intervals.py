@@ -54,6 +54,18 @@ def test_coverage_counts_the_union_before_each_point(rows, points):
 
 
 @settings(max_examples=200, deadline=None)
+@given(INTERVALS, st.lists(st.integers(-60, 90), min_size=1, max_size=300), st.booleans())
+def test_coverage_of_many_sorted_points(rows, points, as_float):
+    """Many points in order take the search per interval: the same lengths as a point at a time."""
+    _, start, end = arrays(rows)
+    us, ue = intervals.union_pieces(start, end)
+    x = np.sort(np.array(points, dtype=np.float64 if as_float else np.int64))
+    union = covered_points(start, end)
+    got = intervals.coverage(us.astype(x.dtype), ue.astype(x.dtype), x)
+    assert got.tolist() == [sum(1 for t in union if t < p) for p in x.tolist()]
+
+
+@settings(max_examples=200, deadline=None)
 @given(INTERVALS)
 def test_clip_disjoint_and_running_max_follow_each_track(rows):
     group, start, end = arrays(rows)

@@ -121,10 +121,24 @@ def coverage(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Length of the disjoint sorted intervals [starts, ends) lying before each point ``x``."""
     if not len(starts):
         return np.zeros(len(x), dtype=np.int64)
-    before = np.concatenate([[0], np.cumsum(ends - starts)])
-    i = np.searchsorted(starts, x, side="right") - 1
-    inside = np.clip(x - starts[np.maximum(i, 0)], 0, (ends - starts)[np.maximum(i, 0)])
-    return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+    length = ends - starts
+    before = np.concatenate([[0], np.cumsum(length)])
+    if len(x) > 8 * len(starts) and _ascending(x):
+        # the starts at or before each point, counted from where each start falls among the points: a search per
+        # interval, not per point (the replay's knots: millions of points, a few hundred intervals; half the time)
+        i = np.cumsum(np.bincount(np.searchsorted(x, starts, side="left"), minlength=len(x) + 1)[:-1]) - 1
+    else:
+        i = np.searchsorted(starts, x, side="right") - 1
+    at = np.maximum(i, 0)
+    inside = np.minimum(np.maximum(x - starts[at], 0), length[at])  # np.clip, without its overhead
+    return np.where(i >= 0, before[at] + inside, 0)
+
+
+def _ascending(x: np.ndarray) -> bool:
+    """``x`` is sorted ascending (and, as floats, ends in a number: NaN sorts last but compares as unordered)."""
+    if x.dtype.kind == "f" and len(x) and np.isnan(x[-1]):
+        return False
+    return not (x[1:] < x[:-1]).any()
 
 
 def group_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
