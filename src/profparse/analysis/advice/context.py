@@ -57,6 +57,7 @@ class AdviceContext:
     warm_up: list[int]  # steps left out
     _segment_rows: np.ndarray | None = None
     _step_stage: np.ndarray | None = None
+    _in_steps: np.ndarray | None = None
 
     @classmethod
     def of(cls, parsed: ParsedTrace) -> AdviceContext | None:
@@ -76,7 +77,7 @@ class AdviceContext:
         from profparse.tables.registry import inputs_of
 
         self.path = self.path.iloc[:0].copy()  # a slice alone is a view: it would hold the whole path
-        self._segment_rows = self._step_stage = None
+        self._segment_rows = self._step_stage = self._in_steps = None
         for name in inputs_of("findings") - inputs_of("replay_model") - {"replay_model"}:
             self.parsed.done_with(name)
 
@@ -100,9 +101,11 @@ class AdviceContext:
         return name_mask(self.events, pattern)
 
     def in_steps(self) -> np.ndarray:
-        """Boolean per row: the event starts inside a steady step."""
-        step = self.parsed.attribution.step
-        return np.isin(step, self.steps["step"].to_numpy())
+        """Boolean per row: the event starts inside a steady step (read-only: made once, read by most detectors)."""
+        if self._in_steps is None:
+            self._in_steps = np.isin(self.parsed.attribution.step, self.steps["step"].to_numpy())
+            self._in_steps.flags.writeable = False
+        return self._in_steps
 
     def name_of(self, rows: np.ndarray) -> np.ndarray:
         """Names of rows (as objects), read through the name categories: no per-event string column."""
