@@ -369,12 +369,13 @@ def replay(model: Model, per_event_ns: np.ndarray, change: Change | None = None)
 
 def run(model: Model, per_event_ns: np.ndarray, change: Change | None = None, detail: bool = True) -> Run:
     """:func:`replay` with what the replayed critical path reads (``detail``; else only the frame)."""
+    unchanged = change is None  # its frame is kept for :func:`replay`, which looks it up by the same test
     change = change or Change()
     h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
     gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
     ends, off_t, off_v, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
     frame = _frame(model, h_knots, ends, off_t, off_v)
-    if change.gpu_scale is None and change.host_removed is None and change.calls_dropped is None:
+    if unchanged:
         model.unchanged.setdefault(_cost_key(per_event_ns), frame.copy())
     return Run(h_knots, why[0], ends, why[1], why[2], off_t, off_v, frame)
 
