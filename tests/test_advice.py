@@ -286,3 +286,30 @@ def test_a_writer_gets_the_tables_the_detectors_read_back_before_the_what_ifs(mo
     plain = profparse.parse(trace).table("findings")
     assert not plain.empty
     assert made["findings"].equals(plain)
+
+
+def test_a_one_off_is_neither_replayed_nor_applied_before_the_listed_fixes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finding in no more than half the steady steps is dropped before the what-ifs: a replay of it would be
+    wasted, and as a fix applied before the listed ones it would shrink their savings. The CPU capture with stage
+    marks has one: optimizer_not_batched in one of its two steady steps."""
+    trace = REPO / "sample_traces" / "qwen2_tiny_cpu_marks.json.gz"
+    parsed = profparse.parse(trace)
+    detected: list[tuple[str, int, int]] = []
+    replayed: list[tuple[str, int, int]] = []
+    for detect in detectors.registered():  # what the detectors find, before any is dropped
+        ctx = advice.AdviceContext.of(parsed)
+        detected += [(f.kind, len(set(f.steps)), len(ctx.steps)) for f in detect(ctx)]
+    one_offs = [kind for kind, steps, steady in detected if steps <= steady // 2]
+    assert "optimizer_not_batched" in one_offs
+    simulate = advice.simulate
+
+    def watched(ctx, found) -> None:
+        replayed.extend((f.kind, len(set(f.steps)), len(ctx.steps)) for f in found)
+        simulate(ctx, found)
+
+    monkeypatch.setattr(advice, "simulate", watched)
+    table = profparse.parse(trace).table("findings")
+    assert replayed and all(steps > steady // 2 for _, steps, steady in replayed)
+    assert not set(one_offs) & set(table["kind"])
+    for evidence in table["evidence"]:
+        assert not set(json.loads(evidence).get("applied_after", [])) & set(one_offs)

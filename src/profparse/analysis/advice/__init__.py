@@ -34,16 +34,11 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
     ctx = AdviceContext.of(parsed)
     found: list[Finding] = []
     if ctx is not None:
+        recurring = len(ctx.steps) // 2 + 1  # in most steady steps
         for detect in detectors.registered():
-            found.extend(detect(ctx))
+            # a one-off is dropped before the replays: it is neither replayed nor applied before the listed fixes
+            found.extend(f for f in detect(ctx) if len(set(f.steps)) >= recurring)
         ctx.release()  # the replay model's memory in place of the path's
         release_memory()
         simulate(ctx, found)  # every fix with a what-if: replayed without the profiler
-    recurring = len(ctx.steps) // 2 + 1 if ctx is not None else 0  # in most steady steps
-    return frame(
-        [
-            f
-            for f in found
-            if f.step_ns > 0 and f.saving_ns_per_step >= f.threshold_ns(f.step_ns) and len(set(f.steps)) >= recurring
-        ]
-    )
+    return frame([f for f in found if f.step_ns > 0 and f.saving_ns_per_step >= f.threshold_ns(f.step_ns)])
