@@ -114,3 +114,22 @@ def test_running_sums_kept_every_few_pieces_give_the_same_path(
     monkeypatch.setattr(rp, "BLOCK", 2)
     pieces = replay_path.bound_ns(p.raw.events, p.links, p.attribution, model, cost)
     assert pieces.equals(whole)
+
+
+@pytest.mark.parametrize(("every", "span", "pieces"), [(4, 16, 0), (4, 16, 1), (4, 16, 63), (4, 16, 64), (8, 8, 97)])
+def test_kept_sums_are_one_running_sum_over_every_piece(monkeypatch, every: int, span: int, pieces: int) -> None:
+    """The walk's host time per bound code before any piece is, to the bit, one running sum over every piece (the
+    sums kept every ``_EVERY`` pieces are made ``_SPAN`` pieces at a time; a lookup sums on from the one before)."""
+    monkeypatch.setattr(replay_path, "_EVERY", every)
+    monkeypatch.setattr(replay_path, "_SPAN", span)
+    rng = np.random.default_rng(pieces)
+    walk = object.__new__(replay_path._Walk)
+    walk.labels = rng.integers(0, len(BOUNDS), pieces)
+    walk.length = rng.random(pieces) * 10 ** rng.integers(0, 9, pieces)  # magnitudes that round differently
+    walk.codes = np.arange(len(BOUNDS))[:, None]
+    walk.every = walk._kept_sums()
+    assert walk.every.shape == (len(BOUNDS), pieces // every + 1)
+    for i in range(pieces):
+        expected = [float(np.cumsum(np.where(walk.labels[:i] == c, walk.length[:i], 0.0))[-1]) if i else 0.0
+                    for c in range(len(BOUNDS))]  # fmt: skip
+        assert walk._cum(i).tolist() == expected, i

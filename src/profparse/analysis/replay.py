@@ -350,8 +350,8 @@ class Run:
     ends: np.ndarray
     cause: np.ndarray
     call_waited: np.ndarray
-    off_t: list[float]
-    off_v: list[float]
+    off_t: np.ndarray  # as arrays once: the replayed path maps single times thousands of times per replay
+    off_v: np.ndarray
     frame: pd.DataFrame
 
     def host_time(self, model: Model, t: np.ndarray) -> np.ndarray:
@@ -373,7 +373,9 @@ def run(model: Model, per_event_ns: np.ndarray, change: Change | None = None, de
     change = change or Change()
     h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
     gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
-    ends, off_t, off_v, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
+    ends, off_times, off_values, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
+    off_t, off_v = np.asarray(off_times), np.asarray(off_values)
+    del off_times, off_values
     frame = _frame(model, h_knots, ends, off_t, off_v)
     if unchanged:
         model.unchanged.setdefault(_cost_key(per_event_ns), frame.copy())
@@ -384,7 +386,7 @@ def _cost_key(per_event_ns: np.ndarray) -> bytes:
     return np.asarray(per_event_ns, dtype=np.float64).tobytes()
 
 
-def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: list[float], off_v: list[float]) -> pd.DataFrame:
+def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: np.ndarray, off_v: np.ndarray) -> pd.DataFrame:
     steps = model.steps
     s0, s1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     hs = _mapped(model, h_knots, off_t, off_v, (s0 - model.base).astype(np.float64))
@@ -410,10 +412,10 @@ def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: list[floa
     )
 
 
-def _mapped(model: Model, h_knots: np.ndarray, off_t: list[float], off_v: list[float], t: np.ndarray) -> np.ndarray:
+def _mapped(model: Model, h_knots: np.ndarray, off_t: np.ndarray, off_v: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Replayed host time of trace times ``t``: ``h(t)`` plus the offset of the last blocking call ended by then."""
-    at = np.searchsorted(np.asarray(off_t), t, side="right") - 1
-    return np.interp(t, model.host.knots, h_knots) + np.asarray(off_v)[at]
+    at = np.searchsorted(off_t, t, side="right") - 1
+    return np.interp(t, model.host.knots, h_knots) + off_v[at]
 
 
 def _simulate(

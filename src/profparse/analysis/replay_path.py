@@ -25,8 +25,12 @@ from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import KIND_CODE
 from profparse.trace.link import Links
 
-#: host pieces between two kept running sums of the replayed path (:class:`_Walk`)
-_EVERY = 1 << 12
+#: host pieces between two kept running sums of the replayed path (:class:`_Walk`): a lookup sums on at most this
+#: many from the one before it, and the walk looks up twice per blocking call on the path (tens of thousands on a
+#: trace of many small allocations); the sums kept take len(BOUNDS) * 8 / _EVERY bytes per piece
+_EVERY = 1 << 8
+#: pieces summed at once while the kept sums are made
+_SPAN = 1 << 16
 _LAUNCH, _IDLE, _SYNC, _PYTHON = (BOUND_CODE[b] for b in ("launch", "gpu_idle", "sync_wait", "python"))
 
 
@@ -63,9 +67,7 @@ class _Walk:
         # the running sum of replayed host time per bound code is kept only every _EVERY pieces (a full array of
         # them per code was the peak of summarize on a big trace) and summed on from there when asked for
         self.codes = np.arange(len(BOUNDS))[:, None]
-        self.every = np.zeros((len(BOUNDS), len(length) // _EVERY + 1))
-        for k in range(1, self.every.shape[1]):
-            self.every[:, k] = self._summed_on(k - 1, k * _EVERY)
+        self.every = self._kept_sums()
         self.at_knots = run.host_time(model, knots)  # replayed host time at each knot
         calls = model.calls
         waited = np.flatnonzero(run.call_waited) if len(run.call_waited) else np.zeros(0, dtype=np.int64)
@@ -74,6 +76,21 @@ class _Walk:
     def add(self, code: int, a: float, b: float) -> None:
         if b > a:
             self.ns[code] += b - a
+
+    def _kept_sums(self) -> np.ndarray:
+        """The running sum per bound code before piece ``k * _EVERY``, for each ``k``: one running sum over every
+        piece, made :data:`_SPAN` pieces at a time (the same additions in the same order as :meth:`_summed_on`)."""
+        n = len(self.length)
+        every = np.zeros((len(BOUNDS), n // _EVERY + 1))
+        running = np.zeros((len(BOUNDS), 1))
+        for at in range(0, n, _SPAN):  # _SPAN is a multiple of _EVERY: ``at`` is a kept piece
+            piece = slice(at, min(at + _SPAN, n))
+            masked = np.where(self.labels[piece] == self.codes, self.length[piece], 0.0)
+            sums = np.cumsum(np.concatenate([running, masked], axis=1), axis=1)  # column j: before piece at + j
+            kept = np.arange(at // _EVERY, piece.stop // _EVERY + 1)
+            every[:, kept] = sums[:, kept * _EVERY - at]
+            running = sums[:, -1:]
+        return every
 
     def _summed_on(self, k: int, i: int) -> np.ndarray:
         """Replayed host length per bound code before piece ``i``, summed on from checkpoint ``k`` (piece
