@@ -156,3 +156,19 @@ def test_the_steps_line_names_a_loading_step():
     assert "4 steps (ProfilerStep): step 0 loads the model, 3 training steps" in marked
     ddp = profparse.summarize(str(SHARED_TRACES / "a100_ddp_rank0_nccl.json.gz")).splitlines()[1]
     assert "steps (ProfilerStep)," in ddp and "load" not in ddp  # no step there only loads
+
+
+def test_release_gives_back_what_the_summary_computed_and_keeps_what_was_held() -> None:
+    """``summary_data(release=True)`` (summarize's): the same data, with the tables and values it made only for
+    itself given back (the path, the replay model, the FLOP counts, ops and kernels: half of summarize's peak on
+    a big trace); what the caller held before is kept, and a table given back is made again, equal, if asked."""
+    trace = REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz"
+    plain = summary_data(profparse.parse(trace))
+    released = profparse.parse(trace)
+    released.table("ops")  # held by the caller: kept
+    data = summary_data(released, release=True)
+    assert data == plain
+    held = released.computed()
+    assert "ops" in held
+    assert not {"critical_path", "replay_model", "flop_counts", "kernels"} & held, held
+    assert released.table("critical_path").equals(profparse.parse(trace).table("critical_path"))

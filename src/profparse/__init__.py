@@ -28,4 +28,4 @@ def summarize(path: str, fmt: str = "text", **kwargs) -> str:
     from profparse.api import parse
     from profparse.outputs.summary import render_summary
 
-    return render_summary(parse(path, **kwargs), fmt=fmt)
+    return render_summary(parse(path, **kwargs), fmt=fmt, release=True)  # a trace no one else reads

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     def render(parsed) -> str:
         from profparse.outputs.summary import render_summary
 
-        return render_summary(parsed, fmt=args.format, top=args.top)
+        return render_summary(parsed, fmt=args.format, top=args.top, release=True)
 
     def render_ranks(run_) -> str:
         from profparse import ranks

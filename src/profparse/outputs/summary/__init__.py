@@ -136,17 +136,39 @@ def _steady_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str
     return out
 
 
-def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
-    """Everything the summary shows, as plain JSON-ready data."""
+def summary_data(parsed: ParsedTrace, top: int = TOP_N, release: bool = False) -> dict[str, Any]:
+    """Everything the summary shows, as plain JSON-ready data. ``release``: the big tables and values this
+    computes are forgotten once read (as ``parse`` gives back what it wrote); computed again if asked for later.
+
+    The findings and the replays come first, before the op and kernel tables are held: the replays hold the
+    most, and with ``release`` what only they read (the path, the replay model, the FLOP counts) is given back
+    before the tops are made."""
+    held = parsed.computed()
+
+    def done(*names: str) -> None:
+        if release:
+            parsed.forget(name for name in names if name not in held)
+
+    findings = findings_data(parsed.table("findings"))  # what to change first (profparse advise)
+    done("flop_counts")  # the flops table is made: what the efficiency section reads
+    critical_path = {
+        **critical_path_data(parsed.table("critical_path")),
+        "without_profiler": path_without_profiler(parsed),  # the steady steps' path, replayed without it
+    }
+    unprofiled = without_profiler(parsed)  # the steps replayed without the profiler's own cost
+    done("critical_path", "replay_model")
     summary = parsed.stage_summary
     totals = summary[summary["scope"] == "total"]
     per_step = summary[summary["scope"] == "step"]
-    kernels = parsed.kernels
-    ops = parsed.ops
+    kernels = parsed.table("kernels")  # internal: the columns read here hold no NULL, and a public copy is ~as big
+    ops = parsed.table("ops")
     gpu_total = int(kernels["dur_ns"].sum()) if len(kernels) else 0
     steps = parsed.steps
-    rules = parsed.kernels.groupby("stage_rule", observed=True)["dur_ns"].sum() if len(kernels) else pd.Series()
+    rules = kernels.groupby("stage_rule", observed=True)["dur_ns"].sum() if len(kernels) else pd.Series()
     op_rules = ops.groupby("stage_rule", observed=True)["self_ns"].sum() if len(ops) else pd.Series()
+    top_kernels, top_ops = _top(kernels, "dur_ns", top, kernel=True), _top(ops, "self_ns", top, kernel=False)
+    del kernels, ops
+    done("kernels", "ops")
 
     def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
         rows = []
@@ -178,19 +200,16 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N) -> dict[str, Any]:
         },
         "devices": gpu_devices(parsed),
         "rank": parsed.rank,
-        "findings": findings_data(parsed.table("findings")),  # what to change first (profparse advise)
+        "findings": findings,
         "gpu_activity_ns": gpu_total,
         "totals": total_rows,
         "per_step": records(per_step),
         "step_totals": _step_totals(per_step, steps),
         "steady_totals": _steady_totals(per_step, steps),
-        "critical_path": {
-            **critical_path_data(parsed.table("critical_path")),
-            "without_profiler": path_without_profiler(parsed),  # the steady steps' path, replayed without it
-        },
-        "without_profiler": without_profiler(parsed),  # the steps replayed without the profiler's own cost
-        "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
-        "top_ops": _top(ops, "self_ns", top, kernel=False),
+        "critical_path": critical_path,
+        "without_profiler": unprofiled,
+        "top_kernels": top_kernels,
+        "top_ops": top_ops,
         "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
         "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
         "runtime_calls": top_calls(parsed.runtime_calls, top),
@@ -418,6 +437,6 @@ def render(data: dict[str, Any], fmt: str = "text") -> str:
     return render_as(data, fmt, {"text": render_text, "markdown": render_markdown, "csv": render_csv})
 
 
-def render_summary(parsed: ParsedTrace, fmt: str = "text", top: int = TOP_N) -> str:
-    """Summary of one parsed trace in the given format."""
-    return render(summary_data(parsed, top=top), fmt)
+def render_summary(parsed: ParsedTrace, fmt: str = "text", top: int = TOP_N, release: bool = False) -> str:
+    """Summary of one parsed trace in the given format (``release``: see :func:`summary_data`)."""
+    return render(summary_data(parsed, top=top, release=release), fmt)
