@@ -151,12 +151,11 @@ def summary_data(parsed: ParsedTrace, top: int = TOP_N, release: bool = False) -
 
     findings = findings_data(parsed.table("findings"))  # what to change first (profparse advise)
     done("flop_counts")  # the flops table is made: what the efficiency section reads
-    critical_path = {
-        **critical_path_data(parsed.table("critical_path")),
-        "without_profiler": path_without_profiler(parsed),  # the steady steps' path, replayed without it
-    }
+    critical_path = critical_path_data(parsed.table("critical_path"))
+    done("critical_path")  # before the replayed path, which holds the most
+    critical_path["without_profiler"] = path_without_profiler(parsed)  # the steady steps' path, replayed without it
     unprofiled = without_profiler(parsed)  # the steps replayed without the profiler's own cost
-    done("critical_path", "replay_model")
+    done("replay_model")
     summary = parsed.stage_summary
     totals = summary[summary["scope"] == "total"]
     per_step = summary[summary["scope"] == "step"]
