@@ -198,3 +198,34 @@ def test_annotate_verb_never_overwrites_or_touches_its_input(tmp_path, capsys):
     digest = hashlib.sha256(copy.read_bytes()).hexdigest()
     assert main(["annotate", str(copy), "-o", str(copy), "--force", "-q"]) == 9  # refused: it is the input
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
+
+
+def test_labels_are_each_rows_text_and_nan_where_missing() -> None:
+    """A categorical column's texts, each made once, are its rows' (and "nan" where missing: a JSON string, as
+    pandas 2's ``astype(str)`` gave; pandas 3 keeps it missing, which would write JSON's invalid ``NaN``)."""
+    import pandas as pd
+
+    from profparse.outputs.perfetto import _labels
+
+    quoted = 'é"x'
+    column = pd.Series(pd.Categorical(["b", None, "a", quoted, "b", None], categories=["a", "b", quoted, "unused"]))
+    codes, texts = _labels(column)
+    assert [texts[c] for c in codes] == ["b", "nan", "a", quoted, "b", "nan"]
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 6, 13])
+def test_new_events_written_a_block_at_a_time_are_the_joined_text(monkeypatch, count: int) -> None:
+    """The new events go out a block at a time: the same bytes as all of them joined by ``,\\n``, and the
+    loading sub-step and critical path slices counted."""
+    import io
+
+    from profparse.outputs import perfetto
+
+    monkeypatch.setattr(perfetto._NewEvents, "BLOCK", 3)
+    categories = [perfetto.LOAD_CATEGORY, perfetto.PATH_CATEGORY, perfetto.STAGE_CATEGORY]
+    events = [f'{{"ph":"X","cat":"{categories[i % 3]}","name":"é{i}"}}' for i in range(count)]
+    new = perfetto._NewEvents(iter(events))
+    out = io.BytesIO()
+    new.write(out)
+    assert out.getvalue() == ",\n".join(events).encode("utf-8")
+    assert new.counts == {perfetto.LOAD_CATEGORY: (count + 2) // 3, perfetto.PATH_CATEGORY: (count + 1) // 3}

@@ -14,11 +14,13 @@ import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from profparse.analysis.stage_tracks import StageTracks, load_substep_intervals, stage_intervals
 from profparse.base.errors import OutputRefusedError, TraceFormatError
@@ -62,6 +64,15 @@ def _slice(category: str, name: str, pid: int, tid: int, start: int, stop: int, 
     )
 
 
+def _labels(column: pd.Series) -> tuple[list[int], list[str]]:
+    """A categorical column as (a code per row, the text of each code), each text made once (as a str per row they
+    were ~100 MB per column of a big trace's path); "nan" where missing, a JSON string (as pandas 2's
+    ``astype(str)`` gave; pandas 3's keeps it missing, which would be written as JSON's invalid ``NaN``)."""
+    codes = column.cat.codes.to_numpy()
+    texts = [*column.cat.categories.astype(str), "nan"]
+    return np.where(codes < 0, len(texts) - 1, codes).tolist(), texts
+
+
 def _free_pid(parsed: ParsedTrace) -> int:
     """An integer pid no event of the trace uses (the new process must not merge with an existing one)."""
     used = set(np.unique(parsed.raw.events["pid"].to_numpy()).tolist())
@@ -85,8 +96,10 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
         yield from _thread_metadata(pid, tid, label)
     intervals = tracks.intervals
     track_tid = intervals["track"].map(tid_of).to_numpy()
-    stage = intervals["stage"].astype(str).to_numpy()
-    rule = intervals["rule"].astype(str).to_numpy()
+    stage, stage_text = _labels(intervals["stage"])
+    stage_json = [_json(text) for text in stage_text]
+    rule, rule_json = _labels(intervals["rule"])
+    rule_json = [_json(text) for text in rule_json]
     step = intervals["step"].to_numpy()
     start = intervals["start_ns"].to_numpy()
     stop = intervals["end_ns"].to_numpy()
@@ -95,10 +108,10 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
     for i in range(len(intervals)):
         step_text = "null" if step[i] == NULL else str(int(step[i]))
         args = (
-            f'"stage":{_json(stage[i])},"rule":{_json(rule[i])},"step":{step_text},'
+            f'"stage":{stage_json[stage[i]]},"rule":{rule_json[rule[i]]},"step":{step_text},'
             f'"events":{int(count[i])},"busy_us":{_us(busy[i])}'
         )
-        yield _slice(STAGE_CATEGORY, stage[i], pid, track_tid[i], start[i], stop[i], args)
+        yield _slice(STAGE_CATEGORY, stage_text[stage[i]], pid, track_tid[i], start[i], stop[i], args)
     yield from critical_path_events(parsed, pid, len(tid_of) + 1)
     substeps = load_substep_intervals(parsed)
     if substeps is not None and len(substeps):
@@ -127,9 +140,10 @@ def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[st
     if path.empty:
         return
     yield from _thread_metadata(pid, tid, CRITICAL_PATH_TRACK)
-    bound = path["bound"].astype(str).to_numpy()
-    stage = path["stage"].astype(str).to_numpy()
-    name = path["name"].astype(str).to_numpy()
+    bound, bound_text = _labels(path["bound"])
+    stage, stage_text = _labels(path["stage"])
+    name, name_json = _labels(path["name"])
+    name_json = [_json(text) for text in name_json]
     step = path["step"].to_numpy()
     start = path["start_ns"].to_numpy()
     stop = path["end_ns"].to_numpy()
@@ -137,10 +151,10 @@ def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[st
     for i in range(len(path)):
         event = "null" if index[i] == NULL else str(int(index[i]))
         args = (
-            f'"bound":"{bound[i]}","stage":"{stage[i]}","step":{int(step[i])},'
-            f'"event":{_json(name[i])},"trace_index":{event}'
+            f'"bound":"{bound_text[bound[i]]}","stage":"{stage_text[stage[i]]}","step":{int(step[i])},'
+            f'"event":{name_json[name[i]]},"trace_index":{event}'
         )
-        yield _slice(PATH_CATEGORY, bound[i], pid, tid, start[i], stop[i], args)
+        yield _slice(PATH_CATEGORY, bound_text[bound[i]], pid, tid, start[i], stop[i], args)
 
 
 @dataclass
@@ -209,10 +223,7 @@ def write_annotated(
         raise OutputRefusedError(f"{target}: is the input trace; annotate never modifies its input")
     gz = target.name.endswith(".gz") if gzip_output is None else gzip_output
     tracks = stage_intervals(parsed, disjoint=True)
-    new_events = list(annotation_events(parsed, tracks))
-    substeps = sum(1 for e in new_events if LOAD_CATEGORY in e[:60])
-    path_segments = sum(1 for e in new_events if PATH_CATEGORY in e[:60])
-    new_text = ",\n".join(new_events).encode("utf-8")
+    new_text = _NewEvents(annotation_events(parsed, tracks))
     report = parsed.raw.report
     close, end = report.events_end_byte, report.document_end_byte
     if close is None and not report.truncated:  # e.g. an entry of an older cache: no offsets to splice at
@@ -228,10 +239,31 @@ def write_annotated(
         intervals=len(tracks.intervals),
         tracks=len(tracks.tracks),
         truncated_input=truncated,
-        substeps=substeps,
-        path_segments=path_segments,
+        substeps=new_text.counts[LOAD_CATEGORY],
+        path_segments=new_text.counts[PATH_CATEGORY],
         trailing_bytes=report.trailing_bytes if end is not None else 0,
     )
+
+
+class _NewEvents:
+    """The new events' text, written a block at a time as it is made (all at once, as one list and one joined
+    text, it was most of ``annotate``'s peak: a stage slice per event interval on every track is millions of
+    events on a big trace); counts the loading sub-step and critical path slices written."""
+
+    BLOCK = 1 << 14  # events per write
+
+    def __init__(self, events: Iterator[str]) -> None:
+        self.events = events
+        self.counts = {LOAD_CATEGORY: 0, PATH_CATEGORY: 0}
+
+    def write(self, dst: BinaryIO) -> None:
+        """Every event, separated by ``,\n`` (none before the first or after the last)."""
+        separator = b""
+        while block := list(islice(self.events, self.BLOCK)):
+            for category in self.counts:
+                self.counts[category] += sum(1 for e in block if category in e[:60])
+            dst.write(separator + ",\n".join(block).encode("utf-8"))
+            separator = b",\n"
 
 
 def _copy(source: Path, src: BinaryIO, dst: BinaryIO, count: int) -> int:
@@ -259,7 +291,7 @@ def _read(source: Path, src: BinaryIO, size: int) -> bytes:
 
 
 def _splice(
-    source: Path, src: BinaryIO, dst: BinaryIO, new_text: bytes, close: int, end: int | None, trailing: int
+    source: Path, src: BinaryIO, dst: BinaryIO, new_text: _NewEvents, close: int, end: int | None, trailing: int
 ) -> None:
     """Copy the document with ``new_text`` inserted before the ``]`` at offset ``close`` that the decoder found
     closing ``traceEvents`` (by structure: never a bracket of a string or of a later key), and the trailer up
@@ -277,7 +309,9 @@ def _splice(
     bracket = _read(source, src, 1)
     if bracket != b"]":
         raise TraceFormatError(f"{source}: no ']' at byte {close}, where parsing found the end of traceEvents")
-    dst.write((b"\n" if last in b"[," else b",\n") + new_text + b"\n]")
+    dst.write(b"\n" if last in b"[," else b",\n")
+    new_text.write(dst)
+    dst.write(b"\n]")
     if end is None:
         dst.write(b"}\n")
         return
@@ -292,7 +326,7 @@ def _splice(
         dst.write(block.translate(None, b"\x0b\x0c"))
 
 
-def _splice_cut_short(source: Path, src: BinaryIO, dst: BinaryIO, new_text: bytes) -> bool:
+def _splice_cut_short(source: Path, src: BinaryIO, dst: BinaryIO, new_text: _NewEvents) -> bool:
     """Copy a trace cut short inside its event array: its complete events, then ``new_text`` and the closing
     brackets (the tail is held back to find the last complete event). Returns whether the input was cut."""
     tail = b""
@@ -309,7 +343,9 @@ def _splice_cut_short(source: Path, src: BinaryIO, dst: BinaryIO, new_text: byte
         if not tail.rstrip().endswith(b"["):
             raise TraceFormatError(f"{source}: cut short and no complete event found near its end")
         cut = len(tail.rstrip())
-        dst.write(tail[:cut] + b"\n" + new_text + b"\n]}\n")
+        dst.write(tail[:cut] + b"\n")
     else:
-        dst.write(tail[:cut] + b",\n" + new_text + b"\n]}\n")
+        dst.write(tail[:cut] + b",\n")
+    new_text.write(dst)
+    dst.write(b"\n]}\n")
     return True
