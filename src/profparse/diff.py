@@ -138,10 +138,12 @@ def _path_make_up(parsed: ParsedTrace, per_step: bool) -> dict[tuple[str, str], 
     if path is None:
         return {}
     ns = path["end_ns"].to_numpy() - path["start_ns"].to_numpy()
-    frame = pd.DataFrame({"stage": path["stage"].astype(str), "bound": path["bound"].astype(str), "ns": ns})
-    sums = frame.groupby(["stage", "bound"], sort=False)["ns"].sum()
+    # grouped by codes, named after: a text per segment of a big trace's path was ~100 MB a column
+    (stage, stages), (bound, bounds) = (pd.factorize(path[c], use_na_sentinel=False) for c in ("stage", "bound"))
+    sums = pd.DataFrame({"stage": stage, "bound": bound, "ns": ns}).groupby(["stage", "bound"], sort=False)["ns"].sum()
+    stages, bounds = [str(x) for x in stages], [str(x) for x in bounds]
     steps = max(len(parsed.steps), 1) if per_step else 1
-    return {(str(stage), str(bound)): float(v) / steps for (stage, bound), v in sums.items()}
+    return {(stages[a], bounds[b]): float(v) / steps for (a, b), v in sums.items()}
 
 
 def path_changes(a: ParsedTrace, b: ParsedTrace, per_step: bool = False) -> list[dict[str, Any]]:

@@ -67,10 +67,14 @@ def overlaps(
 
 def _waiting_rows(path: pd.DataFrame) -> pd.DataFrame:
     """The path's segments that can be a wait, sorted by start, as plain int64 and text columns."""
-    bound = path["bound"].astype(str)
-    names = path["name"].astype(str)
-    keep = bound.isin(WAIT_BOUNDS) | ((bound == "cpu_op") & names.str.match(HOST_COLLECTIVE.pattern))
-    part = path[keep.to_numpy()]
+    # each distinct bound and name tested once, the rows by their codes (a text per segment of a big trace's path
+    # was ~100 MB a column, and the name's regular expression ran on every segment)
+    bound, bounds = pd.factorize(path["bound"], use_na_sentinel=False)
+    name, names = pd.factorize(path["name"], use_na_sentinel=False)
+    bounds = np.array([str(b) for b in bounds], dtype=object)
+    collective = np.array([HOST_COLLECTIVE.match(str(n)) is not None for n in names], dtype=bool)
+    keep = np.isin(bounds, list(WAIT_BOUNDS))[bound] | ((bounds == "cpu_op")[bound] & collective[name])
+    part = path[keep]
     frame = pd.DataFrame(
         {
             "step": part["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64),

@@ -48,14 +48,15 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     start = path["start_ns"].to_numpy(np.int64)
     end = path["end_ns"].to_numpy(np.int64)
     step = path["step"].to_numpy(np.int64)
-    bound = path["bound"].cat.codes.to_numpy() if hasattr(path["bound"], "cat") else pd.factorize(path["bound"])[0]
+    bound, bound_texts = _factorized(path["bound"])
     short = (end - start) < gap
     pixel = (start - origin) // max(gap, 1)
     joined = np.zeros(len(path), dtype=bool)
     joined[1:] = (step[1:] == step[:-1]) & (start[1:] == end[:-1])
     joined[1:] &= (bound[1:] == bound[:-1]) | (short[1:] & short[:-1] & (pixel[1:] == pixel[:-1]))
     group = np.cumsum(~joined) - 1
-    frame = pd.DataFrame({"group": group, "ns": end - start, "bound": path["bound"].astype(str).to_numpy()})
+    # grouped by the bound's code, not its text: a text per segment was ~100 MB and most of the time on a big path
+    frame = pd.DataFrame({"group": group, "ns": end - start, "bound": bound})
     by_bound = frame.groupby(["group", "bound"], sort=False)["ns"].sum().reset_index()
     top_bound = by_bound.sort_values(["group", "ns"], ascending=[True, False], kind="stable").drop_duplicates("group")
     first = np.flatnonzero(~joined)
@@ -65,20 +66,28 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
         {
             "start_ns": start[first] - origin,
             "end_ns": end[last] - origin,
-            "bound": top_bound.set_index("group")["bound"].reindex(np.arange(len(first))).to_numpy(),
-            "stage": path["stage"].astype(str).to_numpy()[longest],
+            "bound": bound_texts[top_bound.set_index("group")["bound"].reindex(np.arange(len(first))).to_numpy()],
+            "stage": path["stage"].take(longest).astype(str).to_numpy(),
             "step": step[first],
-            "name": path["name"].astype(str).to_numpy()[longest],
+            "name": path["name"].take(longest).astype(str).to_numpy(),
             "segments": np.diff(np.r_[first, len(path)]),
         }
     )
 
 
+def _factorized(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A code per row (in order of first appearance) and each code's text ("nan" where missing)."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=False)
+    return codes, np.array([str(x) for x in uniques], dtype=object)
+
+
 def _per_step(path: pd.DataFrame, bounds: list[str]) -> pd.DataFrame:
     """ns on the path per step (index) and bound (columns, in ``bounds`` order)."""
     ns = path["end_ns"].to_numpy(np.int64) - path["start_ns"].to_numpy(np.int64)
-    frame = pd.DataFrame({"step": path["step"].to_numpy(np.int64), "bound": path["bound"].astype(str), "ns": ns})
-    wide = frame.pivot_table(index="step", columns="bound", values="ns", aggfunc="sum", fill_value=0)
+    codes, texts = _factorized(path["bound"])
+    frame = pd.DataFrame({"step": path["step"].to_numpy(np.int64), "bound": codes, "ns": ns})
+    wide = frame.groupby(["step", "bound"])["ns"].sum().unstack(fill_value=0)
+    wide.columns = texts[wide.columns.to_numpy()]
     return wide.reindex(columns=bounds, fill_value=0).astype("int64").rename_axis(index="step", columns=None)
 
 
@@ -102,7 +111,7 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
     spans["name"] = codes.astype(np.int64)
     kernel = spans.groupby("name", sort=True)["bound"].first().isin(GPU_BOUNDS).to_numpy()
     short = [shorten_name(str(n), NAME_WIDTH, kernel=bool(k)) for n, k in zip(names, kernel, strict=True)]
-    present = set(path["bound"].astype(str))
+    present = set(_factorized(path["bound"])[1])
     bounds = [b for b in BOUNDS if b in present]
     spans["bound"] = pd.Categorical(spans["bound"], categories=bounds).codes.astype(np.int64)  # a code in bounds
     spans["stage"] = pd.Categorical(spans["stage"], categories=list(STAGES)).codes.astype(np.int64)  # in stages
