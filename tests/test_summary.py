@@ -172,3 +172,28 @@ def test_release_gives_back_what_the_summary_computed_and_keeps_what_was_held() 
     assert "ops" in held
     assert not {"critical_path", "replay_model", "flop_counts", "kernels"} & held, held
     assert released.table("critical_path").equals(profparse.parse(trace).table("critical_path"))
+
+
+def test_the_report_payload_released_is_the_same_and_keeps_what_its_views_read() -> None:
+    """``trace_payload(release=True)`` (the report verb's): the same page data; the summary gives back what only
+    it reads before the views are made, and keeps the tables the views read next (made once, not twice)."""
+    from profparse.outputs.report import VIEWS_READ, trace_payload
+
+    trace = REPO_GPU_TRACES / "a100_ddp_rank0_nccl.json.gz"
+    plain = trace_payload(profparse.parse(trace))
+    released = profparse.parse(trace)
+    made: list[str] = []
+    table = type(released).table
+
+    def counted(self, name, keep=True):
+        if name not in self.computed():
+            made.append(name)
+        return table(self, name, keep)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(released), "table", counted)
+        payload = trace_payload(released, release=True)
+    assert payload == plain
+    assert not {"replay_model", "flop_counts"} & released.computed()
+    assert set(VIEWS_READ) <= released.computed()
+    assert len(made) == len(set(made)), made  # nothing given back was made again

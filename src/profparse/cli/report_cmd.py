@@ -70,7 +70,7 @@ def run_trace(args: argparse.Namespace) -> int:
         from profparse.outputs.report import trace_payload, write_report
 
         parsed = parse_input(args)
-        size = write_report(trace_payload(parsed), args.out, force=args.force, inputs=[args.trace])
+        size = write_report(trace_payload(parsed, release=True), args.out, force=args.force, inputs=[args.trace])
         if parsed.cache is not None:
             parsed.cache.put_output(options, {"notes": input_notes(args.trace, parsed)}, [Path(args.out)])
     note(f"wrote {args.out} ({size / 1e6:,.2f} MB)", args.quiet)

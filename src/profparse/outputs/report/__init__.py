@@ -91,11 +91,16 @@ def view_payload(parsed: ParsedTrace) -> dict[str, Any]:
     return out
 
 
-def trace_payload(parsed: ParsedTrace) -> dict[str, Any]:
-    """The page's data for one trace: the summary (as ``summarize --format json``) and the views."""
+#: the tables the views read that the summary gives back with ``release`` (its own path, kernels and ops)
+VIEWS_READ = ("critical_path", "kernels", "ops")
+
+
+def trace_payload(parsed: ParsedTrace, release: bool = False) -> dict[str, Any]:
+    """The page's data for one trace: the summary (as ``summarize --format json``) and the views. ``release``:
+    what only the summary reads is given back before the views are made (``summary_data``)."""
     from profparse.outputs.summary import summary_data
 
-    summary = plain(summary_data(parsed), null=NULL)
+    summary = plain(summary_data(parsed, release=release, keep=VIEWS_READ), null=NULL)
     top = (summary.get("critical_path") or {}).get("longest") or []
     return {
         "kind": "trace",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,14 +136,17 @@ def _steady_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str
     return out
 
 
-def summary_data(parsed: ParsedTrace, top: int = TOP_N, release: bool = False) -> dict[str, Any]:
+def summary_data(
+    parsed: ParsedTrace, top: int = TOP_N, release: bool = False, keep: Collection[str] = ()
+) -> dict[str, Any]:
     """Everything the summary shows, as plain JSON-ready data. ``release``: the big tables and values this
-    computes are forgotten once read (as ``parse`` gives back what it wrote); computed again if asked for later.
+    computes are forgotten once read (as ``parse`` gives back what it wrote), but for those in ``keep`` (that the
+    caller reads next); computed again if asked for later.
 
     The findings and the replays come first, before the op and kernel tables are held: the replays hold the
     most, and with ``release`` what only they read (the path, the replay model, the FLOP counts) is given back
     before the tops are made."""
-    held = parsed.computed()
+    held = parsed.computed() | set(keep)
 
     def done(*names: str) -> None:
         if release:
