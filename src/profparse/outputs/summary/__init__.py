@@ -152,43 +152,13 @@ def summary_data(
         if release:
             parsed.forget(name for name in names if name not in held)
 
-    findings = findings_data(parsed.table("findings"))  # what to change first (profparse advise)
-    done("flop_counts")  # the flops table is made: what the efficiency section reads
-    critical_path = critical_path_data(parsed.table("critical_path"))
-    done("critical_path")  # before the replayed path, which holds the most
-    critical_path["without_profiler"] = path_without_profiler(parsed)  # the steady steps' path, replayed without it
-    unprofiled = without_profiler(parsed)  # the steps replayed without the profiler's own cost
-    done("replay_model")
+    findings, critical_path, unprofiled = _replayed(parsed, done)
+    tops = _tops(parsed, top, done)
     summary = parsed.stage_summary
     totals = summary[summary["scope"] == "total"]
     per_step = summary[summary["scope"] == "step"]
-    kernels = parsed.table("kernels")  # internal: the columns read here hold no NULL, and a public copy is ~as big
-    ops = parsed.table("ops")
-    gpu_total = int(kernels["dur_ns"].sum()) if len(kernels) else 0
     steps = parsed.steps
-    rules = kernels.groupby("stage_rule", observed=True)["dur_ns"].sum() if len(kernels) else pd.Series()
-    op_rules = ops.groupby("stage_rule", observed=True)["self_ns"].sum() if len(ops) else pd.Series()
-    top_kernels, top_ops = _top(kernels, "dur_ns", top, kernel=True), _top(ops, "self_ns", top, kernel=False)
-    del kernels, ops
-    done("kernels", "ops")
-
-    def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-        rows = []
-        for r in frame.to_dict("records"):
-            clean = {}
-            for k, v in r.items():
-                if k == "scope":
-                    continue
-                if v is pd.NA or (isinstance(v, int | np.integer) and v == NULL):
-                    clean[k] = None
-                elif isinstance(v, np.integer):
-                    clean[k] = int(v)
-                else:
-                    clean[k] = str(v) if k == "stage" else v
-            rows.append(clean)
-        return rows
-
-    total_rows = records(totals)
+    total_rows = _records(totals)
     whole = sum(r["host_wall_ns"] or 0 for r in total_rows)
     for r in total_rows:  # share of all stages' host wall (steps and outside them): the shares add up to 1
         r["share"] = (r["host_wall_ns"] or 0) / whole if whole else 0.0
@@ -203,17 +173,17 @@ def summary_data(
         "devices": gpu_devices(parsed),
         "rank": parsed.rank,
         "findings": findings,
-        "gpu_activity_ns": gpu_total,
+        "gpu_activity_ns": tops["gpu_activity_ns"],
         "totals": total_rows,
-        "per_step": records(per_step),
+        "per_step": _records(per_step),
         "step_totals": _step_totals(per_step, steps),
         "steady_totals": _steady_totals(per_step, steps),
         "critical_path": critical_path,
         "without_profiler": unprofiled,
-        "top_kernels": top_kernels,
-        "top_ops": top_ops,
-        "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
-        "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
+        "top_kernels": tops["top_kernels"],
+        "top_ops": tops["top_ops"],
+        "gpu_time_by_rule": tops["gpu_time_by_rule"],
+        "op_time_by_rule": tops["op_time_by_rule"],
         "runtime_calls": top_calls(parsed.runtime_calls, top),
         "communication": communication_data(
             parsed.table("collectives"),
@@ -231,6 +201,55 @@ def summary_data(
             "dropped": dict(parsed.raw.report.dropped),
         },
     }
+
+
+def _replayed(parsed: ParsedTrace, done: Callable[..., None]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The findings, the critical path (with its replay without the profiler) and the steps replayed without
+    the profiler; ``done`` is told what is read for the last time."""
+    findings = findings_data(parsed.table("findings"))  # what to change first (profparse advise)
+    done("flop_counts")  # the flops table is made: what the efficiency section reads
+    critical_path = critical_path_data(parsed.table("critical_path"))
+    done("critical_path")  # before the replayed path, which holds the most
+    critical_path["without_profiler"] = path_without_profiler(parsed)  # the steady steps' path, replayed without it
+    unprofiled = without_profiler(parsed)  # the steps replayed without the profiler's own cost
+    done("replay_model")
+    return findings, critical_path, unprofiled
+
+
+def _tops(parsed: ParsedTrace, top: int, done: Callable[..., None]) -> dict[str, Any]:
+    """GPU activity time, the top kernels and ops per stage, time per stage rule; ``done`` as in :func:`_replayed`."""
+    kernels = parsed.table("kernels")  # internal: the columns read here hold no NULL, and a public copy is ~as big
+    ops = parsed.table("ops")
+    rules = kernels.groupby("stage_rule", observed=True)["dur_ns"].sum() if len(kernels) else pd.Series()
+    op_rules = ops.groupby("stage_rule", observed=True)["self_ns"].sum() if len(ops) else pd.Series()
+    out = {
+        "gpu_activity_ns": int(kernels["dur_ns"].sum()) if len(kernels) else 0,
+        "top_kernels": _top(kernels, "dur_ns", top, kernel=True),
+        "top_ops": _top(ops, "self_ns", top, kernel=False),
+        "gpu_time_by_rule": {str(k): int(v) for k, v in rules.items() if v},
+        "op_time_by_rule": {str(k): int(v) for k, v in op_rules.items() if v},
+    }
+    del kernels, ops
+    done("kernels", "ops")
+    return out
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows of a stage summary as JSON-ready dicts: NULL and NA as None, numpy integers as int, stages as text."""
+    rows = []
+    for r in frame.to_dict("records"):
+        clean = {}
+        for k, v in r.items():
+            if k == "scope":
+                continue
+            if v is pd.NA or (isinstance(v, int | np.integer) and v == NULL):
+                clean[k] = None
+            elif isinstance(v, np.integer):
+                clean[k] = int(v)
+            else:
+                clean[k] = str(v) if k == "stage" else v
+        rows.append(clean)
+    return rows
 
 
 def _cell(column: str, value: Any) -> str:
