@@ -209,8 +209,9 @@ def test_labels_are_each_rows_text_and_nan_where_missing() -> None:
 
     quoted = 'é"x'
     column = pd.Series(pd.Categorical(["b", None, "a", quoted, "b", None], categories=["a", "b", quoted, "unused"]))
-    codes, texts = _labels(column)
-    assert [texts[c] for c in codes] == ["b", "nan", "a", quoted, "b", "nan"]
+    for values in (column, column.astype(object)):  # categorical, or plain strings
+        codes, texts = _labels(values)
+        assert [texts[c] for c in codes] == ["b", "nan", "a", quoted, "b", "nan"]
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 6, 13])

@@ -68,6 +68,8 @@ def _labels(column: pd.Series) -> tuple[list[int], list[str]]:
     """A categorical column as (a code per row, the text of each code), each text made once (as a str per row they
     were ~100 MB per column of a big trace's path); "nan" where missing, a JSON string (as pandas 2's
     ``astype(str)`` gave; pandas 3's keeps it missing, which would be written as JSON's invalid ``NaN``)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):  # e.g. a table read back as plain strings
+        column = column.astype("category")
     codes = column.cat.codes.to_numpy()
     texts = [*column.cat.categories.astype(str), "nan"]
     return np.where(codes < 0, len(texts) - 1, codes).tolist(), texts
@@ -98,8 +100,8 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
     track_tid = intervals["track"].map(tid_of).to_numpy()
     stage, stage_text = _labels(intervals["stage"])
     stage_json = [_json(text) for text in stage_text]
-    rule, rule_json = _labels(intervals["rule"])
-    rule_json = [_json(text) for text in rule_json]
+    rule, rule_text = _labels(intervals["rule"])
+    rule_json = [_json(text) for text in rule_text]
     step = intervals["step"].to_numpy()
     start = intervals["start_ns"].to_numpy()
     stop = intervals["end_ns"].to_numpy()
@@ -142,8 +144,8 @@ def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[st
     yield from _thread_metadata(pid, tid, CRITICAL_PATH_TRACK)
     bound, bound_text = _labels(path["bound"])
     stage, stage_text = _labels(path["stage"])
-    name, name_json = _labels(path["name"])
-    name_json = [_json(text) for text in name_json]
+    name, name_text = _labels(path["name"])
+    name_json = [_json(text) for text in name_text]
     step = path["step"].to_numpy()
     start = path["start_ns"].to_numpy()
     stop = path["end_ns"].to_numpy()
