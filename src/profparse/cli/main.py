@@ -77,6 +77,36 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated
 
 
+#: How long after a signal was lost (below) it is raised again.
+REDELIVER_S = 0.01
+
+
+def _lost_signal(hook_args: object) -> None:
+    """``sys.unraisablehook`` during :func:`main`. A signal that lands while Python runs code whose exceptions it
+    ignores (a weakref callback of the import system, a ``__del__``) raises its KeyboardInterrupt there: Python
+    prints "Exception ignored" with a traceback and goes on as if no signal came. Such an exception is raised
+    again a moment later (SIGALRM), where it ends the run as any Ctrl-C does; any other goes to Python's hook."""
+    exc_type = getattr(hook_args, "exc_type", None)
+    if _signalled is not None and isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt | Terminated):
+        if _set_handler(_raise_again, signal.SIGALRM) is not None or signal.getsignal(signal.SIGALRM) is _raise_again:
+            signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
+        return
+    sys.__unraisablehook__(hook_args)  # type: ignore[arg-type]
+
+
+def _raise_again(signum: int, frame: object) -> None:
+    """SIGALRM after a lost signal: its exception, raised where the program runs now (again lost: again later)."""
+    raise Terminated if _signalled == signal.SIGTERM else KeyboardInterrupt
+
+
+def _no_lost_signals() -> None:
+    """The end of :func:`main`: no signal raised again after it, Python's own hooks back."""
+    if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) is _raise_again:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _set_handler(signal.SIG_DFL, signal.SIGALRM)
+    sys.unraisablehook = sys.__unraisablehook__
+
+
 def stopped_by(exc: BaseException) -> int | None:
     """The signal an exception stands for: SIGINT for a KeyboardInterrupt (SIGTERM for :class:`Terminated`), in
     itself or anywhere in its ``__cause__`` / ``__context__`` chain, else the signal that arrived during the run;
@@ -163,11 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     guard_std_streams()
     _signalled = None
     previous_int = _set_handler(_interrupt)
+    if hasattr(signal, "setitimer") and sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = _lost_signal
     try:
         return _main(argv)
     except (KeyboardInterrupt, Terminated) as exc:  # a signal that landed while an error was being reported
         return _stopped(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     finally:
+        if sys.unraisablehook is _lost_signal:
+            _no_lost_signals()
         if previous_int is not None:
             _set_handler(previous_int)
 
