@@ -96,8 +96,14 @@ def run(args):
     time.sleep(3)
     return 0
 
+def mine(signum, frame):
+    pass
+
+signal.signal(signal.SIGALRM, mine)  # a program's own: back after main
 summarize_cmd.run = run
-sys.exit(main.main(["summarize", "trace.json"]))
+code = main.main(["summarize", "trace.json"])
+print(signal.getsignal(signal.SIGALRM) is mine, sys.unraisablehook is sys.__unraisablehook__)
+sys.exit(code)
 """
 
 
@@ -105,7 +111,8 @@ sys.exit(main.main(["summarize", "trace.json"]))
 def test_a_signal_lost_in_a_callback_is_raised_again(tmp_path: Path, kind: str) -> None:
     """A Ctrl-C that lands in code whose exceptions Python ignores (a weakref callback of the import system: seen
     in a CI run) was lost, with "Exception ignored" and a traceback on stderr, and the run went on to exit 0. It
-    is raised again a moment later: the run ends as any Ctrl-C does. Another ignored exception is Python's to print."""
+    is raised again a moment later: the run ends as any Ctrl-C does. Another ignored exception is Python's to print.
+    Either way the program's own SIGALRM handler and Python's hook are back after ``main``."""
     proc = subprocess.run(
         [sys.executable, "-c", _LOST_SIGNAL, kind], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
@@ -115,3 +122,4 @@ def test_a_signal_lost_in_a_callback_is_raised_again(tmp_path: Path, kind: str) 
     else:
         assert proc.returncode == 0, proc.stderr
         assert "Exception ignored" in proc.stderr and "ValueError: in a callback" in proc.stderr
+    assert proc.stdout.split() == ["True", "True"]

@@ -14,6 +14,7 @@ import pandas as pd
 from profparse.analysis.critical_path import BOUNDS
 from profparse.analysis.memory_categories import CATEGORIES
 from profparse.analysis.quality import gpu_devices
+from profparse.base.arrays import text_codes
 from profparse.base.formats import bytes_text, display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
 
@@ -138,10 +139,8 @@ def _path_make_up(parsed: ParsedTrace, per_step: bool) -> dict[tuple[str, str], 
     if path is None:
         return {}
     ns = path["end_ns"].to_numpy() - path["start_ns"].to_numpy()
-    # grouped by codes, named after: a text per segment of a big trace's path was ~100 MB a column
-    (stage, stages), (bound, bounds) = (pd.factorize(path[c], use_na_sentinel=False) for c in ("stage", "bound"))
+    (stage, stages), (bound, bounds) = text_codes(path["stage"]), text_codes(path["bound"])
     sums = pd.DataFrame({"stage": stage, "bound": bound, "ns": ns}).groupby(["stage", "bound"], sort=False)["ns"].sum()
-    stages, bounds = [str(x) for x in stages], [str(x) for x in bounds]
     steps = max(len(parsed.steps), 1) if per_step else 1
     return {(stages[a], bounds[b]): float(v) / steps for (a, b), v in sums.items()}
 

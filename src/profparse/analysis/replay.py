@@ -373,9 +373,7 @@ def run(model: Model, per_event_ns: np.ndarray, change: Change | None = None, de
     change = change or Change()
     h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
     gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
-    ends, off_times, off_values, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
-    off_t, off_v = np.asarray(off_times), np.asarray(off_values)
-    del off_times, off_values
+    ends, off_t, off_v, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
     frame = _frame(model, h_knots, ends, off_t, off_v)
     if unchanged:
         model.unchanged.setdefault(_cost_key(per_event_ns), frame.copy())
@@ -420,7 +418,7 @@ def _mapped(model: Model, h_knots: np.ndarray, off_t: np.ndarray, off_v: np.ndar
 
 def _simulate(
     model: Model, h_knots: np.ndarray, gpu: Gpu, dropped: np.ndarray | None, detail: bool = False
-) -> tuple[np.ndarray, list[float], list[float], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """One pass in trace order over GPU activities (by start) and blocking calls (by end): each activity's
     replayed end; the host offset after each call (times, values; the first entry: none yet); with ``detail``
     each activity's replayed start and binding cause, and whether each call waited for its activity."""
@@ -468,7 +466,7 @@ def _simulate(
             waited[c] = done > own_end
         off_t.append(c_end[c])
         off_v.append(done - h1[c])
-    return np.frombuffer(ends, dtype=np.float64).copy(), off_t, off_v, (starts, cause, waited)
+    return np.frombuffer(ends, dtype=np.float64).copy(), np.asarray(off_t), np.asarray(off_v), (starts, cause, waited)
 
 
 def _values(values: np.ndarray) -> array:

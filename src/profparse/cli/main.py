@@ -79,6 +79,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 #: How long after a signal was lost (below) it is raised again.
 REDELIVER_S = 0.01
+#: The SIGALRM handler :func:`_lost_signal` replaced, put back at the end of :func:`main`.
+_alarm_before: object = None
 
 
 def _lost_signal(hook_args: object) -> None:
@@ -86,9 +88,12 @@ def _lost_signal(hook_args: object) -> None:
     ignores (a weakref callback of the import system, a ``__del__``) raises its KeyboardInterrupt there: Python
     prints "Exception ignored" with a traceback and goes on as if no signal came. Such an exception is raised
     again a moment later (SIGALRM), where it ends the run as any Ctrl-C does; any other goes to Python's hook."""
+    global _alarm_before
     exc_type = getattr(hook_args, "exc_type", None)
     if _signalled is not None and isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt | Terminated):
-        if _set_handler(_raise_again, signal.SIGALRM) is not None or signal.getsignal(signal.SIGALRM) is _raise_again:
+        if signal.getsignal(signal.SIGALRM) is not _raise_again:
+            _alarm_before = _set_handler(_raise_again, signal.SIGALRM)
+        if signal.getsignal(signal.SIGALRM) is _raise_again:  # (not where SIGALRM is ignored)
             signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
         return
     sys.__unraisablehook__(hook_args)  # type: ignore[arg-type]
@@ -100,10 +105,12 @@ def _raise_again(signum: int, frame: object) -> None:
 
 
 def _no_lost_signals() -> None:
-    """The end of :func:`main`: no signal raised again after it, Python's own hooks back."""
-    if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) is _raise_again:
+    """The end of :func:`main`: no signal raised again after it, the SIGALRM handler and Python's hook back."""
+    global _alarm_before
+    if signal.getsignal(signal.SIGALRM) is _raise_again:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        _set_handler(signal.SIG_DFL, signal.SIGALRM)
+        _set_handler(_alarm_before if _alarm_before is not None else signal.SIG_DFL, signal.SIGALRM)
+        _alarm_before = None
     sys.unraisablehook = sys.__unraisablehook__
 
 

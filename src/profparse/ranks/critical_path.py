@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import text_codes
 from profparse.base.formats import plain
 from profparse.ranks.late import HOST_COLLECTIVE
 
@@ -67,12 +68,9 @@ def overlaps(
 
 def _waiting_rows(path: pd.DataFrame) -> pd.DataFrame:
     """The path's segments that can be a wait, sorted by start, as plain int64 and text columns."""
-    # each distinct bound and name tested once, the rows by their codes (a text per segment of a big trace's path
-    # was ~100 MB a column, and the name's regular expression ran on every segment)
-    bound, bounds = pd.factorize(path["bound"], use_na_sentinel=False)
-    name, names = pd.factorize(path["name"], use_na_sentinel=False)
-    bounds = np.array([str(b) for b in bounds], dtype=object)
-    collective = np.array([HOST_COLLECTIVE.match(str(n)) is not None for n in names], dtype=bool)
+    # each distinct bound and name tested once, the rows by their codes (the name's pattern ran on every segment)
+    (bound, bounds), (name, names) = text_codes(path["bound"]), text_codes(path["name"])
+    collective = np.array([HOST_COLLECTIVE.match(n) is not None for n in names], dtype=bool)
     keep = np.isin(bounds, list(WAIT_BOUNDS))[bound] | ((bounds == "cpu_op")[bound] & collective[name])
     part = path[keep]
     frame = pd.DataFrame(

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
+from profparse.base.arrays import text_codes
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
 from profparse.outputs.views._common import Figure, Prepared, fmt_time, step_windows, time_unit, trace_title
@@ -48,7 +49,7 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     start = path["start_ns"].to_numpy(np.int64)
     end = path["end_ns"].to_numpy(np.int64)
     step = path["step"].to_numpy(np.int64)
-    bound, bound_texts = _factorized(path["bound"])
+    bound, bound_texts = text_codes(path["bound"])
     short = (end - start) < gap
     pixel = (start - origin) // max(gap, 1)
     joined = np.zeros(len(path), dtype=bool)
@@ -75,16 +76,10 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     )
 
 
-def _factorized(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """A code per row (in order of first appearance) and each code's text ("nan" where missing)."""
-    codes, uniques = pd.factorize(column, use_na_sentinel=False)
-    return codes, np.array([str(x) for x in uniques], dtype=object)
-
-
 def _per_step(path: pd.DataFrame, bounds: list[str]) -> pd.DataFrame:
     """ns on the path per step (index) and bound (columns, in ``bounds`` order)."""
     ns = path["end_ns"].to_numpy(np.int64) - path["start_ns"].to_numpy(np.int64)
-    codes, texts = _factorized(path["bound"])
+    codes, texts = text_codes(path["bound"])
     frame = pd.DataFrame({"step": path["step"].to_numpy(np.int64), "bound": codes, "ns": ns})
     wide = frame.groupby(["step", "bound"])["ns"].sum().unstack(fill_value=0)
     wide.columns = texts[wide.columns.to_numpy()]
@@ -111,7 +106,7 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
     spans["name"] = codes.astype(np.int64)
     kernel = spans.groupby("name", sort=True)["bound"].first().isin(GPU_BOUNDS).to_numpy()
     short = [shorten_name(str(n), NAME_WIDTH, kernel=bool(k)) for n, k in zip(names, kernel, strict=True)]
-    present = set(_factorized(path["bound"])[1])
+    present = set(text_codes(path["bound"])[1])
     bounds = [b for b in BOUNDS if b in present]
     spans["bound"] = pd.Categorical(spans["bound"], categories=bounds).codes.astype(np.int64)  # a code in bounds
     spans["stage"] = pd.Categorical(spans["stage"], categories=list(STAGES)).codes.astype(np.int64)  # in stages
