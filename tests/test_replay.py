@@ -406,3 +406,39 @@ def test_the_unchanged_replay_is_made_once_per_cost(tmp_path: Path, monkeypatch:
     assert rp.mean_step(model, cost) == float(rp.run(model, cost, detail=False).frame["step_ns"].mean()) > 0
     assert rp.mean_step(model, cost, rp.Change(calls_dropped=np.ones(len(model.calls.start), dtype=bool))) > 0
     assert len(made) == 4  # a change, and the check above, replay again
+
+
+def _waiting_steps() -> TraceBuilder:
+    """Three steps: a gemm on stream 7, then a kernel on stream 9 that waits for it (cudaEventRecord after the
+    gemm's launch, cudaStreamWaitEvent before the waiter's), then a cudaDeviceSynchronize."""
+    from tests.test_critical_path import _cuda_sync, _on_stream, _sync
+
+    b = TraceBuilder(autograd_thread=False)
+    t0 = 0.0
+    for step in range(3):
+        b.launch(t0 + 12, t0 + 20, 460, name="gemm")
+        record = _sync(b, "cudaEventRecord", t0 + 14, 1)
+        wait = _sync(b, "cudaStreamWaitEvent", t0 + 18, 1)
+        _cuda_sync(b, "Stream Wait Event", wait, 9, 7, record, True)
+        _on_stream(b.launch(t0 + 30, t0 + 482, 100, name="waiter")[1], 9)
+        _sync(b, "cudaDeviceSynchronize", t0 + 40, 545)
+        b.annotation(f"ProfilerStep#{step + 1}", t0, 600)
+        t0 += 601
+    return b
+
+
+def test_a_kernel_that_waits_for_another_stream_follows_it(tmp_path: Path) -> None:
+    """The waiter starts after the gemm it waited for, in the replay as in the trace: unchanged it starts where
+    it started; with the gemm twice as long it moves with the gemm's end (its binding cause: the wait), and the
+    step grows by the gemm's extra time."""
+    model = _model(_waiting_steps(), tmp_path)
+    assert (model.gpu.wait >= 0).sum() == 2  # the steady steps' waiters (the first step is warm-up)
+    none = np.zeros(len(rp.OVERHEAD_KINDS))
+    same = rp.run(model, none)
+    assert np.allclose(same.starts, model.gpu.start) and np.allclose(same.ends, model.gpu.start + model.gpu.dur)
+    gemm = np.flatnonzero(model.gpu.wait < 0)
+    waiter = np.flatnonzero(model.gpu.wait >= 0)
+    slower = rp.run(model, none, rp.Change(gpu_scale=np.where(model.gpu.wait < 0, 2.0, 1.0)))
+    assert np.array_equal(slower.cause[waiter], [2, 2])
+    assert np.allclose(slower.starts[waiter], slower.ends[gemm] + 2000.0)  # the trace's 2 us after the gemm
+    assert np.allclose(slower.frame["step_ns"] - same.frame["step_ns"], 460_000.0)
