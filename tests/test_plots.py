@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -320,3 +321,32 @@ def test_roofline_points_have_their_math_modes_roof_and_one_label_per_op():
     labels = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
     assert len(prepared["mode_peaks"]) >= 2  # bf16 convolutions, fp32 elementwise ops
     assert {f"{m} peak {v:g} TFLOP/s" for m, v in prepared["mode_peaks"].items()} <= labels
+
+
+@pytest.mark.parametrize("kind", ["timeline", "critical_path"])
+def test_step_labels_of_many_steps_do_not_overlap(tmp_path, kind):
+    """300 steps in a few inches: the step labels drawn (measured by the renderer) never overlap, and there are
+    still several of them, the first step's among them; the critical path's per-step rows keep one bar per step."""
+    import matplotlib.pyplot as plt
+
+    b = TraceBuilder()
+    t0 = 0.0
+    for step in range(1, 301):
+        t0 = training_step(b, step, t0) + 1
+    parsed = profparse.parse(b.write(tmp_path / "steps.json"))
+    fig, why = plots.make_figure(parsed, kind)
+    assert why is None and fig is not None
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)  # the layout as it is saved
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text().startswith("step ")]
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda box: box.x0)
+    assert 5 <= len(boxes) < 100 and labels[0].get_text() == "step 1"
+    assert all(a.x1 <= b.x0 for a, b in pairwise(boxes)), [(a.x0, a.x1) for a in boxes[:6]]
+    if kind == "critical_path":
+        rows = fig.axes[1]
+        ticks = [t for t in rows.get_yticklabels() if t.get_text()]
+        tick_boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda box: box.y0)
+        assert 5 <= len(ticks) < 100 and all(a.y1 <= b.y0 for a, b in pairwise(tick_boxes))
+        assert len(rows.patches) >= 300 and len(rows.patches) % 300 == 0  # a bar per step and bound drawn
+    plt.close(fig)

@@ -167,3 +167,45 @@ def step_windows(steps: pd.DataFrame, origin: int) -> pd.DataFrame:
             "end_ns": (steps["end_ns"] - origin).to_numpy(np.int64),
         }
     )
+
+
+#: a label's width per character, in font sizes (DejaVu Sans, matplotlib's default: digits 0.64, lower case ~0.6)
+CHAR_WIDTH_EM = 0.62
+
+
+def spaced(centers: Sequence[float], texts: Sequence[str], axis_units: float, fontsize: float) -> list[int]:
+    """Which labels to draw, left to right, so that none runs into the one drawn before it: ``centers`` in the
+    axis' data units, ``axis_units`` the data units per inch of the axis."""
+    keep: list[int] = []
+    last_end = -np.inf
+    for i, (center, text) in enumerate(zip(centers, texts, strict=True)):
+        half = (len(text) + 1) * CHAR_WIDTH_EM * fontsize / 72 * axis_units / 2  # a character's space on each side
+        if center - half >= last_end:
+            keep.append(i)
+            last_end = center + half
+    return keep
+
+
+def mark_steps(
+    ax: Any, steps: pd.DataFrame, scale: float, span: float, y: float, fontsize: float = 8, **line: Any
+) -> None:
+    """A dashed line at each step's start and ``step N`` over its middle at height ``y`` (axes fraction), leaving
+    out the labels that would run into the one before (hundreds of steps in a few inches)."""
+    from matplotlib.transforms import blended_transform_factory
+
+    along = blended_transform_factory(ax.transData, ax.transAxes)
+    width_in = ax.get_position().width * ax.figure.get_figwidth()
+    texts = [f"step {s}" for s in steps["step"]]
+    middles = ((steps["start_ns"] + steps["end_ns"]) / 2 / scale).to_numpy(float)
+    for start in steps["start_ns"].to_numpy(float):
+        ax.axvline(start / scale, color="#333333", linestyle="--", linewidth=0.7, **line)
+    for i in spaced(middles, texts, span / scale / max(width_in, 1e-9), fontsize):
+        ax.text(middles[i], y, texts[i], transform=along, fontsize=fontsize, va="bottom", ha="center")
+
+
+def thinned_ticks(count: int, height_in: float, fontsize: float) -> list[int]:
+    """Every k-th of ``count`` rows (from the first) whose labels fit ``height_in`` inches at ``fontsize`` with a
+    line's spacing each."""
+    fits = max(int(height_in * 72 / (fontsize * 1.5)), 1)
+    every = max(-(-count // fits), 1)
+    return list(range(0, count, every))

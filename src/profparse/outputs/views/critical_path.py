@@ -18,7 +18,17 @@ from profparse.analysis.critical_path import BOUNDS
 from profparse.base.arrays import text_codes
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
-from profparse.outputs.views._common import Figure, Prepared, fmt_time, step_windows, time_unit, trace_title
+from profparse.outputs.views._common import (
+    Figure,
+    Prepared,
+    fmt_time,
+    mark_steps,
+    step_windows,
+    style,
+    thinned_ticks,
+    time_unit,
+    trace_title,
+)
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -142,9 +152,7 @@ def draw(prepared: Prepared) -> Figure:
         width = np.maximum((group["end_ns"] - group["start_ns"]).to_numpy(float), span / 1500)
         pairs = list(zip(start / scale, width / scale, strict=True))
         top.broken_barh(pairs, (0, 1), facecolors=colors[bounds[int(code)]], linewidth=0)
-    for st in prepared["steps"].itertuples(index=False):
-        top.axvline(st.start_ns / scale, color="#333333", linestyle="--", linewidth=0.7)
-        top.text((st.start_ns + st.end_ns) / 2 / scale, 1.05, f"step {st.step}", ha="center", va="bottom", fontsize=8)
+    mark_steps(top, prepared["steps"], scale, span, 1.05)
     top.set_xlim(0, span / scale * 1.005)
     top.set_yticks([])
     gap = fmt_time(prepared["gap_ns"])
@@ -153,12 +161,16 @@ def draw(prepared: Prepared) -> Figure:
     per_step = prepared["per_step"]
     step_scale, step_unit = time_unit(float(per_step.sum(axis=1).max()))
     left = np.zeros(len(per_step))
-    labels = [f"step {s}" for s in per_step.index]
+    rows = np.arange(len(per_step))
+    edge = 0.4 if len(per_step) <= 60 else 0.0  # white edges would hide bars a pixel or two high
     for bound in bounds:
         values = per_step[bound].to_numpy(float) / step_scale
-        bottom.barh(labels, values, left=left, color=colors[bound], edgecolor="white", linewidth=0.4)
+        bottom.barh(rows, values, left=left, color=colors[bound], edgecolor="white", linewidth=edge)
         left += values
-    bottom.invert_yaxis()
+    # one label per step where they fit, else every k-th (a long capture has hundreds of steps)
+    shown = thinned_ticks(len(per_step), bottom.get_position().height * fig.get_figheight(), style()["ytick.labelsize"])
+    bottom.set_yticks(shown, [f"step {per_step.index[i]}" for i in shown])
+    bottom.set_ylim(len(per_step) - 0.5, -0.5)
     bottom.set_xlabel(f"time on the critical path ({step_unit})")
     handles = [Patch(facecolor=colors[b], label=b) for b in bounds]
     bottom.legend(handles=handles, title="bound", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

@@ -20,6 +20,7 @@ from profparse.outputs.views._common import (
     Figure,
     Prepared,
     fmt_time,
+    mark_steps,
     stage_legend,
     step_windows,
     time_unit,
@@ -105,17 +106,7 @@ def draw(prepared: Prepared) -> Figure:
     ax.set_ylim(len(tracks) - 0.5, -0.5)
     steps = prepared["steps"]
     if len(steps):
-        from matplotlib.transforms import blended_transform_factory
-
-        along = blended_transform_factory(ax.transData, ax.transAxes)
-        last_label = -np.inf
-        for st in steps.itertuples(index=False):
-            mid = (st.start_ns + st.end_ns) / 2
-            ax.axvline(st.start_ns / scale, color="#333333", linestyle="--", linewidth=0.7, alpha=0.6)
-            # label each step at its middle, skipping labels that would run into the previous one
-            if mid / scale - last_label >= span / scale * 0.05:
-                ax.text(mid / scale, 1.01, f"step {st.step}", transform=along, fontsize=8, va="bottom", ha="center")
-                last_label = mid / scale
+        mark_steps(ax, steps, scale, span, 1.01, alpha=0.6)
     ax.set_xlim(0, span / scale * 1.005)
     gap = fmt_time(prepared["gap_ns"])
     ax.set_xlabel(f"time since first event ({unit});  same-stage spans closer than {gap} drawn as one bar")
