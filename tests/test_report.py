@@ -271,6 +271,28 @@ def test_page_opens_without_errors_and_shows_the_summary_numbers(tmp_path, trace
     assert steps and all(int(c["data-value"]) == per_step[(int(c["data-step"]), c["data-stage"])] for c in steps)
 
 
+def test_a_long_capture_folds_its_steps_and_shortens_a_findings_step_list(tmp_path):
+    """36 steps, a stall in two of every three: the per-step table shows 20 rows and folds the rest (still in the
+    page, behind a button); the finding's step list reads as the summary's heading does, the whole list on hover."""
+    from test_advice import _gap_steps
+
+    from profparse.analysis.advice.finding import parse_steps, steps_text
+    from profparse.outputs.summary.findings import steps_label
+
+    trace = _gap_steps(tmp_path, [9_000, 9_000, 1_000] * 12)
+    dom = dump_dom(write(trace, tmp_path / "r.html"))
+    read_dom(dom)
+    rows = re.findall(r'<tr data-step="(\d+)"( class="more")?>', dom)
+    assert [int(n) for n, _ in rows] == list(range(36))
+    assert [bool(more) for _, more in rows] == [False] * 20 + [True] * 16
+    assert 'id="per-step-more">show all 36 steps</button>' in dom
+    found = parsed_once(trace).findings
+    steps = parse_steps(found.loc[found["kind"] == "between_steps", "steps"].iloc[0])
+    label = steps_label(steps)
+    assert "..." in label and f"({len(steps)} steps)" in label
+    assert f'<span title="steps {steps_text(steps)}"> · {label}</span>' in dom
+
+
 def test_names_with_markup_stay_text(tmp_path):
     b = TraceBuilder()
     t = training_step(b, 0, 0.0)

@@ -15,6 +15,8 @@
   var t0 = performance.now();
   var P = JSON.parse(document.getElementById("payload").textContent);
   var STAGES = P.meta.stages, COLORS = P.meta.colors;
+  var STEP_ROWS = 20;  // per-step rows shown before "show all"
+  var STEPS_SHOWN = 40;  // characters of a finding's step list shown whole (summary: findings.STEPS_SHOWN)
   var params = new URLSearchParams(location.search);
 
   // -- small helpers ------------------------------------------------------------------------------------------
@@ -140,7 +142,17 @@
       return tr;
     });
     s.appendChild(el("h3", {id: "per-step", text: "Per step: host wall per stage (share of the step)"}));
-    s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
+    var perStep = table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step");
+    s.appendChild(perStep);
+    if (body2.length > STEP_ROWS) {  // a long capture: the first rows, the rest a click away (still in the page)
+      body2.slice(STEP_ROWS).forEach(function (tr) { tr.classList.add("more"); });
+      var more = el("button", {text: "show all " + body2.length + " steps", id: "per-step-more"});
+      more.onclick = function () {
+        var all = perStep.classList.toggle("all");
+        more.textContent = all ? "show the first " + STEP_ROWS : "show all " + body2.length + " steps";
+      };
+      s.appendChild(el("p", {class: "note"}, [(body2.length - STEP_ROWS) + " more steps not shown ", more]));
+    }
   }
 
   function stagesView(s, v) {
@@ -482,14 +494,20 @@
     });
     return parts.map(function (p) { return p[0] === p[1] ? String(p[0]) : p[0] + "-" + p[1]; }).join(",");
   }
+  function stepsLabel(steps) {  // as the summary's heading (outputs/summary/findings.py steps_label): a long list short
+    if (!steps.length) return "all steps";
+    var text = stepRanges(steps), runs = text.split(","), word = steps.length > 1 ? "steps " : "step ";
+    if (text.length <= STEPS_SHOWN || runs.length <= 3) return word + text;
+    return word + runs[0] + "," + runs[1] + ",...," + runs[runs.length - 1] + " (" + steps.length + " steps)";
+  }
   function findingsSection(s, findings) {
     if (!findings || !findings.length) { s.appendChild(el("p", {class: "note", text: "No finding saves 1% of a step or more."})); return; }
     s.appendChild(el("p", {class: "note", text: findings.length + " findings, the biggest saving first; saving: the time on the step's critical path the fix removes, per step (docs/advice.md; profparse advise lists them with their evidence)."}));
     s.appendChild(el("ol", {class: "findings"}, findings.map(function (f) {
-      var steps = f.steps.length ? (f.steps.length > 1 ? "steps " : "step ") + stepRanges(f.steps) : "all steps";
+      var steps = stepsLabel(f.steps);
       var ev = evidenceItems(f.evidence || {});
       return el("li", {class: "finding", "data-kind": f.kind, "data-saving": String(f.saving_ns_per_step)}, [
-        el("div", {class: "f-head"}, [f.rank != null ? el("b", {text: "rank " + f.rank + " · "}) : null, el("b", {text: f.kind}), " · ", chip(f.stage.split(",")[0]), f.stage, " · " + steps,
+        el("div", {class: "f-head"}, [f.rank != null ? el("b", {text: "rank " + f.rank + " · "}) : null, el("b", {text: f.kind}), " · ", chip(f.stage.split(",")[0]), f.stage, el("span", {title: f.steps.length ? "steps " + stepRanges(f.steps) : "", text: " · " + steps}),
           el("span", {class: "f-save", text: "saves " + fmt(f.saving_ns_per_step) + " per step (" + pct(f.saving_share) + " of a step)"}), el("span", {class: "f-conf", text: "confidence " + f.confidence})]),
         el("div", {class: "f-msg", text: f.message}),
         el("div", {class: "f-fix"}, [el("b", {text: "fix: "}), f.fix]),
