@@ -197,3 +197,23 @@ def test_the_report_payload_released_is_the_same_and_keeps_what_its_views_read()
     assert not {"replay_model", "flop_counts"} & released.computed()
     assert set(VIEWS_READ) <= released.computed()
     assert len(made) == len(set(made)), made  # nothing given back was made again
+
+
+def test_a_long_capture_prints_its_first_and_last_steps(tmp_path):
+    """40 steps: the terminal's per-step table shows the first 14 and the last 5 with a row of dots between and
+    says how many it left out; markdown and csv keep every step."""
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(1, 41):
+        t = training_step(b, step, t) + 1
+    data = summary_data(profparse.parse(b.write(tmp_path / "steps.json")))
+    table = render(data).split("\nPer step")[1].split("\n\n")[0].splitlines()
+    body = table[3 : next(i for i, line in enumerate(table) if line.startswith("  ("))]  # title, head, rule
+    rows = [line.split()[0] for line in body]
+    assert rows == [str(s) for s in range(1, 15)] + ["..."] + [str(s) for s in range(36, 41)]
+    assert "  (21 rows left out here: --format markdown, csv or json lists them all)" in table
+    markdown = render(data, "markdown").split("## Per step")[1].split("\n## ")[0]
+    assert all(f"\n| {s} |" in markdown for s in range(1, 41))
+    frame = pd.read_csv(io.StringIO(render(data, "csv")))
+    per_step = frame[(frame["section"] == "Per step") & (frame["column"] == "window_ns")]
+    assert sorted(per_step["step"].astype(int)) == list(range(1, 41))

@@ -236,7 +236,8 @@ class Table:
     ``rows`` hold raw values by column key; the first ``index`` columns name a row (left-aligned; csv's ``step``,
     ``stage`` and ``name``), the rest are its values. ``note`` follows the title in parentheses, ``footer`` the
     table. ``group``: a repeated first cell is shown once. ``records`` replace the csv rows derived from ``rows``
-    (for a pivoted table whose cells hold several values)."""
+    (for a pivoted table whose cells hold several values). ``text_rows``: at most that many rows in a terminal,
+    the first and the last few, with a row saying how many are left out (markdown and csv keep them all)."""
 
     title: str
     columns: list[Column]
@@ -247,6 +248,7 @@ class Table:
     last_left: bool = False
     group: bool = False
     records: list[dict[str, Any]] | None = field(default=None)
+    text_rows: int | None = None
 
     def cells(self) -> list[list[str]]:
         out, previous = [], None
@@ -282,9 +284,26 @@ def tables_text(tables: list[Table]) -> str:
     parts = []
     for t in tables:
         head = f"{t.title} ({t.note})" if t.note else t.title
-        body = text_table([c.label for c in t.columns], t.cells(), t.index, last_left=t.last_left)
+        cells, left_out = _folded(t)
+        body = text_table([c.label for c in t.columns], cells, t.index, last_left=t.last_left)
+        if left_out:
+            body += f"\n  ({left_out:,} rows left out here: --format markdown, csv or json lists them all)"
         parts.append(f"\n{head}\n{body}\n" + (f"  {t.footer}\n" if t.footer else ""))
     return "".join(parts)
+
+
+#: rows a folded table shows after the left-out ones (:attr:`Table.text_rows`)
+FOLDED_TAIL = 5
+
+
+def _folded(t: Table) -> tuple[list[list[str]], int]:
+    """``t``'s cells, its first and last rows only where it has more than ``text_rows`` (with a row of dots
+    between them), and how many it left out."""
+    cells = t.cells()
+    if t.text_rows is None or len(cells) <= t.text_rows:
+        return cells, 0
+    head, tail = t.text_rows - FOLDED_TAIL - 1, FOLDED_TAIL
+    return [*cells[:head], ["..."] + [""] * (len(t.columns) - 1), *cells[-tail:]], len(cells) - head - tail
 
 
 def tables_markdown(tables: list[Table]) -> list[str]:

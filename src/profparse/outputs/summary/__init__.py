@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 FORMATS = ("text", "json", "csv", "markdown")
 HOST_COLUMNS = frozenset({"host_wall_ns", "host_op_ns"})
 TOP_N = 5
+STEP_ROWS = 20  # the per-step table's rows in a terminal (the first and last steps; the other formats list all)
 LABEL_WIDTH = 60  # the kernel/op column of a text line of at most 100 characters
 TOTAL_COLUMNS = (
     ("host_wall_ns", "host wall"),
@@ -317,6 +318,7 @@ def _per_step_tables(data: dict[str, Any]) -> list[Table]:
                 "  window: the step's span (its time when no stage ran, e.g. between ops, counts in no stage)"
             ),
             records=records,
+            text_rows=STEP_ROWS,
         )
     ]
 
