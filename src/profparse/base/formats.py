@@ -292,7 +292,10 @@ def tables_text(tables: list[Table]) -> str:
     return "".join(parts)
 
 
-#: rows a folded table shows after the left-out ones (:attr:`Table.text_rows`)
+#: rows a per-step table shows in a terminal (:attr:`Table.text_rows`): a capture of hundreds of steps would bury
+#: the sections after it; markdown, csv and json list every step
+STEP_ROWS = 20
+#: rows a folded table shows after the left-out ones
 FOLDED_TAIL = 5
 
 

@@ -25,6 +25,7 @@ from profparse.analysis.profiler_cost import (
 )
 from profparse.analysis.quality import gpu_devices
 from profparse.base.formats import (
+    STEP_ROWS,
     Column,
     Table,
     display,
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 FORMATS = ("text", "json", "csv", "markdown")
 HOST_COLUMNS = frozenset({"host_wall_ns", "host_op_ns"})
 TOP_N = 5
-STEP_ROWS = 20  # the per-step table's rows in a terminal (the first and last steps; the other formats list all)
 LABEL_WIDTH = 60  # the kernel/op column of a text line of at most 100 characters
 TOTAL_COLUMNS = (
     ("host_wall_ns", "host wall"),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profparse.analysis.flop_counts import STATUS
-from profparse.base.formats import Column, Table, ms_text, share_text
+from profparse.base.formats import STEP_ROWS, Column, Table, ms_text, share_text
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -97,7 +97,8 @@ def efficiency_tables(data: dict[str, Any]) -> list[Table]:
     out = [Table("Efficiency", columns, section["stages"], note="ms", footer=footer)]
     if any(s["mfu"] is not None for s in section["steps"]):
         step_columns = [Column("step", "step"), Column("flops", "GFLOPs", _gflops), Column("mfu", "MFU", share_text)]
-        out.append(Table("MFU per step", step_columns, section["steps"], note="model FLOPs / (step window x peak)"))
+        note = "model FLOPs / (step window x peak)"
+        out.append(Table("MFU per step", step_columns, section["steps"], note=note, text_rows=STEP_ROWS))
     if section["not_counted"]:
         columns = [Column("time_ns", "ms", ms_text), Column("count", "calls", lambda n: f"{n:,}"), Column("name", "op")]
         note = f"no FLOP formula or no shapes; {basis} ms"

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from profparse.analysis.memory_categories import CATEGORIES
-from profparse.base.formats import Column, Table, display, total_bytes_text
+from profparse.base.formats import STEP_ROWS, Column, Table, display, total_bytes_text
 from profparse.trace.kinds import NULL
 
 TOP_ACTIVATIONS = 5
@@ -80,7 +80,7 @@ def _peak_table(device: str, steps: list[dict[str, Any]], several: bool) -> Tabl
     title = f"Memory at the peak, by category, {display(device)}" if several else "Memory at the peak, by category"
     note = "" if several else f"{display(device)}; "
     note += "live at each step's highest Total Allocated; at: its stage"
-    return Table(title, columns, steps, note=note, index=2)
+    return Table(title, columns, steps, note=note, index=2, text_rows=STEP_ROWS)
 
 
 _LABELS = {
