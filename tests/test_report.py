@@ -272,8 +272,9 @@ def test_page_opens_without_errors_and_shows_the_summary_numbers(tmp_path, trace
 
 
 def test_a_long_capture_folds_its_steps_and_shortens_a_findings_step_list(tmp_path):
-    """36 steps, a stall in two of every three: the per-step table shows 20 rows and folds the rest (still in the
-    page, behind a button); the finding's step list reads as the summary's heading does, the whole list on hover."""
+    """36 steps, a stall in two of every three: the per-step table and the critical path's bars per step show 20
+    steps and fold the rest (still in the page, behind a button); the finding's step list reads as the summary's
+    heading does, the whole list on hover."""
     from test_advice import _gap_steps
 
     from profparse.analysis.advice.finding import parse_steps, steps_text
@@ -286,6 +287,10 @@ def test_a_long_capture_folds_its_steps_and_shortens_a_findings_step_list(tmp_pa
     assert [int(n) for n, _ in rows] == list(range(36))
     assert [bool(more) for _, more in rows] == [False] * 20 + [True] * 16
     assert 'id="per-step-more">show all 36 steps</button>' in dom
+    assert '<table class="per-step folded">' in dom  # the stylesheet hides a folded box's rows "more"
+    bars = re.findall(r'<div class="lab( more)?">step (\d+)</div>', dom)  # the critical path's bars per step
+    assert [int(n) for _, n in bars] == list(range(36)) and [bool(m) for m, _ in bars] == [False] * 20 + [True] * 16
+    assert 'id="cp-step-more">show all 36 steps</button>' in dom
     found = parsed_once(trace).findings
     steps = parse_steps(found.loc[found["kind"] == "between_steps", "steps"].iloc[0])
     label = steps_label(steps)

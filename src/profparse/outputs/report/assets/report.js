@@ -142,17 +142,8 @@
       return tr;
     });
     s.appendChild(el("h3", {id: "per-step", text: "Per step: host wall per stage (share of the step)"}));
-    var perStep = table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step");
-    s.appendChild(perStep);
-    if (body2.length > STEP_ROWS) {  // a long capture: the first rows, the rest a click away (still in the page)
-      body2.slice(STEP_ROWS).forEach(function (tr) { tr.classList.add("more"); });
-      var more = el("button", {text: "show all " + body2.length + " steps", id: "per-step-more"});
-      more.onclick = function () {
-        var all = perStep.classList.toggle("all");
-        more.textContent = all ? "show the first " + STEP_ROWS : "show all " + body2.length + " steps";
-      };
-      s.appendChild(el("p", {class: "note"}, [(body2.length - STEP_ROWS) + " more steps not shown ", more]));
-    }
+    s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
+    folded(s, s.lastChild, body2.map(function (tr) { return [tr]; }), "per-step-more");
   }
 
   function stagesView(s, v) {
@@ -494,6 +485,17 @@
     });
     return parts.map(function (p) { return p[0] === p[1] ? String(p[0]) : p[0] + "-" + p[1]; }).join(",");
   }
+  function folded(s, box, items, id) {  // a long capture: the first STEP_ROWS steps shown, the rest a click away
+    if (items.length <= STEP_ROWS) return;
+    items.slice(STEP_ROWS).forEach(function (parts) { parts.forEach(function (e) { e.classList.add("more"); }); });
+    box.classList.add("folded");
+    var more = el("button", {text: "show all " + items.length + " steps", id: id});
+    more.onclick = function () {
+      var hidden = box.classList.toggle("folded");
+      more.textContent = hidden ? "show all " + items.length + " steps" : "show the first " + STEP_ROWS;
+    };
+    s.appendChild(el("p", {class: "note"}, [(items.length - STEP_ROWS) + " more steps not shown ", more]));
+  }
   function stepsLabel(steps) {  // as the summary's heading (outputs/summary/findings.py steps_label): a long list short
     if (!steps.length) return "all steps";
     var text = stepRanges(steps), runs = text.split(","), word = steps.length > 1 ? "steps " : "step ";
@@ -746,17 +748,18 @@
       steps[r._index] = {total: 0}; order.push(r._index);
       d.bounds.forEach(function (b) { steps[r._index][b] = r[b]; steps[r._index].total += r[b]; });
     });
-    var top = Math.max.apply(null, order.map(function (n) { return steps[n].total; }).concat([1])), g = el("div", {class: "hb"});
+    var top = Math.max.apply(null, order.map(function (n) { return steps[n].total; }).concat([1])), g = el("div", {class: "hb"}), items = [];
     order.forEach(function (n) {
       var st = steps[n], bar = el("div", {class: "bar", "data-cp-step": String(n), style: "width:" + (75 * st.total / top).toFixed(2) + "%"});
       d.bounds.forEach(function (b) {
         if (st[b]) bar.appendChild(el("span", {title: b + ": " + fmt(st[b]) + " (" + pct(st[b] / st.total) + ")", style: "width:" + (100 * st[b] / st.total) + "%;background:" + d.colors[b]}));
       });
-      g.appendChild(el("div", {class: "lab", text: "step " + n}));
-      g.appendChild(el("div", {class: "val"}, [bar, el("span", {class: "num", text: fmt(st.total)})]));
+      var lab = el("div", {class: "lab", text: "step " + n}), val = el("div", {class: "val"}, [bar, el("span", {class: "num", text: fmt(st.total)})]);
+      g.appendChild(lab); g.appendChild(val); items.push([lab, val]);
     });
     s.appendChild(el("h3", {text: "Per step, by bound"}));
     s.appendChild(g);
+    folded(s, g, items, "cp-step-more");
     var longest = cp.longest || [];
     if (!longest.length) return;
     s.appendChild(el("h3", {text: "Longest events on the critical path"}));
