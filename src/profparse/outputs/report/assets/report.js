@@ -414,10 +414,12 @@
       var mine = steps.filter(function (r) { return r.device === d; });
       var shown = P.meta.categories.filter(function (c) { return mine.some(function (r) { return r[c]; }); });
       s.appendChild(el("h3", {text: "Memory at the peak, by category (" + d + ")"}));
-      s.appendChild(table(["step", "at", "peak"].concat(shown.map(function (c) { return CATEGORY_LABELS[c] || c; })), mine.map(function (r) {
+      var peakRows = mine.map(function (r) {
         return el("tr", {"data-device": d}, [el("td", {class: "l", text: r.step == null ? "outside" : String(r.step)}), stageCell(r.stage),
           el("td", {text: bytes(r.peak_allocated_bytes)})].concat(shown.map(function (c) { return el("td", {"data-category": c, text: r[c] ? bytes(r[c]) : "-"}); })));
-      }), "memory-peaks", 2));
+      });
+      s.appendChild(table(["step", "at", "peak"].concat(shown.map(function (c) { return CATEGORY_LABELS[c] || c; })), peakRows, "memory-peaks", 2));
+      folded(s, s.lastChild, peakRows.map(function (tr) { return [tr]; }), "");
     });
     s.appendChild(el("p", {class: "note", text: "bytes live in each category at each step's highest Total Allocated (at: its stage); see docs/memory_categories.md"}));
   }
@@ -489,7 +491,7 @@
     if (items.length <= STEP_ROWS) return;
     items.slice(STEP_ROWS).forEach(function (parts) { parts.forEach(function (e) { e.classList.add("more"); }); });
     box.classList.add("folded");
-    var more = el("button", {text: "show all " + items.length + " steps", id: id});
+    var more = el("button", id ? {text: "show all " + items.length + " steps", id: id} : {text: "show all " + items.length + " steps"});
     more.onclick = function () {
       var hidden = box.classList.toggle("folded");
       more.textContent = hidden ? "show all " + items.length + " steps" : "show the first " + STEP_ROWS;
@@ -562,10 +564,12 @@
       basis + " time of ops with no FLOP formula or no shapes."}));
     if (e.steps.some(function (r) { return r.mfu != null; })) {
       s.appendChild(el("h3", {id: "mfu-per-step", text: "MFU per step"}));
-      s.appendChild(table(["step", "GFLOPs", "MFU"], e.steps.map(function (r) {
+      var mfuRows = e.steps.map(function (r) {
         return el("tr", {}, [el("td", {class: "l", text: "step " + r.step}), el("td", {text: gflops(r.flops)}),
           el("td", {"data-eff-step": String(r.step), text: pct(r.mfu)})]);
-      })));
+      });
+      s.appendChild(table(["step", "GFLOPs", "MFU"], mfuRows));
+      folded(s, s.lastChild, mfuRows.map(function (tr) { return [tr]; }), "mfu-step-more");
       s.appendChild(el("p", {class: "note", text: "model FLOPs / (step window x peak)"}));
     }
     if (e.not_counted && e.not_counted.length) {
