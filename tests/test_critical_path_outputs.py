@@ -86,6 +86,23 @@ def test_view_merges_segments_shorter_than_a_pixel_by_their_main_bound(step) -> 
     assert got == [("python", 0, 15, 4), ("gpu_compute", 15, 900, 1), ("python", 900, 1000, 2)]
 
 
+def test_view_names_a_span_by_its_longest_segment_the_first_of_equals() -> None:
+    """A span merges short segments of one step: it is named by the longest of them, the first where two are as
+    long, and takes the bound with most time."""
+    import pandas as pd
+
+    rows = [  # step, start, end, bound, name: one 10 us pixel holds 0-10 in step 1, 10-20 in step 2
+        (1, 0, 3, "python", "a"), (1, 3, 6, "cpu_op", "b"), (1, 6, 9, "python", "c"), (1, 9, 10, "launch", "d"),
+        (2, 10, 12, "cpu_op", "e"), (2, 12, 16, "python", "f"), (2, 16, 20, "cpu_op", "g"),
+    ]  # fmt: skip
+    path = pd.DataFrame(rows, columns=["step", "start_ns", "end_ns", "bound", "name"])
+    path = path.assign(stage="forward", bound=path["bound"].astype("category"), name=path["name"].astype("category"))
+    spans = view._runs(path, 10, 0)
+    assert spans["name"].tolist() == ["a", "f"]  # 3 ns each for a, b, c: the first; f and g 4 ns: the first
+    assert spans["bound"].tolist() == ["python", "cpu_op"]  # python 6 of 10 ns; cpu_op 6 of 10
+    assert spans["segments"].tolist() == [4, 3]
+
+
 @pytest.mark.parametrize("trace", REAL, ids=[p.name for p in REAL])
 def test_view_spans_tile_the_steps_as_the_table_does(trace: Path) -> None:
     if not trace.exists():

@@ -72,7 +72,7 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     top_bound = by_bound.sort_values(["group", "ns"], ascending=[True, False], kind="stable").drop_duplicates("group")
     first = np.flatnonzero(~joined)
     last = np.r_[first[1:], len(path)] - 1
-    longest = frame.sort_values(["group", "ns"], ascending=[True, False], kind="stable").drop_duplicates("group").index
+    longest = _first_longest(frame["ns"].to_numpy(), group, first)
     return pd.DataFrame(
         {
             "start_ns": start[first] - origin,
@@ -84,6 +84,14 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
             "segments": np.diff(np.r_[first, len(path)]),
         }
     )
+
+
+def _first_longest(ns: np.ndarray, group: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per group of consecutive rows (``group``: its number per row, ``first``: each group's first row), the row
+    of its longest segment, the first of equals (as a stable sort by group, then length, would put first)."""
+    longest = np.maximum.reduceat(ns, first) if len(ns) else ns
+    at = np.flatnonzero(ns == longest[group])
+    return at[np.r_[True, group[at][1:] != group[at][:-1]]] if len(at) else at
 
 
 def _per_step(path: pd.DataFrame, bounds: list[str]) -> pd.DataFrame:
@@ -103,7 +111,10 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
     path = parsed.table("critical_path")
     if path.empty:
         return None, "no step has a critical path (no ProfilerStep# or optimizer step marks)"
-    path = path.sort_values(["step", "start_ns"], kind="stable").reset_index(drop=True)
+    step, start = path["step"].to_numpy(), path["start_ns"].to_numpy()
+    if not ((step[1:] > step[:-1]) | ((step[1:] == step[:-1]) & (start[1:] >= start[:-1]))).all():
+        path = path.sort_values(["step", "start_ns"], kind="stable").reset_index(drop=True)
+    del step, start  # (the table comes sorted: a sorted copy of it was the peak of report and plot on a big trace)
     origin = int(path["start_ns"].min())
     span = int(path["end_ns"].max()) - origin
     limit = MAX_RECTS if max_rects is None else max_rects
