@@ -114,7 +114,7 @@ def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) 
     step, start = path["step"].to_numpy(), path["start_ns"].to_numpy()
     if not ((step[1:] > step[:-1]) | ((step[1:] == step[:-1]) & (start[1:] >= start[:-1]))).all():
         path = path.sort_values(["step", "start_ns"], kind="stable").reset_index(drop=True)
-    del step, start  # (the table comes sorted: a sorted copy of it was the peak of report and plot on a big trace)
+    del step, start  # the table comes sorted, and a sorted copy of all its columns is as big as the table
     origin = int(path["start_ns"].min())
     span = int(path["end_ns"].max()) - origin
     limit = MAX_RECTS if max_rects is None else max_rects
