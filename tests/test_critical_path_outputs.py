@@ -103,6 +103,71 @@ def test_view_names_a_span_by_its_longest_segment_the_first_of_equals() -> None:
     assert spans["segments"].tolist() == [4, 3]
 
 
+def test_summary_section_sums_the_path_by_stage_and_bound_and_ranks_events_by_their_time_on_it() -> None:
+    """The summary's section against a plain pandas count of the same rows: ns per stage and bound, and the
+    longest events (all their segments summed; rows without an event left out; the earlier event of equals; an
+    event whose segments are all empty still ranks, after every longer one)."""
+    import numpy as np
+    import pandas as pd
+
+    from profparse.analysis.critical_path import BOUNDS
+    from profparse.base.marks import STAGES
+    from profparse.outputs.summary.critical_path import critical_path_data
+    from profparse.trace.kinds import NULL
+
+    rng = np.random.default_rng(7)
+    n = 400
+    index = rng.integers(0, 60, n)
+    index[rng.random(n) < 0.1] = NULL  # GPU idle: no event
+    lengths = rng.integers(0, 50, n)
+    lengths[index == 5] = 0  # event 5: on the path, 0 ns
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    path = pd.DataFrame(
+        {
+            "step": rng.integers(1, 4, n),
+            "stage": pd.Categorical(rng.choice(["forward", "backward", "optimizer"], n), categories=list(STAGES)),
+            "bound": pd.Categorical(rng.choice(["python", "cpu_op", "gpu_compute"], n), categories=list(BOUNDS)),
+            "start_ns": starts,
+            "end_ns": starts + lengths,
+            "trace_index": index,
+        }
+    )
+    path["name"] = pd.Categorical([f"e{i}" for i in index])
+    # two events of 1 ns each, below every other one but 5: the earlier index first
+    for event in (12, 11):
+        rows = path.index[path["trace_index"] == event]
+        path.loc[rows, "end_ns"] = path.loc[rows, "start_ns"]
+        path.loc[rows[:1], "end_ns"] += 1
+
+    data = critical_path_data(path, top=70)
+    ns = path["end_ns"] - path["start_ns"]
+    cells = ns.groupby([path["stage"], path["bound"]], observed=True).sum()
+    expected = {
+        stage: {bound: int(v) for (s, bound), v in cells.items() if s == stage and v}
+        for stage in STAGES
+        if cells.get(stage, pd.Series(dtype=int)).sum()
+    }
+    assert {r["stage"]: r["bounds"] for r in data["per_stage"]} == expected
+    assert [r["stage"] for r in data["per_stage"]] == [s for s in STAGES if s in expected]
+    assert all(r["total_ns"] == sum(r["bounds"].values()) for r in data["per_stage"])
+    assert data["steps"] == path["step"].nunique()
+
+    on_path = path[path["trace_index"] != NULL]
+    totals = ns[on_path.index].groupby(on_path["trace_index"]).sum()
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    assert [(r["trace_index"], r["ns"]) for r in data["longest"]] == ranked[:70]
+    assert len(ranked) < 70 and ranked[-1] == (5, 0)  # the empty event is listed, last
+    assert [k for k, v in ranked if v == 1] == [11, 12]
+    cut = critical_path_data(path, top=len(ranked) - 2)["longest"]  # between the two of 1 ns
+    assert [r["trace_index"] for r in cut] == [k for k, _ in ranked[:-2]] and cut[-1]["trace_index"] == 11
+    first = on_path.groupby("trace_index", observed=True).first()
+    for r in data["longest"]:
+        assert (r["name"], r["step"], r["stage"], r["bound"]) == tuple(
+            str(first.loc[r["trace_index"], c]) if c != "step" else int(first.loc[r["trace_index"], c])
+            for c in ("name", "step", "stage", "bound")
+        )
+
+
 @pytest.mark.parametrize("trace", REAL, ids=[p.name for p in REAL])
 def test_view_spans_tile_the_steps_as_the_table_does(trace: Path) -> None:
     if not trace.exists():

@@ -413,8 +413,9 @@ def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: np.ndarra
 
 def _mapped(model: Model, h_knots: np.ndarray, off_t: np.ndarray, off_v: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Replayed host time of trace times ``t``: ``h(t)`` plus the offset of the last blocking call ended by then."""
-    at = np.searchsorted(off_t, t, side="right") - 1
-    return np.interp(t, model.host.knots, h_knots) + off_v[at]
+    offset = off_v[np.searchsorted(off_t, t, side="right") - 1]
+    offset += np.interp(t, model.host.knots, h_knots)  # in place: called on every knot of a big trace
+    return offset
 
 
 def _simulate(

@@ -43,13 +43,17 @@ def host_labels(events: pd.DataFrame, links: Links, attribution: Attribution, mo
     end = np.minimum(ts + events["dur_ns"].to_numpy()[rows], knots[-1])
     order = np.lexsort((-end, ts))  # by start, an outer event before the inner one it holds
     first = np.searchsorted(knots, ts[order], side="left")
+    del ts  # each temporary given back as soon as it is read: this is the replayed path's peak on a big trace
     last = np.searchsorted(knots, end[order], side="left")
-    inner = np.full(max(len(knots) - 1, 0), -1, dtype=np.int64)
+    del end
     rows = rows[order]
+    del order
+    inner = np.full(max(len(knots) - 1, 0), -1, dtype=np.int64)
     for at in range(0, len(rows), rp.BLOCK):  # as Python numbers a block at a time (all at once, at the peak)
         block = slice(at, at + rp.BLOCK)
         for row, a, b in zip(rows[block].tolist(), first[block].tolist(), last[block].tolist(), strict=True):
             inner[a:b] = row  # a later start overwrites: the innermost event wins
+    del rows, first, last  # not held under the labels' own temporaries
     blocking, _ = blocking_calls(events, links)
     return host_bound_codes(events, attribution, inner, blocking)
 
@@ -68,7 +72,9 @@ class _Walk:
         # them per code was the peak of summarize on a big trace) and summed on from there when asked for
         self.codes = np.arange(len(BOUNDS))[:, None]
         self.every = self._kept_sums()
-        self.at_knots = run.host_time(model, knots)  # replayed host time at each knot
+        self.at_knots = np.empty(len(knots))  # replayed host time at each knot, a span at a time (its temporaries)
+        for at in range(0, len(knots), _SPAN):
+            self.at_knots[at : at + _SPAN] = run.host_time(model, knots[at : at + _SPAN])
         calls = model.calls
         waited = np.flatnonzero(run.call_waited) if len(run.call_waited) else np.zeros(0, dtype=np.int64)
         self.waited, self.waited_end = waited.tolist(), calls.end[waited].tolist()

@@ -26,34 +26,56 @@ def critical_path_data(path: pd.DataFrame, top: int = TOP_EVENTS) -> dict[str, A
     if path.empty:
         return {"steps": 0, "per_stage": [], "longest": []}
     ns = path["end_ns"].to_numpy() - path["start_ns"].to_numpy()
-    frame = path.assign(ns=ns)
-    table = frame.pivot_table(index="stage", columns="bound", values="ns", aggfunc="sum", observed=True, fill_value=0)
+    # summed per stage and bound on the columns' codes: a copy of the path's rows (pivot_table's, or one with the
+    # segment lengths added) is the biggest thing a big trace's summary would hold
+    stage, bound = path["stage"].astype("category").cat, path["bound"].astype("category").cat
+    stage_codes, bound_codes = stage.codes.to_numpy(), bound.codes.to_numpy()
+    width = len(bound.categories)
+    key = stage_codes.astype(np.intp)
+    key *= width
+    key += bound_codes
+    weights = ns
+    if (stage_codes < 0).any() or (bound_codes < 0).any():  # a row without a stage or bound is in no cell
+        known = (stage_codes >= 0) & (bound_codes >= 0)
+        key, weights = key[known], ns[known]
+    sums = np.bincount(key, weights=weights, minlength=len(stage.categories) * width)
+    sums = sums.reshape(len(stage.categories), width)
+    del key, weights
+    by_stage = {
+        str(name): dict(zip(map(str, bound.categories), row, strict=True))
+        for name, row in zip(stage.categories, sums, strict=True)
+    }
     per_stage = [
         {
-            "stage": str(stage),
-            "total_ns": int(table.loc[stage].sum()),
-            "bounds": {str(b): int(table.loc[stage, b]) for b in BOUNDS if b in table.columns and table.loc[stage, b]},
+            "stage": name,
+            "total_ns": int(sum(by_stage[name].values())),
+            "bounds": {b: int(by_stage[name][b]) for b in BOUNDS if by_stage[name].get(b)},
         }
-        for stage in STAGES
-        if stage in table.index and table.loc[stage].sum()
+        for name in STAGES
+        if sum(by_stage.get(name, {}).values())
     ]
-    return {"steps": int(path["step"].nunique()), "per_stage": per_stage, "longest": _longest(frame, top)}
+    return {"steps": int(path["step"].nunique()), "per_stage": per_stage, "longest": _longest(path, ns, top)}
 
 
-def _longest(frame: pd.DataFrame, top: int) -> list[dict[str, Any]]:
-    # each event's time summed with numpy first, and only the rows of the ``top`` events grouped by pandas: a
-    # copy of every segment row of a big trace's path, grouped, was the peak of summarize
-    index = frame["trace_index"].to_numpy()
-    rows = np.flatnonzero(index != NULL)
-    if not len(rows):
+def _longest(path: pd.DataFrame, ns: np.ndarray, top: int) -> list[dict[str, Any]]:
+    # each event's time summed by its index (one float per event: exact below 2^53 ns), and only the rows of the
+    # ``top`` events grouped by pandas: sorting the path's rows by event, or grouping a copy of them, was the peak
+    # of summarize on a big trace
+    index = path["trace_index"].to_numpy()
+    on_path = index != NULL
+    if not on_path.any():
         return []
-    order = rows[np.argsort(index[rows], kind="stable")]
-    starts = np.flatnonzero(np.concatenate([[True], index[order][1:] != index[order][:-1]]))
-    totals = np.add.reduceat(frame["ns"].to_numpy()[order], starts)
-    keys = index[order][starts]
+    on_path_index = index[on_path]
+    totals = np.bincount(on_path_index, weights=ns[on_path])
+    present = np.zeros(len(totals), dtype=bool)
+    present[on_path_index] = True
+    del on_path_index
+    keys = np.flatnonzero(present)
+    totals = totals[keys]
     chosen_keys = keys[np.lexsort((keys, -totals))[:top]]  # ties: the earlier event
-    del order, starts, totals, keys
-    events = frame.iloc[rows[np.isin(index[rows], chosen_keys)]]
+    del on_path, totals, present, keys
+    picked = np.flatnonzero(np.isin(index, chosen_keys))
+    events = path.iloc[picked][["trace_index", "name", "step", "stage", "bound"]].assign(ns=ns[picked])
     grouped = events.groupby("trace_index", sort=False).agg(
         ns=("ns", "sum"),
         name=("name", "first"),
