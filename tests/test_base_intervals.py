@@ -27,6 +27,20 @@ def covered_points(start: np.ndarray, end: np.ndarray) -> set[int]:
 
 
 @settings(max_examples=200, deadline=None)
+@given(INTERVALS, st.randoms(use_true_random=False))
+def test_union_length_of_rows_sorted_by_group_and_start_counts_points_and_keeps_its_inputs(rows, rng):
+    """Rows already sorted by (group, start), equal starts in any order (the sweep's fast path): the same union,
+    and the caller's arrays untouched."""
+    rows = sorted(rows, key=lambda r: (r[0], r[1], rng.random()))
+    group, start, end = arrays(rows)
+    copies = group.copy(), start.copy(), end.copy()
+    lengths = intervals.union_length(group, start, end, 4)
+    for g in range(4):
+        assert lengths[g] == len(covered_points(start[group == g], end[group == g]))
+    assert all(np.array_equal(a, b) for a, b in zip((group, start, end), copies, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
 @given(INTERVALS)
 def test_union_length_and_group_union_equal_counting_points(rows):
     group, start, end = arrays(rows)

@@ -202,9 +202,12 @@ def _link_backward_nodes(
     node_rows = np.flatnonzero(node)
     if node_rows.size and counted_rows.size:
         fwd_op = has_seq & ~is_bwd
-        creator = np.where(fwd_op, np.arange(n), innermost_ancestor_of_kind(parent, depth, fwd_op))[counted_rows]
+        # only the counted rows' creators, and the process ids as they are: arrays of every event were this
+        # table's peak on a big trace
+        creator = innermost_ancestor_of_kind(parent, depth, fwd_op)[counted_rows]
+        creator = np.where(fwd_op[counted_rows], counted_rows, creator)
         ok = creator >= 0
-        pid = pd.factorize(events["pid"].to_numpy())[0]
+        pid = events["pid"].to_numpy()
         r, c = counted_rows[ok], creator[ok]
         contrib = pd.DataFrame(
             {

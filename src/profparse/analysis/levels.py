@@ -102,7 +102,7 @@ def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution
     """Device time, counts per level and launch latency per (scope, step, stage_code): ``step`` rows per step
     (``outside_steps`` for events outside every step) and ``total`` rows per stage."""
     n_stages = len(STAGES)
-    stage = attribution.stage.astype(np.int64)
+    stage = attribution.stage  # int8: a key below is int64
     step = attribution.step
     dur = events["dur_ns"].to_numpy()
     python = kind_mask(events, {"python_function"}) & links.host
@@ -126,13 +126,15 @@ def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution
     # searchsorted would sort and search every event
     rank, sorted_steps = pd.factorize(step, sort=True)
     step_values = np.asarray(sorted_steps[sorted_steps != NULL], dtype=np.int64)
-    step_index = rank.astype(np.int64) - (len(sorted_steps) - len(step_values))
+    step_index = rank.astype(np.int64, copy=False)  # shifted in place: no second int64 per event
+    step_index -= len(sorted_steps) - len(step_values)
     step_index[step == NULL] = len(step_values)
     labels = np.concatenate([step_values, [NULL]])
     frames = []
     by_step: dict[str, np.ndarray] = {}
-    for scope, index, keys in (("step", step_index, labels), ("total", np.zeros_like(step), np.array([NULL]))):
-        key = index * n_stages + stage
+    key = step_index * n_stages + stage
+    del rank, step_index
+    for scope, keys in (("step", labels), ("total", np.array([NULL]))):
         groups = len(keys) * n_stages
         cols: dict[str, np.ndarray] = {
             "scope": np.full(groups, scope, dtype=object),
@@ -145,7 +147,8 @@ def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution
                 continue
             w = None if weights is None else weights[mask]
             cols[column] = by_step[column] = np.bincount(key[mask], weights=w, minlength=groups).astype(np.int64)
-        cols.update(_latency(key[launched], latency, groups))
+        # the total's key is the stage alone
+        cols.update(_latency(key[launched] if scope == "step" else stage[launched].astype(np.int64), latency, groups))
         frames.append(pd.DataFrame(cols))
     levels = pd.concat(frames, ignore_index=True)
     return by_scope(levels)

@@ -95,12 +95,15 @@ def stage_intervals(
     pid = events["pid"].to_numpy()[rows]
     tid = events["tid"].to_numpy()[rows]
     track, uniques = _factorize_pairs(pid, tid)
+    del pid, tid  # each temporary given back once read: the timeline of a big trace peaks here
     s, e = ts[rows], end[rows]
+    del ts, end
     order = np.lexsort((-(e - s), s, track))
     rows, track, s, e = rows[order], track[order], s[order], e[order]
-    stage = attribution.stage[rows].astype(np.int64)
+    del order
+    stage = attribution.stage[rows]
     step = attribution.step[rows] if split_steps else np.zeros(len(rows), dtype=np.int64)
-    rule = attribution.rule[rows].astype(np.int64)
+    rule = attribution.rule[rows]  # its own integer type: the sum below is int64
 
     starts, segment = _segments(track, s, e, (stage, step), gap_ns)
     n_seg = len(starts)
@@ -111,6 +114,7 @@ def stage_intervals(
     # the rule that decided most of each interval's time (+1 so zero-length events still count)
     n_rules = max(len(attribution.rule_names), 1)
     weight = np.bincount(segment * n_rules + rule, weights=(e - s + 1).astype(np.float64))
+    del segment, rule
     pairs = np.flatnonzero(weight)
     pair_seg, pair_rule = pairs // n_rules, pairs % n_rules
     best = np.lexsort((-weight[pairs], pair_seg))
@@ -119,6 +123,7 @@ def stage_intervals(
     seg_rule[pair_seg[best][first]] = pair_rule[best][first]
 
     seg_track = track[starts]
+    del s, e, step
     keep = np.ones(n_seg, dtype=bool)
     if disjoint:
         seg_start, keep = clip_disjoint(seg_track, seg_start, seg_end)

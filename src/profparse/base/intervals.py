@@ -72,15 +72,26 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     out = np.zeros(groups, dtype=np.int64)
     if len(start) == 0:
         return out
-    order = group_start_order(group, start)
-    g = group[order]
-    s = start[order].astype(np.int64, copy=False)
-    e = end[order].astype(np.int64, copy=False)
-    del order
+    if _sorted_by_group_start(group, start):  # as most callers pass them: no order and no copy of the groups
+        g = group
+        s, e = start.astype(np.int64), end.astype(np.int64)  # copies: the sweep overwrites them
+    else:
+        order = group_start_order(group, start)
+        g = group[order]
+        s = start[order].astype(np.int64, copy=False)
+        e = end[order].astype(np.int64, copy=False)
+        del order
     heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
     s, e = on_one_line(g, s, e, out=True)
     out[g[heads]] = line_union(s, e, heads)
     return out
+
+
+def _sorted_by_group_start(group: np.ndarray, start: np.ndarray) -> bool:
+    """Whether rows are sorted by (group, start). Rows of equal start may come in any order: the union is the
+    same."""
+    later_group = group[1:] > group[:-1]
+    return bool(((group[1:] == group[:-1]) & (start[1:] >= start[:-1]) | later_group).all())
 
 
 def group_running_max(group: np.ndarray, values: np.ndarray) -> np.ndarray:
