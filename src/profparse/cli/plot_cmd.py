@@ -75,7 +75,13 @@ def run(args: argparse.Namespace) -> int:
 
         parsed = parse_input(args)
         drawn = write_plots(
-            parsed, args.out, kinds=args.kind, formats=args.formats or FORMATS, force=args.force, dpi=args.dpi
+            parsed,
+            args.out,
+            kinds=args.kind,
+            formats=args.formats or FORMATS,
+            force=args.force,
+            dpi=args.dpi,
+            release=True,
         )
         results = [
             {"kind": r.kind, "files": [f.name for f in r.files], "skipped": r.skipped, "note": r.note} for r in drawn

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profparse.base.files import atomic_dir
-from profparse.outputs.views import KINDS, views
+from profparse.outputs.views import KINDS, READ_ONLY_BY, release_order, views
 from profparse.outputs.views._common import STAGE_COLORS, Figure, optional_table, style, time_unit, timeline_intervals
 from profparse.outputs.views.stages import level_panels
 
@@ -111,8 +111,11 @@ def write_plots(
     formats: Sequence[str] = FORMATS,
     force: bool = False,
     dpi: int = 120,
+    release: bool = False,
 ) -> list[PlotResult]:
-    """Write ``<kind>.png`` / ``<kind>.svg`` for each kind into ``out_dir`` (created atomically)."""
+    """Write ``<kind>.png`` / ``<kind>.svg`` for each kind into ``out_dir`` (created atomically). ``release``: what
+    only one view reads is given back once its figure is drawn, unless held before (``plot``, which parses for
+    the figures alone); those views are drawn first (:func:`~profparse.outputs.views.release_order`)."""
     kinds = list(kinds) if kinds else list(PLOT_KINDS)
     for kind in kinds:
         if kind not in KINDS:
@@ -120,16 +123,19 @@ def write_plots(
     for fmt in formats:
         if fmt not in FORMATS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    results = []
+    results = {}
+    held = parsed.computed()
     target = Path(out_dir)
     owns = [f"{kind}.{fmt}" for kind in kinds for fmt in formats]  # --kind X --force replaces only X's files
     with atomic_dir(target, force=force, verb="plot", inputs=[parsed.path], owns=owns) as tmp:
-        for kind in kinds:
+        for kind in release_order(kinds) if release else kinds:
             fig, why = make_figure(parsed, kind)
             if fig is None:
-                results.append(PlotResult(kind, skipped=why))
-                continue
-            notes: list[str] = []
-            files = save_figure(fig, tmp / kind, formats, dpi, notes)
-            results.append(PlotResult(kind, files=[target / f.name for f in files], note="; ".join(notes) or None))
-    return results
+                results[kind] = PlotResult(kind, skipped=why)
+            else:
+                notes: list[str] = []
+                files = save_figure(fig, tmp / kind, formats, dpi, notes)
+                results[kind] = PlotResult(kind, files=[target / f.name for f in files], note="; ".join(notes) or None)
+            if release:
+                parsed.forget(name for name in READ_ONLY_BY.get(kind, ()) if name not in held)
+    return [results[kind] for kind in kinds]

@@ -134,10 +134,11 @@ class ParsedTrace:
         return set(self._internal)
 
     def forget(self, names: Iterable[str]) -> None:
-        """Stop holding these tables and values (internal form): a writer that is done with them gives their memory
-        back; they are computed again if asked for."""
+        """Stop holding these tables and values (internal and public form): a writer that is done with them gives
+        their memory back; they are computed again if asked for."""
         for name in names:
             self._internal.pop(name, None)
+            self._public.pop(name, None)
             self._lent.discard(name)
 
     def lend(self, name: str) -> None:

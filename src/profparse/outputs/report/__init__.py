@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from profparse.base.names import shorten_name
 from profparse.base.version import __version__
 from profparse.outputs.report.headline import ranks_headline, trace_headline
 from profparse.outputs.summary.critical_path import GPU_BOUNDS, LABEL_WIDTH
-from profparse.outputs.views import views
+from profparse.outputs.views import READ_ONLY_BY, release_order, views
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.outputs.views.memory import CATEGORY_COLORS
 from profparse.trace.kinds import NULL
@@ -75,10 +76,15 @@ def _png(module: Any, prepared: Any) -> str | None:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def view_payload(parsed: ParsedTrace) -> dict[str, Any]:
-    """Every registered view's prepared data (or why it is skipped), in registry order."""
-    out = {}
-    for kind, module in views().items():
+def view_payload(parsed: ParsedTrace, release: bool = False, held: Collection[str] | None = None) -> dict[str, Any]:
+    """Every registered view's prepared data (or why it is skipped), in registry order. ``release``: what only a
+    view reads (:data:`READ_ONLY_BY`) is given back once it is made, unless it is in ``held`` (default: what is
+    held now); those views are made first, so that the others are not made on top of it."""
+    held = parsed.computed() if held is None else held
+    registered = views()
+    out: dict[str, Any] = {}
+    for kind in release_order(registered):
+        module = registered[kind]
         prepared, why = module.data(parsed, **OPTIONS.get(kind, {}))
         entry: dict[str, Any] = {"title": module.TITLE, "native": kind in NATIVE}
         if prepared is None:
@@ -88,26 +94,28 @@ def view_payload(parsed: ParsedTrace) -> dict[str, Any]:
             if kind not in NATIVE or kind in PICTURED:
                 entry["png"] = _png(module, prepared)
         out[kind] = entry
-    return out
-
-
-#: the tables the views read that the summary gives back with ``release`` (its own path, kernels and ops)
-VIEWS_READ = ("critical_path", "kernels", "ops")
+        del prepared
+        if release:
+            parsed.forget(name for name in READ_ONLY_BY.get(kind, ()) if name not in held)
+    return {kind: out[kind] for kind in registered}
 
 
 def trace_payload(parsed: ParsedTrace, release: bool = False) -> dict[str, Any]:
     """The page's data for one trace: the summary (as ``summarize --format json``) and the views. ``release``:
-    what only the summary reads is given back before the views are made (``summary_data``)."""
+    the big tables the summary makes are given back before the views are made (``summary_data``), and what only
+    one view reads once it is made (:func:`view_payload`): the path, the kernels and the ops are made twice (a
+    few tenths of a second on a 300 MB trace), but no view is made on top of the summary's tables."""
     from profparse.outputs.summary import summary_data
 
-    summary = plain(summary_data(parsed, release=release, keep=VIEWS_READ), null=NULL)
+    held = parsed.computed()  # the caller's: given back by neither the summary nor the views
+    summary = plain(summary_data(parsed, release=release), null=NULL)
     top = (summary.get("critical_path") or {}).get("longest") or []
     return {
         "kind": "trace",
         "title": display(Path(parsed.path).name),
         "headline": trace_headline(summary),
         "summary": summary,
-        "views": view_payload(parsed),
+        "views": view_payload(parsed, release=release, held=held),
         # the longest events on the critical path as summarize labels them (the summary keeps the full names)
         "critical_path_labels": [shorten_name(r["name"], LABEL_WIDTH, kernel=r["bound"] in GPU_BOUNDS) for r in top],
     }

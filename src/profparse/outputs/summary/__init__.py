@@ -158,6 +158,13 @@ def summary_data(
             parsed.lend(name)
 
     findings, critical_path, unprofiled = _replayed(parsed, done, lend)
+    # the sections before the op and kernel tables are made: a caller that keeps those (the report's views) does
+    # not hold them under the sections' stage levels and memory categories
+    analyses = _sections_data(parsed)
+    efficiency = efficiency_data(parsed)
+    memory_categories = memory_categories_data(
+        parsed.table("memory_peak_categories"), parsed.table("memory_categories")
+    )
     tops = _tops(parsed, top, done)
     summary = parsed.stage_summary
     totals = summary[summary["scope"] == "total"]
@@ -196,11 +203,9 @@ def summary_data(
             [int(x) for x in steps.loc[steps["steady"].astype(bool), "step"]] if "steady" in steps.columns else None,
         ),
         "warnings": parsed.warnings.to_dict("records"),
-        "analyses": _sections_data(parsed),
-        "efficiency": efficiency_data(parsed),
-        "memory_categories": memory_categories_data(
-            parsed.table("memory_peak_categories"), parsed.table("memory_categories")
-        ),
+        "analyses": analyses,
+        "efficiency": efficiency,
+        "memory_categories": memory_categories,
         "report": {
             "truncated": parsed.raw.report.truncated,
             "dropped": dict(parsed.raw.report.dropped),

@@ -9,6 +9,7 @@ in :data:`KINDS`; ``plot``, ``report`` and the command line pick it up.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from functools import cache
 from types import ModuleType
 
@@ -28,6 +29,25 @@ KINDS: tuple[str, ...] = (
     "layers",
     "load",
 )
+
+
+#: view -> the tables that no other view reads: a caller that gives tables back once read (``report``, ``plot``)
+#: gives these back after the view is made
+READ_ONLY_BY: dict[str, tuple[str, ...]] = {
+    "critical_path": ("critical_path",),
+    "roofline": ("flops", "flop_counts"),
+    "top_kernels": ("kernels",),
+    "top_ops": ("ops",),
+}
+#: the views such a caller makes first, in this order: those whose temporaries are the biggest, while the least is
+#: held (the process' heap only grows a little with each view made, but it grows)
+MADE_FIRST: tuple[str, ...] = ("critical_path", "timeline", "roofline", "top_ops", "top_kernels")
+
+
+def release_order(kinds: Iterable[str]) -> list[str]:
+    """``kinds`` in the order a caller that gives tables back makes them: :data:`MADE_FIRST`'s first."""
+    kinds = list(kinds)
+    return [k for k in MADE_FIRST if k in kinds] + [k for k in kinds if k not in MADE_FIRST]
 
 
 @cache

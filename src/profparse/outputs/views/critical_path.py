@@ -56,28 +56,32 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     """Contiguous segments of one step merged: same bound always, any bounds when each is shorter than ``gap``
     and they start in the same ``gap``-wide bin. One row per span: start, end, bound (most time), stage and
     event name (of its longest segment), segments merged."""
+    # numpy on the columns' codes, each temporary given back once read: grouping a frame of the path's rows by
+    # span and bound held several copies of them (the page's peak on a big trace)
     start = path["start_ns"].to_numpy(np.int64)
     end = path["end_ns"].to_numpy(np.int64)
     step = path["step"].to_numpy(np.int64)
-    bound, bound_texts = text_codes(path["bound"])
-    short = (end - start) < gap
-    pixel = (start - origin) // max(gap, 1)
+    bound, bound_texts = _bound_codes(path["bound"])
+    ns = end - start
     joined = np.zeros(len(path), dtype=bool)
     joined[1:] = (step[1:] == step[:-1]) & (start[1:] == end[:-1])
-    joined[1:] &= (bound[1:] == bound[:-1]) | (short[1:] & short[:-1] & (pixel[1:] == pixel[:-1]))
-    group = np.cumsum(~joined) - 1
-    # grouped by the bound's code, not its text: a text per segment was ~100 MB and most of the time on a big path
-    frame = pd.DataFrame({"group": group, "ns": end - start, "bound": bound})
-    by_bound = frame.groupby(["group", "bound"], sort=False)["ns"].sum().reset_index()
-    top_bound = by_bound.sort_values(["group", "ns"], ascending=[True, False], kind="stable").drop_duplicates("group")
+    short = ns < gap
+    pixel = start - origin
+    pixel //= max(gap, 1)
+    merged = short[1:] & short[:-1] & (pixel[1:] == pixel[:-1])
+    del short, pixel
+    merged |= bound[1:] == bound[:-1]
+    joined[1:] &= merged
+    del merged
     first = np.flatnonzero(~joined)
+    del joined
     last = np.r_[first[1:], len(path)] - 1
-    longest = _first_longest(frame["ns"].to_numpy(), group, first)
+    longest = _first_longest(ns, first)
     return pd.DataFrame(
         {
             "start_ns": start[first] - origin,
             "end_ns": end[last] - origin,
-            "bound": bound_texts[top_bound.set_index("group")["bound"].reindex(np.arange(len(first))).to_numpy()],
+            "bound": bound_texts[_top_bound(ns, bound, first, len(bound_texts))],
             "stage": path["stage"].take(longest).astype(str).to_numpy(),
             "step": step[first],
             "name": path["name"].take(longest).astype(str).to_numpy(),
@@ -86,22 +90,62 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     )
 
 
-def _first_longest(ns: np.ndarray, group: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Per group of consecutive rows (``group``: its number per row, ``first``: each group's first row), the row
-    of its longest segment, the first of equals (as a stable sort by group, then length, would put first)."""
-    longest = np.maximum.reduceat(ns, first) if len(ns) else ns
+def _bound_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A code per row and each code's text: the categorical's own codes where no row is missing (no copy),
+    else :func:`text_codes`."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy()
+        if not (codes < 0).any():
+            return codes, np.array([str(c) for c in column.cat.categories], dtype=object)
+    return text_codes(column)
+
+
+def _top_bound(ns: np.ndarray, bound: np.ndarray, first: np.ndarray, count: int) -> np.ndarray:
+    """Per run of rows (``first``: each run's first row), the code of the bound with most time in it; of equals
+    the one that comes first in the run. One pass per code (a handful), summed in integers."""
+    best = np.zeros(len(first), dtype=np.int64)
+    best_ns = np.full(len(first), -1, dtype=np.int64)
+    best_at = np.full(len(first), len(ns), dtype=np.int64)
+    position = np.arange(len(ns))
+    for code in range(count):
+        mine = bound == code
+        if not mine.any():
+            continue
+        total = np.add.reduceat(np.where(mine, ns, 0), first)
+        at = np.minimum.reduceat(np.where(mine, position, len(ns)), first)
+        better = (at < len(ns)) & ((total > best_ns) | ((total == best_ns) & (at < best_at)))
+        best[better], best_ns[better], best_at[better] = code, total[better], at[better]
+    return best
+
+
+def _first_longest(ns: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per run of consecutive rows (``first``: each run's first row), the row of its longest segment, the first
+    of equals (as a stable sort by run, then length, would put first)."""
+    if not len(ns):
+        return ns
+    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(ns)]))
+    longest = np.maximum.reduceat(ns, first)
     at = np.flatnonzero(ns == longest[group])
-    return at[np.r_[True, group[at][1:] != group[at][:-1]]] if len(at) else at
+    return at[np.r_[True, group[at][1:] != group[at][:-1]]]
 
 
 def _per_step(path: pd.DataFrame, bounds: list[str]) -> pd.DataFrame:
     """ns on the path per step (index) and bound (columns, in ``bounds`` order)."""
     ns = path["end_ns"].to_numpy(np.int64) - path["start_ns"].to_numpy(np.int64)
-    codes, texts = text_codes(path["bound"])
-    frame = pd.DataFrame({"step": path["step"].to_numpy(np.int64), "bound": codes, "ns": ns})
-    wide = frame.groupby(["step", "bound"])["ns"].sum().unstack(fill_value=0)
-    wide.columns = texts[wide.columns.to_numpy()]
-    return wide.reindex(columns=bounds, fill_value=0).astype("int64").rename_axis(index="step", columns=None)
+    codes, texts = _bound_codes(path["bound"])
+    step = path["step"].to_numpy(np.int64)
+    if not (step[1:] >= step[:-1]).all():
+        order = np.argsort(step, kind="stable")
+        ns, codes, step = ns[order], codes[order], step[order]
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    code_of = {str(t): c for c, t in enumerate(texts)}
+    columns = {
+        b: np.add.reduceat(np.where(codes == code_of[b], ns, 0), first)
+        if b in code_of
+        else np.zeros(len(first), dtype=np.int64)
+        for b in bounds
+    }
+    return pd.DataFrame(columns, index=pd.Index(step[first], name="step"), dtype="int64")
 
 
 def data(parsed: ParsedTrace, max_rects: int | None = None, pixels: int = 2000) -> tuple[Prepared | None, str | None]:
