@@ -170,3 +170,38 @@ def test_two_different_traces_known_op_changes(tmp_path, capsys):
     assert "0.20 (2)" in mm and "0.32 (2)" in mm and "+0.12" in mm and "+60.0%" in mm
     new = next(line for line in text.splitlines() if "aten::new" in line)
     assert new.split()[-1] == "new"
+
+
+def test_the_verb_holds_one_trace_at_a_time_and_prints_what_the_library_does(tmp_path, capsys, monkeypatch):
+    """``profparse diff``: trace A is given back (no reference left) before B is read, and the text is
+    ``render(diff_data(A, B))``; ``side(release=True)`` gives back the path, kernels and ops it made, not what the
+    caller held."""
+    import gc
+    import weakref
+
+    import profparse.cli.diff_cmd as diff_cmd
+    from profparse.diff import side
+
+    a, b = build(tmp_path, "a.json", 100), build(tmp_path, "b.json", 150)
+    parsed_before: list[weakref.ref] = []
+    alive_when_reading_b: list[bool] = []
+    real = diff_cmd.parse_input
+
+    def tracked(args):
+        gc.collect()
+        alive_when_reading_b.extend(ref() is not None for ref in parsed_before)
+        out = real(args)
+        parsed_before.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(diff_cmd, "parse_input", tracked)
+    assert main(["diff", str(a), str(b), "--no-cache", "-q"]) == 0
+    assert alive_when_reading_b == [False]
+    expected = render(diff_data(profparse.parse(a), profparse.parse(b)), "text")
+    assert capsys.readouterr().out == expected
+
+    parsed = profparse.parse(a)
+    parsed.table("ops")  # the caller's: kept
+    side(parsed, release=True)
+    assert "ops" in parsed.computed()
+    assert not {"critical_path", "kernels"} & parsed.computed()

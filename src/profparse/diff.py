@@ -1,14 +1,18 @@
 """Compare two parsed traces: per stage and level, and the kernels and ops whose time moved most.
 
 Every change is ``B - A`` (positive = B spent more), with the relative change ``(B - A) / A`` (None when A is 0).
-``diff_data`` returns plain JSON-ready data; ``render`` formats it as text, markdown or JSON.
+``diff_data`` returns plain JSON-ready data; ``render`` formats it as text, markdown or JSON. What is compared of
+each trace is small (:class:`Side`): ``profparse diff`` reads one trace, keeps its side and gives the trace back
+before reading the other, so that it holds one trace at a time.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
@@ -89,27 +93,34 @@ def _change_in(a: int, b: int, unit: str) -> dict[str, Any]:
 
 def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step: tuple[int, int] | None) -> list[dict]:
     """The (stage, name) pairs whose total ``value`` changed most, by absolute change."""
-
-    def totals(frame: pd.DataFrame, steps: int) -> pd.DataFrame:
-        if frame.empty:
-            return pd.DataFrame(columns=["stage", "name", "total", "count"])
-        if per_step is not None:
-            frame = frame[frame["step"].notna()]
-        # grouped by the columns themselves (categoricals: by their codes, much cheaper than by their text), then
-        # the few keys made text and sorted as the text keys were
-        g = frame.groupby(["stage", "name"], observed=True, sort=False)[value]
-        out = g.agg(total="sum", count="count").reset_index()
-        out.columns = ["stage", "name", "total", "count"]
-        out["stage"], out["name"] = out["stage"].astype(str), out["name"].astype(str)
-        out = out.sort_values(["stage", "name"], kind="stable", ignore_index=True)
-        out["total"] = out["total"].astype(float) / steps
-        out["count"] = out["count"].astype(float) / steps
-        return out
-
     sa, sb = per_step if per_step is not None else (1, 1)
-    merged = totals(a, max(sa, 1)).merge(
-        totals(b, max(sb, 1)), on=["stage", "name"], how="outer", suffixes=("_a", "_b")
+    return moved_totals(
+        name_totals(a, value, sa, per_step is not None), name_totals(b, value, sb, per_step is not None), top
     )
+
+
+def name_totals(frame: pd.DataFrame, value: str, steps: int = 1, in_steps: bool = False) -> pd.DataFrame:
+    """Per (stage, name): the total ``value`` and the row count, each divided by ``steps`` (rows in a step only,
+    with ``in_steps``), sorted by stage and name."""
+    if frame.empty:
+        return pd.DataFrame(columns=["stage", "name", "total", "count"])
+    if in_steps:
+        frame = frame[frame["step"].notna()]
+    # grouped by the columns themselves (categoricals: by their codes, much cheaper than by their text), then the
+    # few keys made text and sorted as the text keys were
+    g = frame.groupby(["stage", "name"], observed=True, sort=False)[value]
+    out = g.agg(total="sum", count="count").reset_index()
+    out.columns = ["stage", "name", "total", "count"]
+    out["stage"], out["name"] = out["stage"].astype(str), out["name"].astype(str)
+    out = out.sort_values(["stage", "name"], kind="stable", ignore_index=True)
+    out["total"] = out["total"].astype(float) / max(steps, 1)
+    out["count"] = out["count"].astype(float) / max(steps, 1)
+    return out
+
+
+def moved_totals(a: pd.DataFrame, b: pd.DataFrame, top: int) -> list[dict]:
+    """The ``top`` (stage, name) pairs of two :func:`name_totals` whose total changed most, by absolute change."""
+    merged = a.merge(b, on=["stage", "name"], how="outer", suffixes=("_a", "_b"))
     if merged.empty:
         return []
     merged = merged.fillna({"total_a": 0.0, "total_b": 0.0, "count_a": 0.0, "count_b": 0.0})
@@ -134,21 +145,33 @@ def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step
 
 
 def _path_make_up(parsed: ParsedTrace, per_step: bool) -> dict[tuple[str, str], float]:
-    """{(stage, bound): ns on the critical path}, all steps summed (or their mean per step)."""
-    path = _optional(parsed, "critical_path")
-    if path is None:
+    """{(stage, bound): ns on the critical path}, all steps summed (or their mean per step), in the order the pairs
+    first come on the path."""
+    path = parsed.table("critical_path")  # internal: a public copy, or a frame of every segment grouped, was
+    if path.empty:  # this verb's peak on a big trace
         return {}
     ns = path["end_ns"].to_numpy() - path["start_ns"].to_numpy()
-    (stage, stages), (bound, bounds) = text_codes(path["stage"]), text_codes(path["bound"])
-    sums = pd.DataFrame({"stage": stage, "bound": bound, "ns": ns}).groupby(["stage", "bound"], sort=False)["ns"].sum()
+    stage, bound = path["stage"].astype("category").cat, path["bound"].astype("category").cat
+    if (stage.codes < 0).any() or (bound.codes < 0).any():  # a segment without a stage or bound: its own text
+        (codes_s, stages), (codes_b, bounds) = text_codes(path["stage"]), text_codes(path["bound"])
+    else:
+        codes_s, stages = stage.codes.to_numpy(), np.array([str(c) for c in stage.categories], dtype=object)
+        codes_b, bounds = bound.codes.to_numpy(), np.array([str(c) for c in bound.categories], dtype=object)
+    key = codes_s.astype(np.int64)
+    key *= len(bounds)
+    key += codes_b
+    sums = np.bincount(key, weights=ns)  # ns sums: exact below 2^53
     steps = max(len(parsed.steps), 1) if per_step else 1
-    return {(stages[a], bounds[b]): float(v) / steps for (a, b), v in sums.items()}
+    return {(stages[k // len(bounds)], bounds[k % len(bounds)]): float(sums[k]) / steps for k in pd.unique(key)}
 
 
 def path_changes(a: ParsedTrace, b: ParsedTrace, per_step: bool = False) -> list[dict[str, Any]]:
     """Per stage, the ns on the critical path by bound in A and B and the change; ``all`` bounds is the stage's
     path time, the ``all`` stage sums the stages. Pairs on neither path are left out."""
-    made = [_path_make_up(x, per_step) for x in (a, b)]
+    return _path_rows([_path_make_up(x, per_step) for x in (a, b)])
+
+
+def _path_rows(made: list[dict[tuple[str, str], float]]) -> list[dict[str, Any]]:
     rows = []
     for stage in (*STAGES, "all"):
         for bound in (*BOUNDS, "all"):
@@ -177,7 +200,10 @@ def memory_peak_changes(a: ParsedTrace, b: ParsedTrace) -> list[dict[str, Any]]:
     """Per device, the bytes live in each category at the device's highest Total Allocated in A and in B, and the
     change; ``all`` is that peak (the categories add up to it). A peak is no sum, so per step or not it is the
     same. Categories empty in both are left out."""
-    peaks = [_peak_categories(x) for x in (a, b)]
+    return _peak_rows([_peak_categories(x) for x in (a, b)])
+
+
+def _peak_rows(peaks: list[dict[str, dict[str, int]]]) -> list[dict[str, Any]]:
     rows = []
     for device in sorted(set(peaks[0]) | set(peaks[1])):
         for category in (*CATEGORIES, "all"):
@@ -197,16 +223,67 @@ def _describe(parsed: ParsedTrace) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Side:
+    """What ``diff`` compares of one trace (:func:`side`): a few small tables and numbers."""
+
+    described: dict[str, Any]
+    values: dict[str, dict[str, float]]  # {stage: {column: value}}
+    columns: list[tuple[str, str]]  # the (column, label) levels this trace has
+    steps: int
+    has_kernels: bool
+    kernels: pd.DataFrame  # name_totals of the kernels (dur_ns)
+    ops: pd.DataFrame  # name_totals of the ops (self_ns)
+    path: dict[tuple[str, str], float]  # {(stage, bound): ns on the critical path}
+    peaks: dict[str, dict[str, int]]  # {device: {category: bytes at the peak}}
+
+
+def side(parsed: ParsedTrace, per_step: bool = False, release: bool = False) -> Side:
+    """What :func:`compare` reads of ``parsed`` (``per_step``: as :func:`diff_data`). ``release``: the big tables
+    this makes are given back once read (the path first, made while the least is held), but those held before."""
+    held = parsed.computed()
+
+    def done(name: str) -> None:
+        if release and name not in held:
+            parsed.forget([name])
+
+    path = _path_make_up(parsed, per_step)
+    done("critical_path")
+    divide = max(len(parsed.steps), 1) if per_step else 1
+    kernels = parsed.kernels
+    has_kernels = bool(len(kernels))
+    kernels = name_totals(kernels, "dur_ns", divide, per_step)
+    done("kernels")
+    ops = name_totals(parsed.ops, "self_ns", divide, per_step)
+    done("ops")
+    values, columns = _stage_values(parsed, per_step)
+    return Side(
+        described=_describe(parsed),
+        values=values,
+        columns=columns,
+        steps=max(len(parsed.steps), 1),
+        has_kernels=has_kernels,
+        kernels=kernels,
+        ops=ops,
+        path=path,
+        peaks=_peak_categories(parsed),
+    )
+
+
 def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> dict[str, Any]:
     """The changes from trace ``a`` to trace ``b`` as plain data.
 
     ``per_step``: compare means per step (rows inside step windows, divided by each trace's step count) instead of
     whole-trace totals, for captures with different step counts.
     """
-    va, cols_a = _stage_values(a, per_step)
-    vb, cols_b = _stage_values(b, per_step)
-    labels = dict(cols_a)
-    columns = [c for c in cols_a if c in cols_b]  # levels both traces have
+    return compare(side(a, per_step), side(b, per_step), top=top, per_step=per_step)
+
+
+def compare(a: Side, b: Side, *, top: int = TOP_N, per_step: bool = False) -> dict[str, Any]:
+    """:func:`diff_data` of two sides made with the same ``per_step``."""
+    va, vb = a.values, b.values
+    labels = dict(a.columns)
+    columns = [c for c in a.columns if c in b.columns]  # levels both traces have
     stages = []
     for stage in (*STAGES, "all"):
         for column, label in columns:
@@ -217,18 +294,17 @@ def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> di
             if x == 0 and y == 0:
                 continue
             stages.append({"stage": stage, "level": label, "column": column, **_change(x, y)})
-    steps = (max(len(a.steps), 1), max(len(b.steps), 1)) if per_step else None
     return {
-        "a": _describe(a),
-        "b": _describe(b),
+        "a": a.described,
+        "b": b.described,
         "per_step": per_step,
         "levels": [labels[c] for c, _ in columns],
         "stages": stages,
-        "gpu": bool(len(a.kernels) or len(b.kernels)),
-        "kernels": moved_pairs(a.kernels, b.kernels, "dur_ns", top, steps),
-        "ops": moved_pairs(a.ops, b.ops, "self_ns", top, steps),
-        "critical_path": path_changes(a, b, per_step),
-        "memory_peak_categories": memory_peak_changes(a, b),
+        "gpu": a.has_kernels or b.has_kernels,
+        "kernels": moved_totals(a.kernels, b.kernels, top),
+        "ops": moved_totals(a.ops, b.ops, top),
+        "critical_path": _path_rows([a.path, b.path]),
+        "memory_peak_categories": _peak_rows([a.peaks, b.peaks]),
     }
 
 

@@ -39,16 +39,19 @@ def run(args: argparse.Namespace) -> int:
     stored = stored_text(args, options, args.a) if b_entry is not None else None
     if stored is not None:  # these two traces, these options, this code: what the first run printed
         return replay_text(args, stored)
-    from profparse.diff import render_diff
+    from profparse.diff import compare, render, side
 
-    parsed = []
-    for path in (args.a, args.b):
+    sides, notes, caches = [], [], []
+    for path in (args.a, args.b):  # one trace held at a time: what is compared of each is small
         one = copy.copy(args)
         one.trace = path
-        parsed.append(parse_input(one))
-    text = render_diff(parsed[0], parsed[1], args.format, top=args.top, per_step=args.per_step)
+        parsed = parse_input(one)
+        sides.append(side(parsed, args.per_step, release=True))
+        notes += input_notes(path, parsed)
+        caches.append(parsed.cache)
+        del parsed
+    text = render(compare(sides[0], sides[1], top=args.top, per_step=args.per_step), args.format)
     emit(text)
-    if parsed[0].cache is not None and b_entry is not None:
-        notes = input_notes(args.a, parsed[0]) + input_notes(args.b, parsed[1])
-        parsed[0].cache.put_text(options, text, notes, 0)
+    if caches[0] is not None and b_entry is not None:
+        caches[0].put_text(options, text, notes, 0)
     return 0
