@@ -115,7 +115,7 @@ def write_plots(
 ) -> list[PlotResult]:
     """Write ``<kind>.png`` / ``<kind>.svg`` for each kind into ``out_dir`` (created atomically). ``release``: what
     only one view reads is given back once its figure is drawn, unless held before (``plot``, which parses for
-    the figures alone); those views are drawn first (:func:`~profparse.outputs.views.release_order`)."""
+    the figures alone), and the figures are drawn in :func:`~profparse.outputs.views.release_order`."""
     kinds = list(kinds) if kinds else list(PLOT_KINDS)
     for kind in kinds:
         if kind not in KINDS:

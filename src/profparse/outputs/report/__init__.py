@@ -78,8 +78,9 @@ def _png(module: Any, prepared: Any) -> str | None:
 
 def view_payload(parsed: ParsedTrace, release: bool = False, held: Collection[str] | None = None) -> dict[str, Any]:
     """Every registered view's prepared data (or why it is skipped), in registry order. ``release``: what only a
-    view reads (:data:`READ_ONLY_BY`) is given back once it is made, unless it is in ``held`` (default: what is
-    held now); those views are made first, so that the others are not made on top of it."""
+    view reads (:data:`~profparse.outputs.views.READ_ONLY_BY`) is given back once it is made, unless it is in
+    ``held`` (default: what is held now). The views are made in :func:`~profparse.outputs.views.release_order`
+    (the biggest temporaries first, while the least is held)."""
     held = parsed.computed() if held is None else held
     registered = views()
     out: dict[str, Any] = {}

@@ -158,8 +158,8 @@ def summary_data(
             parsed.lend(name)
 
     findings, critical_path, unprofiled = _replayed(parsed, done, lend)
-    # the sections before the op and kernel tables are made: a caller that keeps those (the report's views) does
-    # not hold them under the sections' stage levels and memory categories
+    # the sections before the op and kernel tables are made: a caller that keeps those (``keep``) does not hold
+    # them under the sections' stage levels and memory categories
     analyses = _sections_data(parsed)
     efficiency = efficiency_data(parsed)
     memory_categories = memory_categories_data(
