@@ -18,7 +18,7 @@ import pandas as pd
 from profparse.analysis.critical_path import BOUNDS
 from profparse.analysis.memory_categories import CATEGORIES
 from profparse.analysis.quality import gpu_devices
-from profparse.base.arrays import text_codes
+from profparse.base.arrays import category_codes
 from profparse.base.formats import bytes_text, display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
 
@@ -151,12 +151,7 @@ def _path_make_up(parsed: ParsedTrace, per_step: bool) -> dict[tuple[str, str], 
     if path.empty:  # this verb's peak on a big trace
         return {}
     ns = path["end_ns"].to_numpy() - path["start_ns"].to_numpy()
-    stage, bound = path["stage"].astype("category").cat, path["bound"].astype("category").cat
-    if (stage.codes < 0).any() or (bound.codes < 0).any():  # a segment without a stage or bound: its own text
-        (codes_s, stages), (codes_b, bounds) = text_codes(path["stage"]), text_codes(path["bound"])
-    else:
-        codes_s, stages = stage.codes.to_numpy(), np.array([str(c) for c in stage.categories], dtype=object)
-        codes_b, bounds = bound.codes.to_numpy(), np.array([str(c) for c in bound.categories], dtype=object)
+    (codes_s, stages), (codes_b, bounds) = category_codes(path["stage"]), category_codes(path["bound"])
     key = codes_s.astype(np.int64)
     key *= len(bounds)
     key += codes_b
@@ -249,7 +244,8 @@ def side(parsed: ParsedTrace, per_step: bool = False, release: bool = False) -> 
 
     path = _path_make_up(parsed, per_step)
     done("critical_path")
-    divide = max(len(parsed.steps), 1) if per_step else 1
+    steps = max(len(parsed.steps), 1)
+    divide = steps if per_step else 1
     kernels = parsed.kernels
     has_kernels = bool(len(kernels))
     kernels = name_totals(kernels, "dur_ns", divide, per_step)
@@ -261,7 +257,7 @@ def side(parsed: ParsedTrace, per_step: bool = False, release: bool = False) -> 
         described=_describe(parsed),
         values=values,
         columns=columns,
-        steps=max(len(parsed.steps), 1),
+        steps=steps,
         has_kernels=has_kernels,
         kernels=kernels,
         ops=ops,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profparse.base.files import atomic_dir
-from profparse.outputs.views import KINDS, READ_ONLY_BY, release_order, views
+from profparse.outputs.views import KINDS, give_back, release_order, views
 from profparse.outputs.views._common import STAGE_COLORS, Figure, optional_table, style, time_unit, timeline_intervals
 from profparse.outputs.views.stages import level_panels
 
@@ -137,5 +137,5 @@ def write_plots(
                 files = save_figure(fig, tmp / kind, formats, dpi, notes)
                 results[kind] = PlotResult(kind, files=[target / f.name for f in files], note="; ".join(notes) or None)
             if release:
-                parsed.forget(name for name in READ_ONLY_BY.get(kind, ()) if name not in held)
+                give_back(parsed, kind, held)
     return [results[kind] for kind in kinds]

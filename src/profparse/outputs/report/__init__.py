@@ -26,7 +26,7 @@ from profparse.base.names import shorten_name
 from profparse.base.version import __version__
 from profparse.outputs.report.headline import ranks_headline, trace_headline
 from profparse.outputs.summary.critical_path import GPU_BOUNDS, LABEL_WIDTH
-from profparse.outputs.views import READ_ONLY_BY, release_order, views
+from profparse.outputs.views import give_back, release_order, views
 from profparse.outputs.views._common import STAGE_COLORS
 from profparse.outputs.views.memory import CATEGORY_COLORS
 from profparse.trace.kinds import NULL
@@ -97,7 +97,7 @@ def view_payload(parsed: ParsedTrace, release: bool = False, held: Collection[st
         out[kind] = entry
         del prepared
         if release:
-            parsed.forget(name for name in READ_ONLY_BY.get(kind, ()) if name not in held)
+            give_back(parsed, kind, held)
     return {kind: out[kind] for kind in registered}
 
 

@@ -9,9 +9,13 @@ in :data:`KINDS`; ``plot``, ``report`` and the command line pick it up.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from functools import cache
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from profparse.tables.parsed import ParsedTrace
 
 #: The registry: each kind is the module of that name in this package, in the order plots are listed and report
 #: sections appear. Adding a view is its module plus its name here; ``plot``, ``report`` and the command line's
@@ -48,6 +52,11 @@ def release_order(kinds: Iterable[str]) -> list[str]:
     """``kinds`` in the order a caller that gives tables back makes them: :data:`MADE_FIRST`'s first."""
     kinds = list(kinds)
     return [k for k in MADE_FIRST if k in kinds] + [k for k in kinds if k not in MADE_FIRST]
+
+
+def give_back(parsed: ParsedTrace, kind: str, held: Collection[str]) -> None:
+    """After view ``kind`` is made: forget what only it reads (:data:`READ_ONLY_BY`), but what is in ``held``."""
+    parsed.forget(name for name in READ_ONLY_BY.get(kind, ()) if name not in held)
 
 
 @cache

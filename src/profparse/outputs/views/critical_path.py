@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
-from profparse.base.arrays import text_codes
+from profparse.base.arrays import category_codes, text_codes
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
 from profparse.outputs.views._common import (
@@ -61,7 +61,7 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
     start = path["start_ns"].to_numpy(np.int64)
     end = path["end_ns"].to_numpy(np.int64)
     step = path["step"].to_numpy(np.int64)
-    bound, bound_texts = _bound_codes(path["bound"])
+    bound, bound_texts = category_codes(path["bound"])
     ns = end - start
     joined = np.zeros(len(path), dtype=bool)
     joined[1:] = (step[1:] == step[:-1]) & (start[1:] == end[:-1])
@@ -88,16 +88,6 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
             "segments": np.diff(np.r_[first, len(path)]),
         }
     )
-
-
-def _bound_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """A code per row and each code's text: the categorical's own codes where no row is missing (no copy),
-    else :func:`text_codes`."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy()
-        if not (codes < 0).any():
-            return codes, np.array([str(c) for c in column.cat.categories], dtype=object)
-    return text_codes(column)
 
 
 def _top_bound(ns: np.ndarray, bound: np.ndarray, first: np.ndarray, count: int) -> np.ndarray:
@@ -132,7 +122,7 @@ def _first_longest(ns: np.ndarray, first: np.ndarray) -> np.ndarray:
 def _per_step(path: pd.DataFrame, bounds: list[str]) -> pd.DataFrame:
     """ns on the path per step (index) and bound (columns, in ``bounds`` order)."""
     ns = path["end_ns"].to_numpy(np.int64) - path["start_ns"].to_numpy(np.int64)
-    codes, texts = _bound_codes(path["bound"])
+    codes, texts = category_codes(path["bound"])
     step = path["step"].to_numpy(np.int64)
     if not (step[1:] >= step[:-1]).all():
         order = np.argsort(step, kind="stable")
