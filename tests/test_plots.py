@@ -323,6 +323,58 @@ def test_roofline_points_have_their_math_modes_roof_and_one_label_per_op():
     assert {f"{m} peak {v:g} TFLOP/s" for m, v in prepared["mode_peaks"].items()} <= labels
 
 
+def _roofline_points(rows: list[tuple[str, str, float, float, float]]) -> dict:
+    """A roofline's prepared data from (name, stage, intensity, TFLOP/s, GPU ms) rows, the most time first, on a
+    device of 100 TFLOP/s and 1000 GB/s."""
+    frame = pd.DataFrame(rows, columns=["name", "stage", "intensity", "tflops", "ms"])
+    frame = frame.sort_values("ms", ascending=False, kind="stable").reset_index(drop=True)
+    roof = np.minimum(100.0, frame["intensity"].to_numpy() * 1000 / 1e3)
+    points = frame.assign(
+        label=frame["name"],
+        time_ns=frame["ms"] * 1e6,
+        math_mode="bf16",
+        roof_tflops=roof,
+        of_roof=frame["tflops"] / roof,
+    )
+    return {"points": points, "basis": "GPU", "peak_tflops": 100.0, "mode_peaks": {"bf16": 100.0},
+            "memory_gbps": 1000.0, "peak_note": "a test device", "trace": "t.json"}  # fmt: skip
+
+
+def test_roofline_draws_ops_far_under_their_roof_on_its_floor_and_names_without_overlap():
+    """Ops under 0.1% of the lowest roof are triangles on the plot's floor (the axis no longer spans their decades)
+    and the caption counts them; the ops with the most time are named once each, no name over another or out of
+    the plot, even where their points crowd."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from profparse.outputs.views import roofline
+
+    crowd = [(f"aten::op_number_{i}", "forward", 0.1 * (1 + i / 50), 0.05, 10.0 - i) for i in range(8)]
+    tiny = [("aten::add_", "optimizer", 0.2, 1e-7, 0.01), ("aten::mul_", "optimizer", 0.3, 2e-7, 0.01)]
+    wide = [("aten::a_very_long_operator_name_on_the_right_edge", "backward", 90.0, 60.0, 20.0)]
+    prepared = _roofline_points(crowd + tiny + wide)
+    points = prepared["points"]
+    floor = roofline.floor_tflops(points)
+    assert floor == pytest.approx(1e-3 * points["roof_tflops"].min())  # the lowest roof: intensity 0.1 -> 0.1 TF
+    fig = roofline.draw(prepared)
+    ax = fig.axes[0]
+    ys = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections if len(c.get_offsets())])
+    assert ys.min() == pytest.approx(floor) and (ys == pytest.approx(floor)).sum() == 2  # the two tiny ops
+    assert ax.get_ylim()[0] <= floor and "2 (op, stage) points under" in ax.get_xlabel()
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    texts = [t for t in ax.texts if t.get_text()]
+    named = [t.get_text() for t in texts]
+    assert named[0] == "a_very_long_operator_name_on_the_right_edge" and len(set(named)) == len(named) >= 2
+    assert not {"add_", "mul_"} & set(named)  # under the floor: no name
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    inside = ax.get_window_extent(renderer)
+    for i, box in enumerate(boxes):
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1, named[i]
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :]), named[i]
+    above = _roofline_points(crowd)  # nothing far under its roof: no floor, no caption
+    assert roofline.floor_tflops(above["points"]) is None
+    assert "under" not in roofline.draw(above).axes[0].get_xlabel()
+
+
 @pytest.mark.parametrize("kind", ["timeline", "critical_path"])
 def test_step_labels_of_many_steps_do_not_overlap(tmp_path, kind):
     """300 steps in a few inches: the step labels drawn (measured by the renderer) never overlap, and there are

@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 KIND = "roofline"
 TITLE = "Roofline: arithmetic intensity vs achieved TFLOP/s per op and stage"
 MAX_POINTS = 400  # the ops with the most time; the rest are too small to read
+#: an op under this share of the lowest roof is drawn on the plot's bottom edge: such ops (a scalar's step counter, a
+#: one-element kernel) are all launch latency, and drawn where they are they stretched the axis over 9 decades
+FLOOR_OF_ROOF = 1e-3
+LABELLED = 5  # the op names written beside their point: those with the most time
+LABEL_PT = 7  # the names' font size, and the width of one character of it (points, about)
+LABEL_CHAR_PT = 0.6 * LABEL_PT
 
 
 def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
@@ -65,8 +71,20 @@ def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
     }, None
 
 
+def floor_tflops(points: pd.DataFrame) -> float | None:
+    """The lowest TFLOP/s the plot shows: :data:`FLOOR_OF_ROOF` of the lowest roof among ``points``; None without a
+    known roof or where no point lies below it."""
+    roofs = points["roof_tflops"].to_numpy(dtype=np.float64)
+    roofs = roofs[np.isfinite(roofs) & (roofs > 0)]
+    if not len(roofs):
+        return None
+    floor = FLOOR_OF_ROOF * float(roofs.min())
+    return floor if bool((points["tflops"] < floor).any()) else None
+
+
 def draw(prepared: dict[str, Any]) -> Any:
-    """Log-log scatter, one colour per stage, marker area by time; horizontal compute peak, diagonal memory roof."""
+    """Log-log scatter, one colour per stage, marker area by time; horizontal compute peak, diagonal memory roof;
+    ops under :func:`floor_tflops` as triangles on the bottom edge."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,9 +94,17 @@ def draw(prepared: dict[str, Any]) -> Any:
     fig = Figure(figsize=(9, 6), layout="constrained")
     ax = fig.add_subplot()
     area = 20 + 400 * points["time_ns"] / points["time_ns"].max()
+    floor = floor_tflops(points)
+    under = points["tflops"] < floor if floor is not None else pd.Series(False, index=points.index)
     for stage, group in points.groupby("stage", sort=False):
-        ax.scatter(group["intensity"], group["tflops"], s=area[group.index], color=STAGE_COLORS.get(stage, "#555555"),
-                   alpha=0.7, edgecolors="none", label=stage)  # fmt: skip
+        color = STAGE_COLORS.get(stage, "#555555")
+        shown = group[~under[group.index]]
+        ax.scatter(shown["intensity"], shown["tflops"], s=area[shown.index], color=color, alpha=0.7,
+                   edgecolors="none", label=stage)  # fmt: skip
+        low = group[under[group.index]]
+        if len(low):
+            ax.scatter(low["intensity"], np.full(len(low), floor), s=30, marker="v", color=color, alpha=0.7,
+                       edgecolors="none", clip_on=False)  # fmt: skip
     lo, hi = points["intensity"].min() / 2, points["intensity"].max() * 2
     peak, bandwidth = prepared["peak_tflops"], prepared["memory_gbps"]
     roofs = prepared.get("mode_peaks") or ({"": peak} if peak else {})
@@ -91,10 +117,6 @@ def draw(prepared: dict[str, Any]) -> Any:
         roof = x * bandwidth / 1e3  # FLOP/byte x GB/s = GFLOP/s; / 1e3 = TFLOP/s
         ax.plot(x, np.minimum(roof, peak) if peak else roof, color="grey", linewidth=1,
                 label=f"memory {bandwidth:g} GB/s")  # fmt: skip
-    for i, row in enumerate(points.head(5).itertuples()):  # name the ops with the most time
-        below = i % 2 == 1  # alternate above / below, so two neighbouring points do not print over each other
-        ax.annotate(row.name.removeprefix("aten::"), (row.intensity, row.tflops), fontsize=7,
-                    xytext=(4, -10 if below else 4), textcoords="offset points")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     from matplotlib.ticker import FuncFormatter
@@ -103,9 +125,50 @@ def draw(prepared: dict[str, Any]) -> Any:
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(plain)
     ax.set_xlim(lo, hi)
-    ax.set_xlabel("arithmetic intensity (FLOPs / byte)")
+    xlabel = "arithmetic intensity (FLOPs / byte)"
+    if floor is not None:
+        ax.set_ylim(bottom=floor / 1.6)  # the triangles sit on the floor, whole
+        count = int(under.sum())
+        xlabel += (
+            f"\n{count} (op, stage) point{'s' if count != 1 else ''} under {floor:.2g} TFLOP/s"
+            f" ({FLOOR_OF_ROOF:.1%} of the lowest roof) drawn on the bottom edge (triangles)"
+        )
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(f"achieved TFLOP/s ({prepared['basis']} time)")
+    _label_top_ops(ax, points[~under], area, LABELLED)  # after the limits: labels are placed in display space
     ax.set_title(f"{TITLE}\n{prepared['peak_note']}", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    legend = ax.legend(fontsize=8, loc="lower right")
+    for handle in getattr(legend, "legend_handles", None) or legend.legendHandles:
+        if hasattr(handle, "set_sizes"):  # stage markers at one size, not the size of each stage's first point
+            handle.set_sizes([60])
     ax.grid(True, which="both", alpha=0.2)
     return fig
+
+
+def _label_top_ops(ax: Any, points: pd.DataFrame, area: pd.Series, count: int) -> None:
+    """Name the ``count`` ops with the most time, each once (at its point with the most time), beside its marker:
+    on its right, else on its left where the name would leave the plot or cover a name already written; a name
+    that fits on neither side is left out (two names printed over each other are neither readable)."""
+    written: list[tuple[float, float, float, float]] = []  # the names' boxes in display pixels: x0, x1, y0, y1
+    left, right = ax.transAxes.transform((0, 0))[0], ax.transAxes.transform((1, 0))[0]
+    px = ax.figure.dpi / 72  # pixels per point
+    for row in points.drop_duplicates("name").itertuples():  # points come sorted by time, the most first
+        if len(written) == count:
+            break
+        text = str(row.label).removeprefix("aten::")
+        x, y = ax.transData.transform((row.intensity, row.tflops))
+        gap = (float(np.sqrt(area[row.Index])) / 2 + 2) * px  # a marker's size is its area in points squared
+        width, half = LABEL_CHAR_PT * len(text) * px, LABEL_PT * 0.65 * px
+        for x0, ha in ((x + gap, "left"), (x - gap - width, "right")):
+            box = (x0, x0 + width, y - half, y + half)
+            if left <= box[0] and box[1] <= right and not any(_overlap(box, other) for other in written):
+                written.append(box)
+                offset = (gap if ha == "left" else -gap) / px
+                ax.annotate(text, (row.intensity, row.tflops), fontsize=LABEL_PT, va="center", ha=ha,
+                            xytext=(offset, 0), textcoords="offset points")  # fmt: skip
+                break
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    """Two boxes (x0, x1, y0, y1) share some area."""
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
