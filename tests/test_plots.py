@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from conftest import SAMPLE_TRACES, SHARED_TRACES
 from conftest import parsed as parsed_once
-from tracebuilder import TraceBuilder, training_step
+from tracebuilder import AUTOGRAD, TraceBuilder, backward_node, forward_op, training_step
 
 import profparse
 from profparse.base import names
@@ -22,6 +22,7 @@ from profparse.cli.main import main
 from profparse.outputs import plots
 from profparse.outputs.plots import PLOT_KINDS, STAGE_COLORS, optional_table, write_plots
 
+US = 1000  # ns
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CPU_MARKS = SAMPLE_TRACES / "qwen2_tiny_cpu_marks.json.gz"
 V100 = SHARED_TRACES / "v100_ns_resolution_5steps.json.gz"
@@ -279,6 +280,41 @@ def test_layers_plot_labels_every_bar_with_its_number():
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_layers_take_a_recomputed_layer_by_its_name_not_its_depth(tmp_path):
+    """Activation checkpointing runs a layer again from the autograd engine, with no parent module: the recomputed
+    layer sits at depth 0 and its Linear at the layers' depth. The view shows each layer once, the recomputation
+    as its third bar (the kernel it launched), and no Linear row."""
+    from profparse.outputs.views import layers
+
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 200)
+    b.py("nn.Module: Model_0", 1, 100)
+    for i, t0 in enumerate((2, 45)):
+        b.py(f"nn.Module: Layer_{i}", t0, 40)
+        b.py(f"nn.Module: Linear_{i}", t0 + 1, 30)
+        forward_op(b, "aten::mm", t0 + 2, 20, seq=10 + i)
+        b.launch(t0 + 3, t0 + 8, 6 + i, name=f"gemm_{i}")
+    backward_node(b, "MmBackward0", 110, 20, seq=11)
+    b.launch(112, 115, 4, tid=AUTOGRAD, name="gemm_1_bwd")
+    backward_node(b, "MmBackward0", 135, 30, seq=10)
+    b.launch(137, 140, 10, tid=AUTOGRAD, name="gemm_0_bwd")
+    backward_node(b, "CheckpointFunctionBackward", 170, 20, seq=98)
+    b.py("nn.Module: Layer_1", 172, 15, tid=AUTOGRAD)  # the recomputation
+    b.py("nn.Module: Linear_1", 173, 12, tid=AUTOGRAD)
+    b.op("aten::mm", 174, 8, tid=AUTOGRAD)
+    b.launch(175, 180, 3, tid=AUTOGRAD, name="gemm_1_again")
+    parsed = profparse.parse(b.write(tmp_path / "recompute.json"))
+    modules = parsed.modules
+    again = modules[modules["recompute"]].set_index("module")["depth"]
+    assert again.to_dict() == {"Layer_1": 0, "Linear_1": 1}  # the trace this view must read right
+    prepared, why = layers.data(parsed)
+    assert why is None and prepared["depth"] == 1
+    wide = prepared["wide"]
+    assert list(wide.index) == ["Layer_0", "Layer_1"]
+    assert wide.loc["Layer_1", "backward (recompute)"] == 3 * US and wide.loc["Layer_0", "backward (recompute)"] == 0
+    assert (wide.loc["Layer_0", "forward"], wide.loc["Layer_1", "forward"]) == (6 * US, 7 * US)
 
 
 def test_every_registered_view_is_a_plot_kind():

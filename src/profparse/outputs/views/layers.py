@@ -49,8 +49,16 @@ def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
     value = "gpu_ns" if gpu else next((c for c in ("host_ns", "time_ns", "dur_ns") if c in table.columns), None)
     if value is None:
         return None, "modules table has no time column"
-    depth = layer_depth(table)
-    sub = table[table["depth"] == depth] if depth >= 0 else table
+    recomputed = table["recompute"].astype(bool) if "recompute" in table.columns else pd.Series(False, table.index)
+    depth = layer_depth(table[~recomputed])
+    if depth >= 0:
+        # a recomputation (activation checkpointing) runs a layer from the autograd engine, with no parent: its rows
+        # sit shallower than the layer's (a layer at depth 0, its Linear modules at the layers' depth), so they are
+        # taken by the layers' names
+        layers = table["depth"].eq(depth) & ~recomputed
+        sub = table[layers | (recomputed & table["module"].isin(set(table.loc[layers, "module"])))]
+    else:
+        sub = table
     stage = sub["stage"].astype(str)
     if "recompute" in sub.columns:
         stage = stage.where(~sub["recompute"].astype(bool), "backward (recompute)")
