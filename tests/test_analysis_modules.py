@@ -77,6 +77,20 @@ def test_checkpoint_recompute_is_backward_and_labelled(tmp_path):
     assert m.loc[("Layer_1", "backward", False), "host_ns"] == 20 * US
 
 
+def test_a_class_s_depth_is_its_place_in_the_model_not_its_recomputation(tmp_path):
+    """The summary's modules by class: a recomputed layer runs from the autograd engine at depth 0; the class's
+    depth (and so its place in the table) stays the model's, and its recompute time is counted apart."""
+    from profparse.outputs.summary.analyses import modules_data
+
+    parsed = build(tmp_path, recompute=True)
+    assert parsed.modules.loc[parsed.modules["recompute"], "depth"].tolist() == [0]
+    rows = modules_data(parsed)["modules_by_class"]
+    placed = [(r["class"], r["depth"]) for r in rows]  # in depth order; "(none)": backward nodes of no module
+    assert placed == [("Model", 0), ("(none)", 0), ("Layer", 1)]
+    layer = rows[-1]
+    assert layer["recompute_host_ns"] == 8 * US and layer["forward_host_ns"] == 80 * US and layer["instances"] == 2
+
+
 def test_no_module_events_no_table(tmp_path):
     b = TraceBuilder()
     b.annotation("ProfilerStep#1", 0, 100)

@@ -94,9 +94,13 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
         bwd_gpu=np.where((modules["stage"] == "backward") & ~modules["recompute"], modules["gpu_ns"], 0),
         recompute_host=np.where(modules["recompute"], modules["host_ns"], 0),
         fwd_calls=np.where(modules["stage"] != "backward", modules["calls"], 0),
+        # a recomputation (activation checkpointing) runs a layer from the autograd engine with no parent: its
+        # depth is not the class's place in the model
+        model_depth=modules["depth"].where(~modules["recompute"].astype(bool)),
     )
     grouped = m.groupby("class", sort=False).agg(
         depth=("depth", "min"),
+        model_depth=("model_depth", "min"),
         instances=("module", "nunique"),
         calls=("fwd_calls", "sum"),
         forward_host_ns=("fwd_host", "sum"),
@@ -106,6 +110,9 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
         recompute_host_ns=("recompute_host", "sum"),
         first=("first_ts_ns", "min"),
     )
+    known = grouped["model_depth"].notna()
+    grouped["depth"] = grouped["depth"].where(~known, grouped["model_depth"]).astype(np.int64)
+    grouped = grouped.drop(columns="model_depth")
     grouped = grouped.reset_index().sort_values(["depth", "first"], kind="stable").drop(columns="first")
     return [{k: plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]
 
