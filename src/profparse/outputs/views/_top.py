@@ -76,7 +76,9 @@ def top_draw(prepared: Prepared) -> Figure:
             ax.text(v + right * 0.01, yi, f"{v:,.2f} {unit}  {share:.0%}  ×{c:,}", va="center", fontsize=8)
         ax.set_xlim(0, right * 1.3)
         ax.set_title(
-            f"{stage}: {fmt_time(total)} {what} in {item['events']:,} events", loc="left", color=STAGE_COLORS[stage]
+            f"{stage}: {fmt_time(total)} {what} in {item['events']:,} event{'' if item['events'] == 1 else 's'}",
+            loc="left",
+            color=STAGE_COLORS[stage],
         )
         ax.set_xlabel(f"{what} ({unit})")
         ax.grid(axis="x", alpha=0.3)
