@@ -138,7 +138,8 @@ def draw(prepared: dict[str, Any]) -> Any:
     _label_top_ops(ax, points[~under], area, LABELLED)  # after the limits: labels are placed in display space
     ax.set_title(f"{TITLE}\n{prepared['peak_note']}", fontsize=9)
     legend = ax.legend(fontsize=8, loc="lower right")
-    for handle in getattr(legend, "legend_handles", None) or legend.legendHandles:
+    handles = legend.legend_handles if hasattr(legend, "legend_handles") else legend.legendHandles  # < 3.7
+    for handle in handles:
         if hasattr(handle, "set_sizes"):  # stage markers at one size, not the size of each stage's first point
             handle.set_sizes([60])
     ax.grid(True, which="both", alpha=0.2)
