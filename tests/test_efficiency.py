@@ -243,6 +243,27 @@ def cli(*args):
     )
 
 
+def test_a_tiny_mfu_keeps_two_significant_digits(synthetic):
+    """A tiny model's MFU (or a huge peak) reads 0.033%, not 0.0%: the per-step MFU as text is the JSON value."""
+    from profparse.base.formats import utilisation_text
+
+    assert [utilisation_text(x) for x in (0.253, 0.001, 0.00033, 3.3e-5, 5e-7, 0.0, None)] == [
+        "25.3%",
+        "0.1%",
+        "0.033%",
+        "0.0033%",
+        "<0.0001%",
+        "0.0%",
+        "-",
+    ]
+    text = cli("summarize", "--peak-tflops", "100000", str(synthetic)).stdout
+    data = json.loads(cli("summarize", "--peak-tflops", "100000", "--format", "json", str(synthetic)).stdout)
+    mfu = data["efficiency"]["steps"][0]["mfu"]
+    assert 1e-6 < mfu < 1e-3
+    per_step = text[text.index("MFU per step") :].splitlines()
+    assert per_step[3].split()[-1] == utilisation_text(mfu) == f"{mfu * 100:.2g}%"
+
+
 def test_cli_summary_section_and_parquet_tables(synthetic, tmp_path):
     out = cli("summarize", "--peak-tflops", "100", str(synthetic))
     assert out.returncode == 0, out.stderr

@@ -22,7 +22,7 @@ from conftest import SAMPLE_TRACES, SHARED_TRACES
 from conftest import parsed as parsed_once
 from tracebuilder import TraceBuilder, training_step
 
-from profparse.base.formats import plain
+from profparse.base.formats import plain, utilisation_text
 from profparse.cli.main import main
 from profparse.outputs import report
 from profparse.outputs.summary import summary_data
@@ -668,6 +668,12 @@ def test_efficiency_section_and_mfu_headline_are_the_summarys(tmp_path):
     seen.feed(dom.split('id="payload"')[0])
     shown = {a["data-eff-stage"]: a["data-eff-mfu"] for a in seen.attrs if "data-eff-stage" in a}
     assert shown == {s["stage"]: "" if s["mfu"] is None else str(s["mfu"]) for s in section["stages"]}
+    # each MFU as summarize writes it, also where it is tiny (a peak 1000x the device's: 0.0041%, not 0.0%)
+    tiny = dump_dom(write(trace, tmp_path / "tiny.html", "--peak-tflops", "1000000"))
+    for page_dom in (dom, tiny):
+        written = re.findall(r'data-eff-mfu="([^"]*)">([^<]*)<', page_dom)
+        assert written and all(text == utilisation_text(float(v) if v else None) for v, text in written), written
+    assert any(0 < float(v) < 1e-3 for v, _ in re.findall(r'data-eff-mfu="([^"]+)">([^<]*)<', tiny))
     steps = {a["data-eff-step"] for a in seen.attrs if "data-eff-step" in a}
     assert steps == {str(s["step"]) for s in section["steps"]} and steps  # MFU per step
     basis = re.search(r'id="mfu-basis"[^>]*>([^<]*)<', dom).group(1)

@@ -18,6 +18,7 @@ import pandas as pd
 from profparse.analysis import replay as rp
 from profparse.analysis import replay_path
 from profparse.analysis.critical_path import BOUNDS
+from profparse.base.formats import utilisation_text
 from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import Links, kind_mask
@@ -216,7 +217,7 @@ def _mfu(parsed: ParsedTrace, table: pd.DataFrame) -> float | None:
 
 def without_profiler_text(data: dict[str, Any]) -> str:
     """The headline sentence: ``64.4 ms per step profiled, ~35.9 ms without the profiler, MFU 9.0%``."""
-    mfu = f", MFU {data['mfu']:.1%}" if data.get("mfu") is not None else ""
+    mfu = f", MFU {utilisation_text(data['mfu'])}" if data.get("mfu") is not None else ""
     profiled, step = data["profiled_step_ns"] / 1e6, data["step_ns"] / 1e6
     return f"{profiled:,.1f} ms per step profiled, ~{step:,.1f} ms without the profiler{mfu}"
 

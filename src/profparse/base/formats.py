@@ -167,6 +167,16 @@ def share_text(x: Any) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def utilisation_text(x: Any) -> str:
+    """An MFU or HFU as a percentage: :func:`share_text`, but two significant digits under 0.1% (a tiny model's
+    ``0.033%``, which one decimal shows as ``0.0%``), and ``<0.0001%`` below that; ``-`` for None."""
+    if x is None or not 0 < x < 0.001:
+        return share_text(x)
+    if x < 1e-6:
+        return "<0.0001%"
+    return f"{x * 100:.2g}%"  # from 1e-4 (%) up, ``g`` writes it without an exponent
+
+
 def bytes_text(n: Any) -> str:
     """A byte count in the largest binary unit it reaches (``1.5 MiB``, ``-2.0 KiB``, ``512 B``); ``-`` for None."""
     if n is None:

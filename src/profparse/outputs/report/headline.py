@@ -15,7 +15,7 @@ import statistics
 import textwrap
 from typing import Any
 
-from profparse.base.formats import share_text
+from profparse.base.formats import share_text, utilisation_text
 from profparse.outputs.views._common import fmt_time
 
 #: Most severe first: the headline shows the first warning of the most severe kind.
@@ -153,7 +153,7 @@ def mfu(summary: dict[str, Any]) -> dict[str, Any]:
     note = section["peak"]["note"]
     if not known:
         return _item("mfu", "MFU", "no MFU", note, "#efficiency")
-    text = ", ".join(f"{s['stage']} {s['mfu']:.1%}" for s in known)
+    text = ", ".join(f"{s['stage']} {utilisation_text(s['mfu'])}" for s in known)
     modes = [f"{s['stage']} {s['math_mode']}" for s in known if s.get("math_mode")]
     basis = section["peak"].get("basis")
     detail = "; ".join(x for x in (f"peak by math mode: {', '.join(modes)}" if modes else "", basis or "", note) if x)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profparse.analysis.flop_counts import STATUS
-from profparse.base.formats import STEP_ROWS, Column, Table, ms_text, share_text
+from profparse.base.formats import STEP_ROWS, Column, Table, ms_text, utilisation_text
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -83,8 +83,8 @@ def efficiency_tables(data: dict[str, Any]) -> list[Table]:
         Column("stage", "stage"),
         Column("flops", "GFLOPs", _gflops),
         Column("achieved_tflops", "TFLOP/s", lambda x: "-" if x is None else f"{x:,.3g}"),
-        Column("mfu", "MFU", share_text),
-        Column("hfu", "HFU", share_text),
+        Column("mfu", "MFU", utilisation_text),
+        Column("hfu", "HFU", utilisation_text),
         Column("math_mode", "mode"),
         Column("peak_tflops", "peak", lambda x: "-" if x is None else f"{x:,.4g}"),
         Column("counted_ns", f"counted {basis}", ms_text),
@@ -96,7 +96,8 @@ def efficiency_tables(data: dict[str, Any]) -> list[Table]:
     footer = textwrap.fill(peak, width=98, subsequent_indent="  ")  # a terminal line: the renderer indents by 2
     out = [Table("Efficiency", columns, section["stages"], note="ms", footer=footer)]
     if any(s["mfu"] is not None for s in section["steps"]):
-        step_columns = [Column("step", "step"), Column("flops", "GFLOPs", _gflops), Column("mfu", "MFU", share_text)]
+        mfu = Column("mfu", "MFU", utilisation_text)
+        step_columns = [Column("step", "step"), Column("flops", "GFLOPs", _gflops), mfu]
         note = "model FLOPs / (step window x peak)"
         out.append(Table("MFU per step", step_columns, section["steps"], note=note, text_rows=STEP_ROWS))
     if section["not_counted"]:

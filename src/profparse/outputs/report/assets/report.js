@@ -45,6 +45,11 @@
     return v.toLocaleString("en-US", {maximumFractionDigits: Math.abs(v) < 100 ? 2 : 0}) + " " + u[1];
   }
   function pct(x) { return x == null || !isFinite(x) ? "-" : (100 * x).toFixed(1) + "%"; }
+  // an MFU or HFU: pct, but two significant digits under 0.1% (as summarize writes it: base.formats.utilisation_text)
+  function util(x) {
+    if (x == null || !isFinite(x) || !(x > 0 && x < 0.001)) return pct(x);
+    return x < 1e-6 ? "<0.0001%" : Number((100 * x).toPrecision(2)) + "%";
+  }
   function bytes(n) {
     var units = [["GiB", 1 << 30], ["MiB", 1 << 20], ["KiB", 1 << 10]];
     for (var i = 0; i < units.length; i++) if (Math.abs(n) >= units[i][1]) return (n / units[i][1]).toFixed(1) + " " + units[i][0];
@@ -556,7 +561,7 @@
     var head = ["stage", "GFLOPs", "TFLOP/s", "MFU", "HFU"].concat(modes ? ["mode", "peak TFLOP/s"] : [], ["counted " + basis, "not counted"]);
     s.appendChild(table(head, e.stages.map(function (r) {
       var cells = [stageCell(r.stage), el("td", {text: gflops(r.flops)}), el("td", {text: tflops(r.achieved_tflops)}),
-        el("td", {"data-eff-stage": r.stage, "data-eff-mfu": r.mfu == null ? "" : String(r.mfu), text: pct(r.mfu)}), el("td", {text: pct(r.hfu)})];
+        el("td", {"data-eff-stage": r.stage, "data-eff-mfu": r.mfu == null ? "" : String(r.mfu), text: util(r.mfu)}), el("td", {text: util(r.hfu)})];
       if (modes) cells.push(el("td", {text: r.math_mode || "-"}), el("td", {text: tflops(r.peak_tflops)}));
       return el("tr", {}, cells.concat([el("td", {text: fmt(r.counted_ns)}), el("td", {text: fmt(r.not_counted_ns)})]));
     }), "eff"));
@@ -566,7 +571,7 @@
       s.appendChild(el("h3", {id: "mfu-per-step", text: "MFU per step"}));
       var mfuRows = e.steps.map(function (r) {
         return el("tr", {}, [el("td", {class: "l", text: "step " + r.step}), el("td", {text: gflops(r.flops)}),
-          el("td", {"data-eff-step": String(r.step), text: pct(r.mfu)})]);
+          el("td", {"data-eff-step": String(r.step), text: util(r.mfu)})]);
       });
       s.appendChild(table(["step", "GFLOPs", "MFU"], mfuRows));
       folded(s, s.lastChild, mfuRows.map(function (tr) { return [tr]; }), "mfu-step-more");
