@@ -110,6 +110,33 @@ def test_hta_verb(capsys):
     assert "GPU kernel time by HTA kernel type, per stage" in out
 
 
+def test_events_hta_s_rounding_makes_negative_are_counted_and_said(tmp_path, capsys):
+    """HTA rounds each event's start up and its end down to whole microseconds: a kernel within one microsecond
+    gets -1 us, which HTA's sums include. The verb keeps HTA's numbers and says how many there are; --exact has
+    none."""
+    from tracebuilder import TraceBuilder, training_step
+
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3):
+        t = training_step(b, step, t)
+    b.annotation("ProfilerStep#9", t + 1, 40)
+    for i in range(3):  # within one microsecond each: [t + 10.2, t + 10.7] and so on
+        b.launch(t + 2 + i, t + 10.2 + 2 * i, 0.5, name="tiny")
+    path = b.write(tmp_path / "tiny.json")
+    rounded = hta_by_stage(parsed_once(path))
+    rows = rounded.kernel_types
+    assert rounded.negative == 3 and rows["time_us"].sum() == pytest.approx(
+        sum(load_hta(path).t.get_trace(0).query("stream != -1")["dur"])
+    )  # HTA's own numbers, the -1s in them
+    assert main(["hta", str(path), "-q"]) == 0
+    assert "3 GPU events under 1 us got -1 us from HTA's rounding" in capsys.readouterr().out
+    exact = hta_by_stage(parsed_once(path), exact=True)
+    assert exact.negative == 0 and "negative_duration_rows" in hta_data(exact)
+    assert main(["hta", str(path), "-q", "--exact"]) == 0
+    assert "rounding (its sums" not in capsys.readouterr().out
+
+
 def test_empty_and_cut_traces_get_a_clear_error(tmp_path):
     """HTA reads the file itself: an empty or cut trace used to end with exit 1 and an empty or cryptic message."""
     from adversarial import assert_clean_failure, run_cli

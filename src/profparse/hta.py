@@ -294,6 +294,7 @@ class HtaByStage:
     exact: bool
     rows: int
     unmatched: int
+    negative: int  # rows whose duration HTA's rounding to whole microseconds made negative (HTA's sums include them)
     kernel_types: pd.DataFrame
     idle: pd.DataFrame
     hta_kernel_types: pd.DataFrame  # HTA's own get_gpu_kernel_breakdown kernel_type_df, whole trace
@@ -336,6 +337,7 @@ def hta_by_stage(
         exact=exact,
         rows=int(len(rows)),
         unmatched=int((rows["stage"] == UNMATCHED).sum()),
+        negative=int((rows["dur"] < 0).sum()),
         kernel_types=types,
         idle=idle,
         hta_kernel_types=kernel_type_df,
@@ -364,6 +366,7 @@ def hta_data(result: HtaByStage) -> dict[str, Any]:
         "units": "us (HTA's, " + ("exact" if result.exact else "rounded to whole microseconds per event") + ")",
         "gpu_rows": result.rows,
         "unmatched_rows": result.unmatched,
+        "negative_duration_rows": result.negative,
         "kernel_types_by_stage": records(result.kernel_types),
         "idle_by_stage": records(idle_stage),
         "idle_by_stage_and_stream": records(result.idle),
@@ -422,12 +425,21 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
     return sections
 
 
+def _negative_note(count: int) -> str:
+    """Why some of HTA's times are below zero: its rounding of each event's start and end to whole microseconds
+    gives an event shorter than one a duration of -1 us (HTA's sums include them; ``--exact`` has none)."""
+    events = f"{count:,} GPU event{'s' if count != 1 else ''}"
+    return f"{events} under 1 us got -1 us from HTA's rounding (its sums include them; --exact has none)"
+
+
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
     out.write(f"profparse hta: {display(data['trace'])} (rank {data['rank']})\n")
     out.write(f"  {data['gpu_rows']:,} HTA GPU rows joined to profparse stages")
     out.write(f", {data['unmatched_rows']:,} unmatched\n" if data["unmatched_rows"] else ", all matched\n")
     out.write(f"  times: {data['units']}\n")
+    if data.get("negative_duration_rows"):
+        out.write(f"  {_negative_note(data['negative_duration_rows'])}\n")
     if data["hta"]["distribution"]:
         out.write(f"  HTA: {display(data['hta']['distribution'])} {display(data['hta']['version'])}\n")
     for title, headers, rows in _sections(data):
@@ -439,6 +451,8 @@ def render_text(data: dict[str, Any]) -> str:
 
 def render_markdown(data: dict[str, Any]) -> str:
     lines = [f"# profparse hta: {md_code(data['trace'])} (rank {data['rank']})", "", f"Times: {data['units']}."]
+    if data.get("negative_duration_rows"):
+        lines[-1] += f" {_negative_note(data['negative_duration_rows'])}."  # it starts with the count
     if data["hta"]["distribution"]:
         lines[-1] += f" HTA: {md_cell(data['hta']['distribution'])} {md_cell(data['hta']['version'])}."
     for title, headers, rows in _sections(data):
