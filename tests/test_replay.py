@@ -83,6 +83,18 @@ def test_gpu_bound_step_keeps_its_gpu_time(tmp_path: Path) -> None:
     assert (same["measured_ns"] >= 500_000).all()
 
 
+def test_the_profiled_step_is_the_loop_the_step_without_the_profiler_is(tmp_path: Path) -> None:
+    """GPU-bound without a sync: the host's step windows (~200 us) are shorter than the GPU's steps (510 us: ten
+    50 us kernels 1 us apart). The profiled step the headline compares with is the same loop measure as the step
+    without the profiler, so the one less the other is the profiler's cost; the windows would read ~200 us against
+    ~510 us without the profiler, as if the profiler had made the step faster."""
+    p = profparse.parse(_steps(50, sync=False).write(tmp_path / "t.json"))
+    data = without_profiler(p)
+    windows = float(p.table("replay")["measured_ns"].mean())
+    assert data["profiled_step_ns"] - data["step_ns"] == pytest.approx(data["overhead_ns_per_step"], abs=2)
+    assert data["profiled_step_ns"] == pytest.approx(10 * 51_000, rel=0.01) and windows < 250_000
+
+
 def test_slower_kernels_lengthen_a_gpu_bound_step(tmp_path: Path) -> None:
     model = _model(_steps(50, sync=True), tmp_path)
     same = rp.replay(model, _cost(0))

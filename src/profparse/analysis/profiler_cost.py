@@ -178,7 +178,9 @@ def path_without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
 
 def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
     """``step_ns`` (mean steady step without the profiler), ``mfu`` on that basis, ``overhead_ns_per_step``,
-    ``basis``, and the mean profiled step it compares with (``profiled_step_ns``); where the calibration timed
+    ``basis``, and the mean profiled step it compares with (``profiled_step_ns``: the same steps replayed as they
+    were, each from the end of the one before, the later of host and GPU, so that it less ``step_ns`` is the
+    overhead; a GPU-bound step's window alone misses the GPU work it left running); where the calibration timed
     steps without the profiler, their mean (``unprofiled_step_ns``); where the default costs were scaled by the
     trace's launch time, that factor (``host_speed``); empty without steady steps."""
     table = parsed.table("replay")
@@ -193,7 +195,7 @@ def without_profiler(parsed: ParsedTrace) -> dict[str, Any]:
         "mfu": _mfu(parsed, table),
         "overhead_ns_per_step": round(float(table["overhead_ns"].mean())),
         "basis": "calibrated" if unprofiled is not None else basis,
-        "profiled_step_ns": round(float(table["measured_ns"].mean())),
+        "profiled_step_ns": round(float(table["loop_ns"].mean())),
     }
     if unprofiled is not None:
         out["unprofiled_step_ns"] = round(unprofiled)
