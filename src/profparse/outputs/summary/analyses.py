@@ -110,9 +110,7 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
         recompute_host_ns=("recompute_host", "sum"),
         first=("first_ts_ns", "min"),
     )
-    known = grouped["model_depth"].notna()
-    grouped["depth"] = grouped["depth"].where(~known, grouped["model_depth"]).astype(np.int64)
-    grouped = grouped.drop(columns="model_depth")
+    grouped["depth"] = grouped.pop("model_depth").fillna(grouped["depth"]).astype(np.int64)  # recomputed only: its own
     grouped = grouped.reset_index().sort_values(["depth", "first"], kind="stable").drop(columns="first")
     return [{k: plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]
 

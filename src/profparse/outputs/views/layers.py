@@ -59,9 +59,7 @@ def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
         sub = table[layers | (recomputed & table["module"].isin(set(table.loc[layers, "module"])))]
     else:
         sub = table
-    stage = sub["stage"].astype(str)
-    if "recompute" in sub.columns:
-        stage = stage.where(~sub["recompute"].astype(bool), "backward (recompute)")
+    stage = sub["stage"].astype(str).where(~recomputed[sub.index], "backward (recompute)")
     sub = sub.assign(series=stage)
     series = [s for s in ("forward", "backward", "backward (recompute)") if (sub["series"] == s).any()]
     if not series:
