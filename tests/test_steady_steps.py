@@ -12,8 +12,9 @@ import profparse
 STEP_US = 1000.0
 
 
-def trace(tmp_path, steps: int, optimizer_in: set[int], profiler_steps: bool = True):
-    """``steps`` steps of a forward op and a backward op; an optimizer step in the steps of ``optimizer_in``."""
+def trace(tmp_path, steps: int, optimizer_in: set[int], profiler_steps: bool = True, cut_us: float | None = None):
+    """``steps`` steps of a forward op and a backward op; an optimizer step in the steps of ``optimizer_in``;
+    with ``cut_us``, one more ``ProfilerStep`` that long after them, holding one op (the profiler stopped in it)."""
     b = TraceBuilder()
     for step in range(steps):
         t0 = step * STEP_US
@@ -24,6 +25,10 @@ def trace(tmp_path, steps: int, optimizer_in: set[int], profiler_steps: bool = T
         if step in optimizer_in:
             b.annotation("Optimizer.step#SGD.step", t0 + 800, 50)
             b.op("aten::add_", t0 + 801, 20)
+    if cut_us is not None:
+        t0 = steps * STEP_US
+        b.annotation(f"ProfilerStep#{steps}", t0, cut_us)
+        b.op("aten::empty", t0 + cut_us / 4, cut_us / 2)
     return profparse.load(b.write(tmp_path / "t.json"), cache=False)
 
 
@@ -69,3 +74,64 @@ def test_the_findings_leave_the_warm_up_steps_out(tmp_path):
     assert context.warm_up == [0, 1]
     assert context.steps["step"].tolist() == [2, 3]
     assert set(context.path["step"]) == {2, 3}
+
+
+@pytest.mark.parametrize(
+    "steps, optimizer_in, cut_us, steady",
+    [
+        (3, {0, 1, 2}, 50.0, [False, True, True, False]),
+        (1, {0}, 50.0, [True, False]),  # the one complete step is the steady one (as in a trace of one step)
+        (2, {0, 1}, 200.0, [False, True, False]),  # 200 us < a quarter of the 990 us steps
+        (3, set(), 50.0, [False, True, True, False]),  # no optimizer step: the first of three complete ones
+        (2, set(), 50.0, [True, True, False]),  # two complete steps: too few to leave one out
+    ],
+)
+def test_a_last_step_the_profiler_stopped_inside_is_not_steady(tmp_path, steps, optimizer_in, cut_us, steady):
+    parsed = trace(tmp_path, steps, optimizer_in, cut_us=cut_us)
+    assert parsed.steps["steady"].tolist() == steady
+    checks = parsed.warnings.set_index("check")
+    assert checks.loc["cut_short_step", "severity"] == "info"
+    message = checks.loc["cut_short_step", "message"]
+    assert f"step {steps} left out of the steady steps: {cut_us / 1000:.2f} ms" in message
+
+
+@pytest.mark.parametrize(
+    "optimizer_in, cut_us",
+    [
+        ({0, 1, 2, 3}, 50.0),  # the short last step runs an optimizer step: a step of its own, however short
+        ({0, 1, 2}, 300.0),  # over a quarter of the steps before it
+    ],
+)
+def test_a_short_last_step_that_is_a_step_stays_steady(tmp_path, optimizer_in, cut_us):
+    b = TraceBuilder()
+    for step in range(4):
+        t0, length = step * STEP_US, (cut_us if step == 3 else STEP_US - 10)
+        b.annotation(f"ProfilerStep#{step}", t0, length)
+        b.op("aten::linear", t0 + 1, length / 4)
+        if step in optimizer_in:
+            b.annotation("Optimizer.step#SGD.step", t0 + length / 2, length / 4)
+    parsed = profparse.load(b.write(tmp_path / "t.json"), cache=False)
+    assert parsed.steps["steady"].tolist() == [False, True, True, True]
+    assert "cut_short_step" not in set(parsed.warnings["check"])
+
+
+def test_the_mi250_trace_s_empty_last_step_leaves_its_one_step_steady(tmp_path):
+    """The MI250 trace ends in ``ProfilerStep#2`` of 0.05 ms (nothing but the profiler's end): its headline was
+    "0.0 ms per step" from that step. Its one complete step is the steady one now, in every view."""
+    import json
+
+    from conftest import SHARED_TRACES
+
+    from profparse.outputs.summary import render_summary
+
+    path = SHARED_TRACES / "mi250_minitoy.json.gz"
+    if not path.exists():
+        pytest.skip("no mi250_minitoy.json.gz")
+    parsed = profparse.parse(path)
+    steps = parsed.steps
+    assert steps["steady"].tolist() == [True, False]
+    window = int(steps["end_ns"].iloc[0] - steps["start_ns"].iloc[0])
+    data = json.loads(render_summary(parsed, fmt="json"))
+    replayed = data["without_profiler"]["profiled_step_ns"]
+    assert 0.9 * window < replayed < 1.1 * window  # the replayed complete step, not the 0.05 ms one
+    assert [s["step"] for s in data["step_totals"] if s.get("steady")] == [int(steps["step"].iloc[0])]

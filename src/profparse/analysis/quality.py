@@ -262,6 +262,8 @@ def _reading_rows(parsed: ParsedTrace) -> list[dict[str, Any]]:
         )
     for message in getattr(parsed.attribution, "step_notes", ()):  # repeated ProfilerStep#N: renumbered or dropped
         rows.append(_row("repeated_steps", "warning", 0, 0, message))
+    for message in getattr(parsed.attribution, "cut_notes", ()):  # a last step the profiler stopped inside
+        rows.append(_row("cut_short_step", "info", 1, 0, message))
     return rows
 
 

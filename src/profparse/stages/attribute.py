@@ -44,6 +44,7 @@ class Attribution:
     steps: pd.DataFrame  # step, start_ns, end_ns, source
     rules: list[StageRule]
     step_notes: list[str] = field(default_factory=list)  # steps renumbered or dropped (quality warning)
+    cut_notes: list[str] = field(default_factory=list)  # a last step the profiler stopped inside (quality info)
 
 
 def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, optimizer: np.ndarray) -> int:
@@ -135,32 +136,66 @@ def _free_numbers(used: set[int], count: int) -> list[int]:
     return [next(free) for _ in range(count)]
 
 
-def find_steps(events: pd.DataFrame, links: Links, notes: list[str] | None = None) -> tuple[pd.DataFrame, int]:
+def find_steps(
+    events: pd.DataFrame, links: Links, notes: list[str] | None = None, cut: list[str] | None = None
+) -> tuple[pd.DataFrame, int]:
     """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread.
 
     Every window gets its own step number (see :func:`_unique_steps`); what was renumbered or dropped is said in
-    ``notes``. Column ``steady`` says which steps are past warm-up (:func:`_steady`)."""
+    ``notes``. Column ``steady`` says which steps are past warm-up and complete (:func:`_steady`); a last step
+    the profiler stopped inside is said in ``cut``."""
     optimizer = name_mask(events, _OPTIMIZER_STEP) & links.host
     steps, main = _step_windows(events, links, optimizer, notes)
-    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer])), main
+    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer], cut)), main
 
 
 #: with this many steps or more, and no optimizer step to tell, the first step is warm-up
 WARM_UP_FROM = 3
+#: a last step shorter than this share of the median step before it, without the optimizer step those hold (or
+#: with none in the trace), is one the profiler stopped inside: kineto closes the open ``ProfilerStep`` range
+#: when the profiler stops, and a loop that calls ``prof.step()`` after each iteration leaves one nearly empty
+CUT_SHORT = 0.25
 
 
-def _steady(steps: pd.DataFrame, optimizer_ts: np.ndarray) -> np.ndarray:
-    """Per step (in time order): past warm-up. Warm-up runs up to the first step that holds an optimizer step (its
-    first call makes the optimizer's state, the model's first steps grow the allocator), when a step is left
-    after it; else it is the first step of :data:`WARM_UP_FROM` or more."""
+def _steady(steps: pd.DataFrame, optimizer_ts: np.ndarray, cut: list[str] | None = None) -> np.ndarray:
+    """Per step (in time order): past warm-up and complete. Warm-up runs up to the first step that holds an
+    optimizer step (its first call makes the optimizer's state, the model's first steps grow the allocator), when
+    a step is left after it; else it is the first step of :data:`WARM_UP_FROM` or more. A last step cut short
+    (:data:`CUT_SHORT`) is not steady and counts for neither; its note goes to ``cut``."""
     steady = np.ones(len(steps), dtype=bool)
     window = step_window(optimizer_ts, steps)
     window = window[window >= 0]
-    if len(window) and window.min() < len(steps) - 1:
+    complete = len(steps)
+    note = _cut_short(steps, window)
+    if note:
+        steady[-1] = False
+        complete -= 1
+        window = window[window < complete]
+        if cut is not None:
+            cut.append(note)
+    if len(window) and window.min() < complete - 1:
         steady[: window.min() + 1] = False
-    elif len(steps) >= WARM_UP_FROM:
+    elif complete >= WARM_UP_FROM:
         steady[0] = False
     return steady
+
+
+def _cut_short(steps: pd.DataFrame, optimizer_window: np.ndarray) -> str:
+    """Why the last of ``steps`` is one the profiler stopped inside (:data:`CUT_SHORT`), or ``""``."""
+    if len(steps) < 2:
+        return ""
+    length = (steps["end_ns"] - steps["start_ns"]).to_numpy()
+    typical = float(np.median(length[:-1]))
+    last = len(steps) - 1
+    if not length[-1] < CUT_SHORT * typical or last in optimizer_window:
+        return ""
+    if len(optimizer_window) and not (optimizer_window < last).any():
+        return ""
+    name = f"step {int(steps['step'].iloc[-1])}"
+    return (
+        f"{name} left out of the steady steps: {length[-1] / 1e6:,.2f} ms with no optimizer step, against a median "
+        f"of {typical / 1e6:,.2f} ms for the steps before it (the profiler stopped inside it)"
+    )
 
 
 def _step_windows(
@@ -404,7 +439,8 @@ def attribute(
     gpu_rules = [*INFERENCE_RULES, *GRAPH_RULE_NAMES, *COLLECTIVE_RULE_NAMES, *ORDER_RULE_NAMES]
     rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *gpu_rules]
     step_notes: list[str] = []
-    steps, main = find_steps(events, links, step_notes)
+    cut_notes: list[str] = []
+    steps, main = find_steps(events, links, step_notes, cut_notes)
     ts = events["ts_ns"].to_numpy()
     real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
     first_step = steps["start_ns"].min() if real_steps else None
@@ -463,6 +499,7 @@ def attribute(
         steps=steps,
         rules=rules,
         step_notes=step_notes,
+        cut_notes=cut_notes,
     )
 
 
