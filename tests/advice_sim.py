@@ -75,9 +75,10 @@ class Sim:
         self.b.span(name, self.t, host_us, "cuda_runtime", self.tid, correlation=self.b.correlation)
         self.t += host_us
 
-    def sync(self, name: str = "cudaDeviceSynchronize", op: str | None = None) -> None:
-        """A call that waits for the stream (inside ``op`` when given, e.g. ``aten::item``)."""
-        end = max(self.t + 1, self.g + SYNC_RETURN_US)
+    def sync(self, name: str = "cudaDeviceSynchronize", op: str | None = None, own_us: float = 0.0) -> None:
+        """A call that waits for the stream (inside ``op`` when given, e.g. ``aten::item``), then works ``own_us``
+        on its own (a free that unmaps its memory)."""
+        end = max(self.t + 1, self.g + SYNC_RETURN_US) + own_us
         if op:
             self.b.op(op, self.t, end - self.t + 1, self.tid)
         self.b.correlation += 1

@@ -429,6 +429,10 @@ def _simulate(
     ref_h = np.interp(gpu.ref.astype(np.float64), knots, h_knots)
     call_h0 = np.interp(calls.start, knots, h_knots)
     call_h1 = np.interp(calls.end, knots, h_knots)
+    # the call's own time (after what it waited for) as the host clock replays it: the profiler's cost and the
+    # host time a fix removes inside it are taken out of it as out of any host time (a free that unmaps memory
+    # for 700 ms is host work, not a wait)
+    own_h = call_h1 - np.interp(calls.end - calls.own, knots, h_knots)
     n = len(gpu.start)
     # each activity's numbers come in one tuple from a zip over standard-library arrays (indexing one gives a
     # Python number as a list does, but it holds 8 bytes per value, not a 32-byte object: ten lists of every
@@ -448,7 +452,8 @@ def _simulate(
     activities = zip(*columns, v(gpu.dur), strict=True)
     off_v = [0.0]  # the host offset after each call (the first: none yet)
     drop = dropped.tolist() if dropped is not None else [False] * len(calls.start)
-    own, target, fixed, post = calls.own.tolist(), calls.target.tolist(), calls.fixed.tolist(), calls.post.tolist()
+    own, target, fixed = own_h.tolist(), calls.target.tolist(), calls.fixed.tolist()
+    post = (calls.post - (calls.own - own_h)).tolist()  # its tail after the wait: the same time, replayed
     h0, h1 = call_h0.tolist(), call_h1.tolist()
     starts, cause = np.empty(n if detail else 0), np.zeros(n if detail else 0, dtype=np.int8)
     waited = np.zeros(len(h0) if detail else 0, dtype=bool)

@@ -8,7 +8,7 @@ import numpy as np
 
 from profparse.analysis.advice.build import from_path
 from profparse.analysis.advice.context import AdviceContext
-from profparse.analysis.advice.finding import Finding
+from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.analysis.advice.kinds import detector
 from profparse.analysis.advice.waits import ALLOCATOR_CALL
 from profparse.stages.attribute import STEP_NAME
@@ -79,7 +79,7 @@ def allocator_churn(ctx: AdviceContext) -> list[Finding]:
     segments = ctx.segments_of(ctx.under(calls))
     count = int((calls & ctx.in_steps()).sum())
     per_step = count / max(len(ctx.steps), 1)
-    return from_path(
+    found = from_path(
         ctx,
         "allocator_churn",
         segments,
@@ -88,3 +88,10 @@ def allocator_churn(ctx: AdviceContext) -> list[Finding]:
         " path",
         {"calls_per_step": round(per_step, 1)},
     )
+    for finding in found:  # the fix: no such call at all, neither its wait nor its own time (on the path or not)
+        rows = np.flatnonzero(calls & ctx.in_steps())
+        ts = ctx.events["ts_ns"].to_numpy()[rows]
+        spans = np.stack([ts, ts + ctx.events["dur_ns"].to_numpy()[rows]], axis=1)
+        what = finding.what_if
+        finding.what_if = WhatIf(np.concatenate([what.host, spans]), 1.0, what.gpu_rows, what.gpu_factor, rows)
+    return found
