@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -115,6 +116,27 @@ def test_gpu_devices_without_device_properties(tmp_path):
     assert render_summary(p).splitlines()[1].endswith("no GPU")
     with_names = profparse.parse(clean().write(tmp_path / "named.json"))
     assert gpu_devices(with_names) == ["Fake GPU"]
+
+
+def test_gpu_devices_are_those_that_ran_gpu_work(tmp_path):
+    """Kineto lists every device of the machine in ``deviceProperties`` (8 on each shared trace, one used): the
+    header names the device the trace's GPU work ran on, not "8 x A100" for one rank of a node."""
+    from profparse.analysis.quality import gpu_devices
+    from profparse.outputs.summary import render_summary
+
+    b = clean()
+    b.header["deviceProperties"] = [{"id": i, "name": f"GPU model {i}"} for i in range(4)]
+    for event in b.events:
+        if event.get("cat") == "kernel":
+            event["args"]["device"] = 2
+    p = profparse.parse(b.write(tmp_path / "t.json"))
+    assert gpu_devices(p) == ["GPU model 2"]
+    assert json.loads(render_summary(p, fmt="json"))["devices"] == ["GPU model 2"]
+    cpu = TraceBuilder()  # no GPU work: the machine's devices, as listed
+    cpu.header["deviceProperties"] = [{"id": i, "name": "GPU model"} for i in range(2)]
+    cpu.annotation("ProfilerStep#1", 0, 10)
+    cpu.op("aten::mm", 1, 5)
+    assert gpu_devices(profparse.parse(cpu.write(tmp_path / "cpu.json"))) == ["GPU model", "GPU model"]
 
 
 @pytest.mark.parametrize("backend", ["cuda", "xpu", "mtia", "privateuse1"])

@@ -129,18 +129,29 @@ def _same_in_file(path: str, events: pd.DataFrame, rows: np.ndarray) -> int | No
 
 
 def gpu_devices(parsed: ParsedTrace) -> list[str]:
-    """The trace's devices for headers: the names in ``deviceProperties``, else ``GPU <id>`` for each device that
-    ran GPU activity (traces without ``deviceProperties``), else none (a CPU trace)."""
-    names = [str(d.get("name")) for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)]
-    if names:
-        return names
+    """The devices that ran the trace's GPU activity, for headers: their names in ``deviceProperties`` (which lists
+    every device of the machine, 8 for one rank of an 8-GPU node), else ``GPU <id>`` (traces without it); a trace
+    with no GPU activity: the ``deviceProperties`` names (none for a CPU trace)."""
+    properties = [d for d in parsed.header.get("deviceProperties", []) if isinstance(d, dict)]
+    names = [str(d.get("name")) for d in properties]
     events = parsed.raw.events
     activity = kind_mask(events, GPU_ACTIVITY_KINDS)
     if not activity.any():
-        return []
+        return names
     device = events["device"].to_numpy()[activity]
     device = np.where(device == NULL, events["pid"].to_numpy()[activity], device)
-    return [f"GPU {int(d)}" for d in np.unique(device)]
+    used = {int(d) for d in np.unique(device)}
+    if names:
+        named = [name for d, name in zip(properties, names, strict=True) if _device_id(d) in used]
+        return named or names  # ids that name no listed device: the machine's list, as it is
+    return [f"GPU {d}" for d in sorted(used)]
+
+
+def _device_id(properties: dict[str, Any]) -> int | None:
+    try:
+        return int(properties.get("id"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def _top_names(names: pd.Series, n: int = 3) -> str:

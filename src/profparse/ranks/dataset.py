@@ -113,7 +113,7 @@ def write_plain_parquet(frame: pd.DataFrame, folder: Path) -> None:
             ("exit_code", pa.int64()),
             ("events", pa.int64()),
             ("seconds", pa.float64()),
-            ("devices", pa.list_(pa.string())),  # deviceProperties names, else GPU <id> of GPU work
+            ("devices", pa.list_(pa.string())),  # the devices that ran GPU work: deviceProperties names, else GPU <id>
         ]
     )
     folder.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ class RankResult:
     stage_summary: pd.DataFrame | None = None
     seconds: float = 0.0
     header_rank: int | None = None
-    devices: list[str] = field(default_factory=list)  # deviceProperties names, else GPU <id> of GPU work
+    devices: list[str] = field(default_factory=list)  # devices that ran GPU work (deviceProperties names or GPU <id>)
     collectives: pd.DataFrame | None = None  # late.collective_rows: one row per collective, matched in the parent
     stage_names: pd.DataFrame | None = None  # late.stage_name_totals: per stage, time per kernel and op name
     path_segments: pd.DataFrame | None = None  # critical_path.waiting_segments: the path inside collectives
