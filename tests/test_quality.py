@@ -48,6 +48,21 @@ def test_overlap_on_one_stream_and_kernel_before_launch(tmp_path):
     found = checks(b, tmp_path)
     assert found["timestamps_backwards"]["count"] == 1
     assert found["stream_overlap"]["count"] >= 1
+    assert found["stream_overlap"]["severity"] == "warning"  # microseconds of a 10 us kernel: timestamps to distrust
+
+
+def test_a_sliver_of_stream_overlap_is_information_not_a_warning(tmp_path):
+    """Programmatic dependent launch (Hopper's cuBLAS split-K reduce) starts a kernel ~0.1 us before the one it
+    follows ends: 0.1 us against 2 ms of GPU time is information; 3 us is a warning (clocks to distrust)."""
+    for gap_us, severity in ((-0.1, "info"), (-3.0, "warning")):
+        b = TraceBuilder()
+        b.annotation("ProfilerStep#1", 0, 3000)
+        b.launch(10, 20, 1000, name="nvjet_sm90_tst_96x64_64x8_4x2_h_bz_splitK")
+        b.launch(15, 1020 + gap_us, 1000, name="cublasLt::splitKreduce_kernel")
+        found = checks(b, tmp_path)
+        assert found["stream_overlap"]["severity"] == severity
+        assert found["stream_overlap"]["value"] == pytest.approx(-gap_us * 1000)
+        assert ("programmatic dependent launch" in found["stream_overlap"]["message"]) == (severity == "info")
 
 
 def test_kernel_outside_profiled_window(tmp_path):
