@@ -40,6 +40,7 @@ def test_unlinked_gpu_activity(tmp_path):
     found = checks(b, tmp_path)
     assert found["gpu_unlinked"]["count"] == 1
     assert 0 < found["gpu_unlinked"]["value"] < 1
+    assert found["gpu_unlinked"]["message"].startswith("1 GPU event (0.")  # one event, its time in ms
 
 
 def test_overlap_on_one_stream_and_kernel_before_launch(tmp_path):

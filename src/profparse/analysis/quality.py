@@ -154,6 +154,11 @@ def _device_id(properties: dict[str, Any]) -> int | None:
         return None
 
 
+def _gpu_events(count: int) -> str:
+    """``1 GPU event``, ``1,204 GPU events``."""
+    return f"{int(count):,} GPU event{'' if count == 1 else 's'}"
+
+
 def _top_names(names: pd.Series, n: int = 3) -> str:
     """The most frequent names of ``names`` with their counts: ``ncclKernel_SendRecv x3, ...``."""
     counts = names.astype(str).value_counts()
@@ -181,8 +186,8 @@ def _gpu_inference_rows(
             named = f": {_top_names(names[mask])}" if rule in ORDER_RULE_NAMES else ""
             rows.append(
                 _row(f"gpu_inferred.{rule.removeprefix('gpu.')}", "info", mask.sum(), ns,
-                     f"{int(mask.sum())} GPU events without a recorded launch ({ns} ns, {share:.1%} of GPU time) "
-                     f"got their stage by inference ({rule}){named}")
+                     f"{_gpu_events(mask.sum())} without a recorded launch ({ns / 1e6:.3f} ms, {share:.1%} of GPU "
+                     f"time) staged by inference ({rule}){named}")
             )  # fmt: skip
     unlinked = no_launch & (attribution.rule == rule_names.index(GPU_UNLINKED))
     if unlinked.any():
@@ -190,8 +195,8 @@ def _gpu_inference_rows(
         share = ns / gpu_total if gpu_total else 0.0
         rows.append(
             _row("gpu_unlinked", "warning", unlinked.sum(), share,
-                 f"{int(unlinked.sum())} GPU events ({ns} ns, {share:.1%} of GPU time) have no launching runtime "
-                 f"call and no stage could be inferred (other.gpu_unlinked; {missing_ns} ns had no launch)")
+                 f"{_gpu_events(unlinked.sum())} ({ns / 1e6:.3f} ms, {share:.1%} of GPU time) without a launching "
+                 f"runtime call not staged by inference (other.gpu_unlinked; {missing_ns / 1e6:.3f} ms had no launch)")
         )  # fmt: skip
     return rows
 
@@ -294,11 +299,11 @@ def _clock_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, Any
         if outside.any():
             rows.append(
                 _row("outside_window", "warning", outside.sum(), dur[outside].sum(),
-                     f"{int(outside.sum())} GPU events lie (partly) outside the profiled window")
+                     f"{_gpu_events(outside.sum())} (partly) outside the profiled window")
             )  # fmt: skip
     overlaps, overlap_ns = _stream_overlaps(events, activity)
     if overlaps:
-        message = f"{overlaps} GPU events overlap the previous one on the same stream ({overlap_ns / 1e6:.3f} ms)"
+        message = f"{_gpu_events(overlaps)} overlapping the one before on its stream ({overlap_ns / 1e6:.3f} ms)"
         material = overlap_ns > STREAM_OVERLAP_SHARE * float(dur[activity].sum())
         if not material:
             message += ": a kernel launched with programmatic dependent launch starts before the one it follows ends"
@@ -310,7 +315,7 @@ def _clock_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, Any
         if early.any():
             rows.append(
                 _row("timestamps_backwards", "warning", early.sum(), 0,
-                     f"{int(early.sum())} GPU events start before the call that launched them (clock skew)")
+                     f"{_gpu_events(early.sum())} starting before the call that launched them (clock skew)")
             )  # fmt: skip
     return rows
 
