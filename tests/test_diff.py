@@ -92,6 +92,17 @@ def test_per_step_compares_means(tmp_path):
     assert all(r["delta"] == 0 for r in means.values())
 
 
+def test_different_step_counts_are_pointed_out_where_totals_are_compared(tmp_path):
+    a = profparse.parse(build(tmp_path, "a", 10, steps=2))
+    b = profparse.parse(build(tmp_path, "b", 10, steps=4))
+    note = "A has 2 steps and B 4: whole-trace totals differ by the step count too; --per-step compares means per step"
+    data = diff_data(a, b)
+    assert data["note"] == note
+    assert f"  note: {note}\n" in render(data, "text") and f"{note}." in render(data, "markdown")
+    assert diff_data(a, b, per_step=True)["note"] == ""  # means per step: nothing to point out
+    assert diff_data(a, a)["note"] == "" and "note:" not in render(diff_data(a, a), "text")
+
+
 def test_two_real_captures_differ_with_the_right_sign():
     a, b = parsed_once(need(CPU_MARKS)), parsed_once(need(CPU_NOSTACK))
     data = diff_data(a, b, top=5)

@@ -294,6 +294,7 @@ def compare(a: Side, b: Side, *, top: int = TOP_N, per_step: bool = False) -> di
         "a": a.described,
         "b": b.described,
         "per_step": per_step,
+        "note": _steps_note(a.described["steps"], b.described["steps"], per_step),
         "levels": [labels[c] for c, _ in columns],
         "stages": stages,
         "gpu": a.has_kernels or b.has_kernels,
@@ -358,6 +359,16 @@ def _moved_cells(rows: list[dict[str, Any]], kernel: bool) -> list[list[str]]:
     ]
 
 
+def _steps_note(a_steps: int, b_steps: int, per_step: bool) -> str:
+    """What to read whole-trace totals of captures with different step counts as (empty where they agree)."""
+    if per_step or a_steps == b_steps:
+        return ""
+    return (
+        f"A has {a_steps} steps and B {b_steps}: whole-trace totals differ by the step count too; --per-step "
+        "compares means per step"
+    )
+
+
 def render_text(data: dict[str, Any]) -> str:
     out = io.StringIO()
     a, b = data["a"], data["b"]
@@ -365,6 +376,8 @@ def render_text(data: dict[str, Any]) -> str:
     for key, d in (("A", a), ("B", b)):
         devices = ", ".join(display(x) for x in d["devices"]) or "no GPU"
         out.write(f"  {key}: {display(d['trace'])}  ({d['events']:,} events, {d['steps']} steps, {devices})\n")
+    if data.get("note"):
+        out.write(f"  note: {data['note']}\n")
     scope = "mean per step" if data["per_step"] else "whole trace"
     stage_rows = [
         [
@@ -433,7 +446,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines = [
         f"# profparse diff: {md_code(a['trace'])} → {md_code(b['trace'])}",
         "",
-        f"Change = B - A; {'mean per step' if data['per_step'] else 'whole trace'}; times in ms.",
+        f"Change = B - A; {'mean per step' if data['per_step'] else 'whole trace'}; times in ms."
+        + (f" {data['note']}." if data.get("note") else ""),
         "",
         "| stage | level | A | B | change | % |",
         "|---|---|---:|---:|---:|---:|",
