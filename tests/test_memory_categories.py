@@ -337,6 +337,24 @@ def test_memory_from_before_the_trace_is_its_own_row(tmp_path: Path) -> None:
     assert "parameter" not in live["forward"]
 
 
+def test_frees_without_an_address_do_not_pile_up_below_zero(tmp_path: Path) -> None:
+    """A legacy trace (no ``Addr``, no ``Total Allocated``; the 2021 V100 one): each step allocates 300 B and frees
+    them. Its frees cannot be paired, so nothing says they free memory from before the trace: at each step's peak
+    everything live is ``other`` (300 B); ``before_trace`` read -300 B, -600 B, -900 B and ``other`` 600 B, 900 B,
+    1200 B (on the V100 trace: -50.3 GiB and 52.9 GiB on a 32 GB GPU)."""
+    b = TraceBuilder()
+    for step in range(3):
+        t0 = step * 100
+        b.annotation(f"ProfilerStep#{step}", t0, 90)
+        forward_op(b, "aten::linear", t0 + 10, 20, seq=step)
+        for ts, nbytes in ((t0 + 12, 100), (t0 + 14, 200), (t0 + 60, -200), (t0 + 62, -100)):
+            del memory_event(b, ts, nbytes, None)["args"]["Addr"]
+    peak = profparse.parse(b.write(tmp_path / "t.json")).memory_peak_categories
+    for step in range(3):
+        live = peak[peak["step"] == step].set_index("category")["live_bytes"]  # one stage per step here
+        assert {str(c): int(v) for c, v in live.items() if v} == {"other": 300}
+
+
 def _categories_add_up(path: Path) -> None:
     parsed = profparse.load(path)
     memory = parsed.table("memory")

@@ -315,7 +315,8 @@ def live_by_category(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataF
     if n == 0:
         return np.zeros((0, len(CATEGORIES)), dtype=np.int64)
     row_of = pd.Index(events["trace_index"].to_numpy()).get_indexer(memory["trace_index"].to_numpy())
-    free_of = pair_frees(memory, events["mem_addr"].to_numpy()[row_of])
+    addresses = events["mem_addr"].to_numpy()[row_of]
+    free_of = pair_frees(memory, addresses)
     position = pd.Index(memory["trace_index"].to_numpy()).get_indexer(table["trace_index"].to_numpy())
     category = table["category"].cat.codes.to_numpy().astype(np.int64)
     code[position] = category
@@ -325,7 +326,10 @@ def live_by_category(events: pd.DataFrame, memory: pd.DataFrame, table: pd.DataF
     paired = np.zeros(n, dtype=bool)
     paired[position] = True
     paired[freed[freed >= 0]] = True
-    code[(counted < 0) & ~paired] = before_trace  # a free whose allocation came before the trace
+    # a free whose allocation came before the trace; one without an address (legacy traces) is no such evidence:
+    # its allocation is ``other`` (rule no_address), and so is the free, or each step's frees would pile up below
+    # zero in before_trace and its allocations above the peak in other
+    code[(counted < 0) & ~paired & (addresses != NULL)] = before_trace
     delta = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
     delta[np.arange(n), code] = counted
     device = memory["device"].cat.codes.to_numpy()
