@@ -146,6 +146,29 @@ def test_memory_plot_from_memory_events(tmp_path):
     assert_png(tmp_path / "memory.png")
 
 
+def test_memory_plot_legends_lie_inside_the_figure(tmp_path):
+    """A trace whose memory is all ``other`` (no addresses, as in the 2021 V100 trace): the stage legend is wider
+    than the category one, and was cut off at the figure's edge ("backwa", "optimiz")."""
+    b = TraceBuilder()
+    t, total = 0.0, 0
+    for step in range(2):
+        t0, t = t, training_step(b, step, t)
+        for i in range(4):
+            total += 1 << 20 if i < 2 else -(1 << 20)
+            del b.memory(t0 + 1 + i * 20, 1 << 20 if i < 2 else -(1 << 20), total)["args"]["Addr"]
+    fig, why = plots.make_figure(profparse.parse(b.write(tmp_path / "t.json")), "memory")
+    assert why is None
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    from matplotlib.legend import Legend
+
+    legends = fig.findobj(Legend)
+    assert sorted(leg.get_title().get_text() for leg in legends) == ["category", "stage"]
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0 and box.y1 <= fig.bbox.y1, legend
+
+
 def test_empty_or_missing_tables_are_skipped():
     class Bare:
         empty = pd.DataFrame({"x": []})

@@ -9,13 +9,13 @@ import numpy as np
 
 from profparse.analysis.memory_categories import CATEGORIES, live_by_category
 from profparse.outputs.views._common import (
+    STAGE_COLORS,
     Figure,
     Prepared,
     fmt_bytes,
     host_stage_bands,
     optional_table,
     stage_bands,
-    stage_legend,
     time_unit,
     trace_title,
 )
@@ -185,18 +185,19 @@ def _draw_device(ax: Any, dev: dict[str, Any], scale: float) -> str:
     return bunit
 
 
-def _category_legend(ax: Any, devices: list[dict[str, Any]]) -> None:
-    """The categories drawn on any device, in :data:`CATEGORIES` order, below the stage legend."""
+def _legends(fig: Any, stages: list[str], devices: list[dict[str, Any]]) -> None:
+    """The stages shaded and the categories drawn on any device (in :data:`CATEGORIES` order), right of the plots:
+    figure legends, each of which the layout makes room for (a second legend of an axes is not, and was cut off
+    at the figure's edge when it was the wider one)."""
     from matplotlib.patches import Patch
 
+    if stages:
+        handles = [Patch(facecolor=STAGE_COLORS[s], label=s) for s in stages]
+        fig.legend(handles=handles, title="stage", loc="outside right upper", frameon=False)
     shown = [c for c in CATEGORIES if any(c in (d.get("categories") or {}) for d in devices)]
-    if not shown:
-        return
-    stages = ax.get_legend()
-    handles = [Patch(facecolor=CATEGORY_COLORS[c], label=c) for c in shown]
-    ax.legend(handles=handles, title="category", loc="lower left", bbox_to_anchor=(1.0, 0.0), frameon=False)
-    if stages is not None:
-        ax.add_artist(stages)
+    if shown:
+        handles = [Patch(facecolor=CATEGORY_COLORS[c], label=c) for c in shown]
+        fig.legend(handles=handles, title="category", loc="outside right lower", frameon=False)
 
 
 def draw(prepared: Prepared) -> Figure:
@@ -212,8 +213,7 @@ def draw(prepared: Prepared) -> Figure:
         bunit = _draw_device(ax, dev, scale)
         ax.set_ylabel(f"{dev['label']}\nallocated ({bunit})")
         if i == 0:
-            stage_legend(ax, present, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-            _category_legend(ax, devices)
+            _legends(fig, present, devices)
     axes[-1, 0].set_xlabel(f"time since first event ({unit})")
     axes[-1, 0].set_xlim(0, span / scale)
     stacked = ", stacked by category" if any(d.get("categories") for d in devices) else ""
