@@ -52,8 +52,8 @@ def chrome(*args: str) -> list[str]:
     return [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", *args]
 
 
-def dump_dom(page: Path, query: str = "") -> str:
-    done = subprocess.run(chrome("--dump-dom", page.as_uri() + query), capture_output=True, timeout=120)
+def dump_dom(page: Path, query: str = "", *args: str) -> str:
+    done = subprocess.run(chrome(*args, "--dump-dom", page.as_uri() + query), capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     return done.stdout.decode()
 
@@ -269,6 +269,18 @@ def test_page_opens_without_errors_and_shows_the_summary_numbers(tmp_path, trace
     steps = [c for c in cells.cells if "data-step" in c and "data-stage" in c]
     per_step = {(r["step"], r["stage"]): r["host_wall_ns"] for r in expected["per_step"]}
     assert steps and all(int(c["data-value"]) == per_step[(int(c["data-step"]), c["data-stage"])] for c in steps)
+
+
+@pytest.mark.parametrize("trace", [CPU_MARKS, MI250], ids=["cpu_marks", "mi250"])
+def test_nothing_runs_off_the_right_of_a_laptop_window(tmp_path, trace):
+    """In a 1300 px window every element ends inside it: the checks' messages wrap (one line each ran 60-330 px
+    past the window's edge, the profiler-cost message on every trace)."""
+    page = write(need(trace), tmp_path / "r.html")
+    body = re.search(r"<body([^>]*)>", dump_dom(page, "?widths", "--window-size=1300,900")).group(1)
+    right, width = (
+        int(re.search(rf'{name}="(\d+)"', body).group(1)) for name in ("data-right-edge", "data-client-width")
+    )
+    assert 1200 < width and right <= width, (right, width)
 
 
 def test_a_long_capture_folds_its_steps_and_shortens_a_findings_step_list(tmp_path):

@@ -456,7 +456,7 @@
   function checks(s, warnings) {
     if (!warnings.length) { s.appendChild(el("p", {text: "No checks fired."})); return; }
     s.appendChild(table(["severity", "check", "message"], warnings.map(function (w) {
-      return el("tr", {class: "warn-" + w.severity}, [el("td", {class: "l", text: w.severity}), el("td", {class: "l", text: w.check}), el("td", {class: "l", text: w.message})]);
+      return el("tr", {class: "warn-" + w.severity}, [el("td", {class: "l", text: w.severity}), el("td", {class: "l", text: w.check}), el("td", {class: "l wrap", text: w.message})]);
     }), "", 3));
   }
 
@@ -874,5 +874,11 @@
   var only = params.get("only");  // ?only=<section id>: that section alone (tests screenshot the timeline so)
   if (only) Array.prototype.forEach.call(app.children, function (c) { if (c.id !== only) c.hidden = true; });
   document.body.dataset.renderMs = (performance.now() - t0).toFixed(0);  // parse + render, shown in docs/report.md
+  if (params.has("widths")) {  // ?widths: the rightmost edge drawn against the window's width (tests: nothing runs off)
+    var right = 0;
+    Array.prototype.forEach.call(app.querySelectorAll("*"), function (e) { right = Math.max(right, e.getBoundingClientRect().right); });
+    document.body.dataset.rightEdge = Math.ceil(right);
+    document.body.dataset.clientWidth = document.documentElement.clientWidth;
+  }
   document.body.dataset.ready = "1";
 })();
