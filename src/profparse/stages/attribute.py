@@ -189,12 +189,10 @@ def _cut_short(steps: pd.DataFrame, optimizer_window: np.ndarray) -> str:
     last = len(steps) - 1
     if not length[-1] < CUT_SHORT * typical or last in optimizer_window:
         return ""
-    if len(optimizer_window) and not (optimizer_window < last).any():
-        return ""
-    name = f"step {int(steps['step'].iloc[-1])}"
     return (
-        f"{name} left out of the steady steps: {length[-1] / 1e6:,.2f} ms with no optimizer step, against a median "
-        f"of {typical / 1e6:,.2f} ms for the steps before it (the profiler stopped inside it)"
+        f"step {int(steps['step'].iloc[-1])} left out of the steady steps: {length[-1] / 1e6:,.2f} ms with no "
+        f"optimizer step, against a median of {typical / 1e6:,.2f} ms for the steps before it (the profiler stopped "
+        "inside it)"
     )
 
 

@@ -88,10 +88,10 @@ def allocator_churn(ctx: AdviceContext) -> list[Finding]:
         " path",
         {"calls_per_step": round(per_step, 1)},
     )
+    rows = np.flatnonzero(calls & ctx.in_steps())
+    ts = ctx.events["ts_ns"].to_numpy()[rows]
+    spans = np.stack([ts, ts + ctx.events["dur_ns"].to_numpy()[rows]], axis=1)
     for finding in found:  # the fix: no such call at all, neither its wait nor its own time (on the path or not)
-        rows = np.flatnonzero(calls & ctx.in_steps())
-        ts = ctx.events["ts_ns"].to_numpy()[rows]
-        spans = np.stack([ts, ts + ctx.events["dur_ns"].to_numpy()[rows]], axis=1)
         what = finding.what_if
         finding.what_if = WhatIf(np.concatenate([what.host, spans]), 1.0, what.gpu_rows, what.gpu_factor, rows)
     return found
