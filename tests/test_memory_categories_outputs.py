@@ -86,7 +86,8 @@ def test_plot_draws_one_band_per_category():
         wanted = {tuple(np.round(matplotlib.colors.to_rgb(memory_view.CATEGORY_COLORS[c]), 3)) for c in shown}
         assert wanted <= colors
         assert "stacked by category" in fig.get_suptitle()
-        assert [t.get_text() for t in ax.get_legend().get_texts()] == [c for c in CATEGORIES if c in shown]
+        legend = next(leg for leg in fig.legends if leg.get_title().get_text() == "category")
+        assert [t.get_text() for t in legend.get_texts()] == [c for c in CATEGORIES if c in shown]
     finally:
         plt.close(fig)
 
