@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.base.errors import ProfparseError, TraceFormatError, install_hint
-from profparse.base.formats import display, md_cell, md_code, md_table, render_as, text_table
+from profparse.base.formats import count_text, display, md_cell, md_code, md_table, render_as, text_table
 from profparse.base.marks import STAGES
 
 if TYPE_CHECKING:
@@ -428,7 +428,7 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
 def _negative_note(count: int) -> str:
     """Why some of HTA's times are below zero: its rounding of each event's start and end to whole microseconds
     gives an event shorter than one a duration of -1 us (HTA's sums include them; ``--exact`` has none)."""
-    events = f"{count:,} GPU event{'s' if count != 1 else ''}"
+    events = count_text(count, "GPU event")
     return f"{events} under 1 us got -1 us from HTA's rounding (its sums include them; --exact has none)"
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from profparse.analysis.critical_path import blocking_calls
 from profparse.analysis.profiler_cost import CALIBRATION_KEY
 from profparse.base.errors import ProfparseError
+from profparse.base.formats import count_text
 from profparse.base.marks import STAGES
 from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES
 from profparse.stages.collective_order import ORDER_RULE_NAMES
@@ -142,7 +143,7 @@ def gpu_devices(parsed: ParsedTrace) -> list[str]:
     device = np.where(device == NULL, events["pid"].to_numpy()[activity], device)
     used = {int(d) for d in np.unique(device)}
     if names:
-        named = [name for d, name in zip(properties, names, strict=True) if _device_id(d) in used]
+        named = [str(d.get("name")) for d in properties if _device_id(d) in used]
         return named or names  # ids that name no listed device: the machine's list, as it is
     return [f"GPU {d}" for d in sorted(used)]
 
@@ -152,11 +153,6 @@ def _device_id(properties: dict[str, Any]) -> int | None:
         return int(properties.get("id"))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-
-
-def _gpu_events(count: int) -> str:
-    """``1 GPU event``, ``1,204 GPU events``."""
-    return f"{int(count):,} GPU event{'' if count == 1 else 's'}"
 
 
 def _top_names(names: pd.Series, n: int = 3) -> str:
@@ -186,8 +182,8 @@ def _gpu_inference_rows(
             named = f": {_top_names(names[mask])}" if rule in ORDER_RULE_NAMES else ""
             rows.append(
                 _row(f"gpu_inferred.{rule.removeprefix('gpu.')}", "info", mask.sum(), ns,
-                     f"{_gpu_events(mask.sum())} without a recorded launch ({ns / 1e6:.3f} ms, {share:.1%} of GPU "
-                     f"time) staged by inference ({rule}){named}")
+                     f"{count_text(mask.sum(), 'GPU event')} without a recorded launch ({ns / 1e6:.3f} ms, "
+                     f"{share:.1%} of GPU time) staged by inference ({rule}){named}")
             )  # fmt: skip
     unlinked = no_launch & (attribution.rule == rule_names.index(GPU_UNLINKED))
     if unlinked.any():
@@ -195,8 +191,9 @@ def _gpu_inference_rows(
         share = ns / gpu_total if gpu_total else 0.0
         rows.append(
             _row("gpu_unlinked", "warning", unlinked.sum(), share,
-                 f"{_gpu_events(unlinked.sum())} ({ns / 1e6:.3f} ms, {share:.1%} of GPU time) without a launching "
-                 f"runtime call not staged by inference (other.gpu_unlinked; {missing_ns / 1e6:.3f} ms had no launch)")
+                 f"{count_text(unlinked.sum(), 'GPU event')} ({ns / 1e6:.3f} ms, {share:.1%} of GPU time) without a "
+                 f"launching runtime call not staged by inference (other.gpu_unlinked; {missing_ns / 1e6:.3f} ms had "
+                 "no launch)")
         )  # fmt: skip
     return rows
 
@@ -299,11 +296,12 @@ def _clock_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, Any
         if outside.any():
             rows.append(
                 _row("outside_window", "warning", outside.sum(), dur[outside].sum(),
-                     f"{_gpu_events(outside.sum())} (partly) outside the profiled window")
+                     f"{count_text(outside.sum(), 'GPU event')} (partly) outside the profiled window")
             )  # fmt: skip
     overlaps, overlap_ns = _stream_overlaps(events, activity)
     if overlaps:
-        message = f"{_gpu_events(overlaps)} overlapping the one before on its stream ({overlap_ns / 1e6:.3f} ms)"
+        overlapping = count_text(overlaps, "GPU event")
+        message = f"{overlapping} overlapping the one before on its stream ({overlap_ns / 1e6:.3f} ms)"
         material = overlap_ns > STREAM_OVERLAP_SHARE * float(dur[activity].sum())
         if not material:
             message += ": a kernel launched with programmatic dependent launch starts before the one it follows ends"
@@ -315,7 +313,7 @@ def _clock_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, Any
         if early.any():
             rows.append(
                 _row("timestamps_backwards", "warning", early.sum(), 0,
-                     f"{_gpu_events(early.sum())} starting before the call that launched them (clock skew)")
+                     f"{count_text(early.sum(), 'GPU event')} starting before the call that launched them (clock skew)")
             )  # fmt: skip
     return rows
 

@@ -167,6 +167,12 @@ def share_text(x: Any) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def count_text(count: int, noun: str) -> str:
+    """``count`` of ``noun`` with thousands separators, the noun plural but for one: ``1 GPU event``, ``1,204 GPU
+    events``."""
+    return f"{int(count):,} {noun}{'' if count == 1 else 's'}"
+
+
 def utilisation_text(x: Any) -> str:
     """An MFU or HFU as a percentage: :func:`share_text`, but two significant digits under 0.1% (a tiny model's
     ``0.033%``, which one decimal shows as ``0.0%``), and ``<0.0001%`` below that; ``-`` for None."""

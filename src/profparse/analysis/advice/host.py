@@ -91,7 +91,7 @@ def allocator_churn(ctx: AdviceContext) -> list[Finding]:
     rows = np.flatnonzero(calls & ctx.in_steps())
     ts = ctx.events["ts_ns"].to_numpy()[rows]
     spans = np.stack([ts, ts + ctx.events["dur_ns"].to_numpy()[rows]], axis=1)
-    for finding in found:  # the fix: no such call at all, neither its wait nor its own time (on the path or not)
-        what = finding.what_if
-        finding.what_if = WhatIf(np.concatenate([what.host, spans]), 1.0, what.gpu_rows, what.gpu_factor, rows)
+    for finding in found:  # the fix: no such call at all, neither its wait nor its own time (on the path or not);
+        what = finding.what_if  # the spans hold the path's host segments under the calls
+        finding.what_if = WhatIf(spans, 1.0, what.gpu_rows, what.gpu_factor, rows)
     return found

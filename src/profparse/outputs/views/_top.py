@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from profparse.base.formats import count_text
 from profparse.base.marks import STAGES
 from profparse.base.names import unique_labels
 from profparse.outputs.views._common import STAGE_COLORS, Figure, Prepared, fmt_time, time_unit
@@ -76,7 +77,7 @@ def top_draw(prepared: Prepared) -> Figure:
             ax.text(v + right * 0.01, yi, f"{v:,.2f} {unit}  {share:.0%}  ×{c:,}", va="center", fontsize=8)
         ax.set_xlim(0, right * 1.3)
         ax.set_title(
-            f"{stage}: {fmt_time(total)} {what} in {item['events']:,} event{'' if item['events'] == 1 else 's'}",
+            f"{stage}: {fmt_time(total)} {what} in {count_text(item['events'], 'event')}",
             loc="left",
             color=STAGE_COLORS[stage],
         )
