@@ -707,3 +707,69 @@ def test_cpu_trace_first_screen_says_what_is_not_there(tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _gpu_only_step_trace(path: Path) -> Path:
+    """Steps 1-3 and, before the first, 50 us of a kernel whose launch is not in the trace (it was still running
+    when the trace began): GPU work of a step 0 with no host range in the trace."""
+    from tracebuilder import GPU_PID, STREAM
+
+    b = TraceBuilder()
+    t = 100.0
+    for step in (1, 2, 3):
+        t = training_step(b, step, t)
+    b.events.append({"ph": "X", "cat": "kernel", "name": "adam_kernel", "pid": GPU_PID, "tid": STREAM, "ts": 40.0,
+                     "dur": 50.0, "args": {"correlation": 5, "stream": STREAM, "device": 0}})  # fmt: skip
+    return b.write(path)
+
+
+def test_per_step_table_shows_each_steps_window_and_names_a_step_with_gpu_work_only(tmp_path):
+    """The page's per-step table has summarize's window column (a step's span: the headline's step time is over
+    windows, the stages' total leaves out time in no stage); a step with only GPU work in the trace has none and
+    the note under the table names it."""
+    trace = _gpu_only_step_trace(tmp_path / "t.json")
+    expected = summary_data(parsed_once(trace))
+    assert {r["step"] for r in expected["per_step"]} - {t["step"] for t in expected["step_totals"]} == {0}
+    dom = dump_dom(write(trace, tmp_path / "r.html"))
+    read_dom(dom)
+    assert re.findall(r'<td data-window="(\d+)">', dom) == [str(t["window_ns"]) for t in expected["step_totals"]]
+    row = re.search(r'<tr data-step="0">(.*?)</tr>', dom).group(1)
+    assert "data-window" not in row and "<td>-</td>" in row
+    assert "Step 0: only GPU work in the trace (no window" in dom
+    page = dump_dom(write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "gt.html"))
+    shown = re.sub(r"<script.*?</script>", "", page, flags=re.S)  # the page's text, not its code
+    assert "window: the step's span" in shown and "only GPU work" not in shown
+
+
+def test_one_finding_is_counted_in_the_singular(tmp_path):
+    from test_advice import _gap_steps
+
+    trace = _gap_steps(tmp_path, [5_000] * 5)
+    assert len(parsed_once(trace).findings) == 1
+    note = re.search(r'<p class="note">(\d+ findings?[;,][^<]*)</p>', dump_dom(write(trace, tmp_path / "r.html")))
+    assert note.group(1).startswith("1 finding; saving:"), note.group(1)
+
+
+def test_roofline_picture_leaves_its_title_to_the_section_and_is_drawn_sharp(tmp_path, monkeypatch):
+    """The roofline's PNG on the page has no title (the heading and the note above it say the same: it repeated
+    both), where ``profparse plot``'s keeps it, and is drawn at ``PNG_DPI``, which the page shows at 90 px per
+    inch."""
+    import base64
+    import io
+
+    import matplotlib.image as mpimg
+
+    from profparse.outputs.views import roofline
+
+    drawn = []
+    draw = roofline.draw
+    monkeypatch.setattr(roofline, "draw", lambda prepared: drawn.append(draw(prepared)) or drawn[-1])
+    page = write(need(CPU_MARKS), tmp_path / "r.html")
+    assert len(drawn) == 1 and [ax.get_title() for ax in drawn[0].axes] == [""]
+    prepared, _ = roofline.data(parsed_once(need(CPU_MARKS)))
+    assert draw(prepared).axes[0].get_title().startswith(roofline.TITLE)  # the plot verb's figure
+    entry = payload(page)["views"]["roofline"]
+    assert entry["png_dpi"] == report.PNG_DPI
+    shown = mpimg.imread(io.BytesIO(base64.b64decode(entry["png"])), format="png")
+    width = re.search(r'<img class="view" alt="Roofline[^"]*"[^>]*style="width: (\d+)px;"', dump_dom(page)).group(1)
+    assert abs(int(width) - shown.shape[1] * 90 / report.PNG_DPI) <= 1

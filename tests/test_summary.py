@@ -229,3 +229,16 @@ def test_a_long_capture_prints_its_first_and_last_steps(tmp_path):
     frame = pd.read_csv(io.StringIO(render(data, "csv")))
     per_step = frame[(frame["section"] == "Per step") & (frame["column"] == "window_ns")]
     assert sorted(per_step["step"].astype(int)) == list(range(1, 41))
+
+
+def test_per_step_footer_names_a_step_with_only_gpu_work(tmp_path):
+    """A kernel still running when the trace began is GPU work of a step whose host part is not in the trace: its
+    row has no window, and the footer says why; a trace without one says nothing of it."""
+    from test_report import _gpu_only_step_trace, ground_truth_trace
+
+    text = render(summary_data(cached_parse(_gpu_only_step_trace(tmp_path / "t.json"))))
+    row = next(line for line in text.splitlines() if line.strip().startswith("0 "))
+    assert row.split()[-1] == "-"
+    assert "step 0: only GPU work in the trace (no window" in text
+    plain = render(summary_data(cached_parse(ground_truth_trace(tmp_path / "gt.json"))))
+    assert "window: the step's span" in plain and "only GPU work" not in plain

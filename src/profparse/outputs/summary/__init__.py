@@ -118,6 +118,17 @@ def _step_totals(per_step: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, 
     return out
 
 
+def _hostless_text(steps: list[Any]) -> str:
+    """The footer's line for steps with only GPU work in the trace (no window), or nothing."""
+    if not steps:
+        return ""
+    named = ", ".join(str(s) for s in steps)
+    return (
+        f";\n  {'step' if len(steps) == 1 else 'steps'} {named}: only GPU work in the trace (no window: its host part"
+        " ran outside it,\n  e.g. a step's kernels still running when the trace began)"
+    )
+
+
 STEADY_COLUMNS = ("host_wall_ns", "gpu_busy_ns", "gpu_overlap_ns", "gpu_idle_ns")
 
 
@@ -309,6 +320,7 @@ def _per_step_tables(data: dict[str, Any]) -> list[Table]:
         by_step.setdefault(r["step"], {"step": r["step"]})[r["stage"]] = r
     for t in data["step_totals"]:
         by_step.setdefault(t["step"], {"step": t["step"]}).update(total=t, window_ns=t["window_ns"])
+    hostless = [s for s, row in by_step.items() if s is not None and "window_ns" not in row]
     columns = [Column("step", "step", lambda s: "outside" if s is None else str(s))]
     columns += [Column(s, s, cell) for s in STAGES] + [Column("total", "step total", cell)]
     columns.append(Column("window_ns", "window", ms_text))
@@ -332,6 +344,7 @@ def _per_step_tables(data: dict[str, Any]) -> list[Table]:
             footer=(
                 "step total: its stages added up (stages that ran at once on two threads count twice);\n"
                 "  window: the step's span (its time when no stage ran, e.g. between ops, counts in no stage)"
+                + _hostless_text(hostless)
             ),
             records=records,
             text_rows=STEP_ROWS,

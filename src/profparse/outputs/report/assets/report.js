@@ -128,6 +128,9 @@
     });
     if (!order.length) { s.appendChild(el("p", {class: "note", text: "No steps found (no ProfilerStep# or step marks)."})); return; }
     var present = STAGES.filter(function (st) { return totals.some(function (t) { return t.stage === st && t.host_wall_ns; }); });
+    var windows = {};  // the step's span; none for a step whose host part is not in the trace
+    (summary.step_totals || []).forEach(function (t) { windows[t.step] = t.window_ns; });
+    var hostless = order.filter(function (n) { return !(n in windows); });
     var body2 = order.map(function (n) {
       var total = 0, gtotal = 0, gidle = 0;
       present.forEach(function (st) {
@@ -143,12 +146,15 @@
         tr.appendChild(td);
       });
       tr.appendChild(el("td", {"data-step-total": String(total), text: fmt(total)}));
+      tr.appendChild(n in windows ? el("td", {"data-window": String(windows[n]), text: fmt(windows[n])}) : el("td", {text: "-"}));
       if (gpu) { tr.appendChild(el("td", {text: fmt(gtotal)})); tr.appendChild(el("td", {text: fmt(gidle)})); }
       return tr;
     });
     s.appendChild(el("h3", {id: "per-step", text: "Per step: host wall per stage (share of the step)"}));
-    s.appendChild(table(["step"].concat(present, ["step total"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
+    s.appendChild(table(["step"].concat(present, ["step total", "window"], gpu ? ["GPU busy", "GPU idle"] : []), body2, "per-step"));
     folded(s, s.lastChild, body2.map(function (tr) { return [tr]; }), "per-step-more");
+    s.appendChild(el("p", {class: "note", text: "step total: its stages added up (stages that ran at once on two threads count twice); window: the step's span (its time when no stage ran, e.g. between ops, counts in no stage)." +
+      (hostless.length ? " " + (hostless.length === 1 ? "Step " : "Steps ") + hostless.join(", ") + ": only GPU work in the trace (no window: its host part ran outside it, e.g. a step's kernels still running when the trace began)." : "")}));
   }
 
   function stagesView(s, v) {
@@ -438,8 +444,13 @@
     if (/(^|_)share$/.test(column)) return el("td", {text: pct(x)});
     return el("td", {text: num(x, 3)});
   }
+  function viewImage(v) {  // a view's PNG at 90 px per inch of its figure (drawn at v.png_dpi: sharp when zoomed)
+    var img = el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png});
+    img.addEventListener("load", function () { img.style.width = Math.round(img.naturalWidth * 90 / (v.png_dpi || 90)) + "px"; });
+    return img;
+  }
   function genericView(s, v) {  // a registered view this page has no renderer for: its figure and its tables
-    if (v.png) s.appendChild(el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png}));
+    if (v.png) s.appendChild(viewImage(v));
     (function walk(obj, name) {
       if (obj && obj.cols && obj.columns && obj.index) {
         var numbered = obj.index.every(function (x, i) { return x === i; });  // a plain 0..n-1 index is not shown
@@ -511,7 +522,7 @@
   }
   function findingsSection(s, findings) {
     if (!findings || !findings.length) { s.appendChild(el("p", {class: "note", text: "No finding saves 1% of a step or more."})); return; }
-    s.appendChild(el("p", {class: "note", text: findings.length + " findings, the biggest saving first; saving: the time on the step's critical path the fix removes, per step (docs/advice.md; profparse advise lists them with their evidence)."}));
+    s.appendChild(el("p", {class: "note", text: findings.length + (findings.length === 1 ? " finding;" : " findings, the biggest saving first;") + " saving: the time on the step's critical path the fix removes, per step (docs/advice.md; profparse advise lists them with their evidence)."}));
     s.appendChild(el("ol", {class: "findings"}, findings.map(function (f) {
       var steps = stepsLabel(f.steps);
       var ev = evidenceItems(f.evidence || {});
@@ -621,7 +632,7 @@
   function rooflineView(s, v) {
     var d = v.data, pts = rows(d.points), modes = pts.some(function (x) { return x.math_mode; });
     s.appendChild(el("p", {class: "sub", text: d.peak_note + (d.memory_gbps ? "; memory " + num(d.memory_gbps, 0) + " GB/s" : "") + "."}));
-    if (v.png) s.appendChild(el("img", {class: "view", alt: v.title, src: "data:image/png;base64," + v.png}));
+    if (v.png) s.appendChild(viewImage(v));
     var body = pts.slice(0, 30).map(function (x) {
       var over = x.of_roof != null && x.of_roof > 1;
       return el("tr", {class: over ? "over-roof" : ""}, [stageCell(x.stage), el("td", {class: "l name", title: x.name, text: x.label || x.name})].concat(
