@@ -15,7 +15,7 @@ import statistics
 import textwrap
 from typing import Any
 
-from profparse.base.formats import share_text, utilisation_text
+from profparse.base.formats import count_text, share_text, utilisation_text
 from profparse.outputs.views._common import fmt_time
 
 #: Most severe first: the headline shows the first warning of the most severe kind.
@@ -44,7 +44,7 @@ def _scope(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     warm-up steps to leave out, else the whole trace's."""
     if warm_up_steps(summary):
         steady = sum(1 for s in summary["step_totals"] if s.get("steady", True))
-        return summary["steady_totals"], f"in the {steady} steady step{'s' if steady > 1 else ''}"
+        return summary["steady_totals"], f"in the {count_text(steady, 'steady step')}"
     return summary["totals"], ""
 
 

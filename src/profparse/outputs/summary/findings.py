@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from profparse.analysis.advice.finding import parse_steps, steps_text
-from profparse.base.formats import Column, Table, display, md_cell, md_code, ms_text, render_as, share_text
+from profparse.base.formats import Column, Table, count_text, display, md_cell, md_code, ms_text, render_as, share_text
 from profparse.base.names import shorten_name
 
 SUMMARY_FINDINGS = 5  # findings on top of the summary; ``advise`` lists them all
@@ -238,7 +238,7 @@ def advice_text(data: dict[str, Any]) -> str:
     head = f"profparse advise: {display(data['source'])}\n"
     if findings:
         head += (
-            f"  {len(findings)} finding{'s' if len(findings) > 1 else ''}, biggest saving first; saving: the time on "
+            f"  {count_text(len(findings), 'finding')}, biggest saving first; saving: the time on "
             "the step's critical path the fix removes, per step\n"
         )
     return f"{head}\n{findings_text(findings)}"
