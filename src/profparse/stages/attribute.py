@@ -369,6 +369,8 @@ def _rule_mask(
     for condition in rule.when.split(","):
         if condition == "before_first_step":
             mask &= take(context["before_first_step"])
+        elif condition == "after_last_step":
+            mask &= take(context["after_last_step"])
         elif condition == "main_thread":
             mask &= take(links.thread) == context["main_thread"]
         elif condition == "autograd_thread":
@@ -442,6 +444,7 @@ def attribute(
     ts = events["ts_ns"].to_numpy()
     real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
     first_step = steps["start_ns"].min() if real_steps else None
+    last_end = steps["end_ns"].max() if real_steps else None
     autograd = _autograd_threads(events, links, thread_names, main)
     context = {
         # decoded once for the ~40 rules: the category names as str, the per-row name and kind codes
@@ -452,6 +455,7 @@ def attribute(
         "autograd_thread": autograd,
         "forward_linked": _forward_linked(events, links, autograd),
         "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
+        "after_last_step": ts >= last_end if last_end is not None else np.zeros(n, dtype=bool),
         "main_thread": main,
     }
     stage_of_rule = np.array([STAGE_CODE[r.stage] for r in rules] + [STAGE_CODE["other"]] * 3, dtype=np.int8)

@@ -11,6 +11,7 @@ rules decide first, their decisions are the evidence that places the phases.
 Conditions (``when``, several joined by commas must all hold):
   ``always``            the rule applies anywhere;
   ``before_first_step`` only to events that start before the first step window;
+  ``after_last_step``   only to events that start after the last step window ended;
   ``main_thread``       only on the trace's main thread (the one that holds ``ProfilerStep#N``);
   ``autograd_thread``   only on the autograd engine's threads: named ``pt_autograd*``, or (older traces) any
                         thread other than the main one that runs autograd nodes (``*Backward*`` ops);
@@ -135,6 +136,9 @@ RULES: tuple[StageRule, ...] = (
               doc="a device synchronize right after a backward phase waits for its work"),
     StageRule("optimizer.sync", "optimizer", 19, SYNC, RUNTIME, when="after_optimizer",
               doc="a device synchronize right after an optimizer phase waits for its work"),
+    StageRule("other.sync_after_steps", "other", 19, SYNC, RUNTIME, when="after_last_step",
+              doc="a device synchronize after the last step: it waits for the GPU work the steps queued (at the "
+                  "end of training, or before the profiler stops)"),
     StageRule("optimizer.before_step", "optimizer", 17, None, None, when="between_backward_and_optimizer",
               doc="between backward and the optimizer step: gradient clipping, unscaling"),
     StageRule("load.before_first_forward", "load", 16, None, None, when="before_first_forward",
