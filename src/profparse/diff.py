@@ -17,6 +17,7 @@ import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
 from profparse.analysis.memory_categories import CATEGORIES
+from profparse.analysis.profiler_cost import without_profiler
 from profparse.analysis.quality import gpu_devices
 from profparse.base.arrays import category_codes
 from profparse.base.formats import bytes_text, display, md_code, render_as, text_table
@@ -231,6 +232,7 @@ class Side:
     ops: pd.DataFrame  # name_totals of the ops (self_ns)
     path: dict[tuple[str, str], float]  # {(stage, bound): ns on the critical path}
     peaks: dict[str, dict[str, int]]  # {device: {category: bytes at the peak}}
+    step: dict[str, Any]  # the steady steps' mean, profiled and without the profiler (summarize's headline)
 
 
 def side(parsed: ParsedTrace, per_step: bool = False, release: bool = False) -> Side:
@@ -244,6 +246,9 @@ def side(parsed: ParsedTrace, per_step: bool = False, release: bool = False) -> 
 
     path = _path_make_up(parsed, per_step)
     done("critical_path")
+    step = without_profiler(parsed)
+    for name in ("replay", "replay_model", "efficiency", "flops"):
+        done(name)
     steps = max(len(parsed.steps), 1)
     divide = steps if per_step else 1
     kernels = parsed.kernels
@@ -263,7 +268,29 @@ def side(parsed: ParsedTrace, per_step: bool = False, release: bool = False) -> 
         ops=ops,
         path=path,
         peaks=_peak_categories(parsed),
+        step=step,
     )
+
+
+#: The step section: (key of :func:`~profparse.analysis.profiler_cost.without_profiler`, label). Not MFU: each
+#: trace's is over the peak of its own dominant math mode, so a fix that moves matmuls to TF32 lowers it
+STEP_ROWS = (
+    ("profiled_step_ns", "step, profiled"),
+    ("step_ns", "step without the profiler"),
+)
+
+
+def step_changes(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steady steps' mean time profiled and without the profiler (and MFU on that basis) of A and B, where
+    both traces have steady steps: what a fix did to the step, the profiler's own cost taken out of both."""
+    if not a or not b:
+        return []
+    rows = []
+    for key, label in STEP_ROWS:
+        x, y = a.get(key), b.get(key)
+        if x is not None and y is not None:
+            rows.append({"key": key, "label": label, **_change(float(x), float(y))})
+    return rows
 
 
 def diff_data(a: Any, b: Any, *, top: int = TOP_N, per_step: bool = False) -> dict[str, Any]:
@@ -295,6 +322,8 @@ def compare(a: Side, b: Side, *, top: int = TOP_N, per_step: bool = False) -> di
         "b": b.described,
         "per_step": per_step,
         "note": _steps_note(a.described["steps"], b.described["steps"], per_step),
+        "step": step_changes(a.step, b.step),
+        "step_basis": [side.step.get("basis") for side in (a, b)],
         "levels": [labels[c] for c, _ in columns],
         "stages": stages,
         "gpu": a.has_kernels or b.has_kernels,
@@ -391,6 +420,8 @@ def render_text(data: dict[str, Any]) -> str:
         for r in data["stages"]
     ]
     columns = ["A", "B", "change", "%"]
+    _section(out, f"Step (mean of the steady steps; ms; {_basis_text(data.get('step_basis') or [])})",
+             ["", *columns], _step_cells(data.get("step") or []), "no steady step in one of the traces")  # fmt: skip
     _section(out, f"Per stage and level ({scope}; times in ms)", ["stage", "level", *columns], stage_rows,
              "no time in any stage")  # fmt: skip
     for title, key, what in (("Kernels", "kernels", "GPU time"), ("Ops", "ops", "host self time")):
@@ -404,6 +435,24 @@ def render_text(data: dict[str, Any]) -> str:
     _section(out, f"{_MEMORY_TITLE} ({_MEMORY_NOTE})", ["device", "category", *columns],
              _memory_cells(data.get("memory_peak_categories") or []), "no [memory] events in either trace")  # fmt: skip
     return out.getvalue()
+
+
+def _step_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [r["label"], _value("x_ns", r["a"]), _value("x_ns", r["b"]), _delta("x_ns", r["delta"]),
+         _pct(r["pct"]) if r["delta"] else ""]
+        for r in rows
+    ]  # fmt: skip
+
+
+def _basis_text(bases: list[str | None]) -> str:
+    """How the steps without the profiler were estimated, for both traces."""
+    known = [b for b in bases if b]
+    if known and all(b == "calibrated" for b in known):
+        return "without the profiler: calibrated at capture"
+    if known and "calibrated" in known:
+        return "without the profiler: one trace calibrated at capture, one with default costs per event"
+    return "without the profiler: default costs per event, uncalibrated"
 
 
 _MEMORY_TITLE = "Memory at the peak by category"
@@ -448,6 +497,12 @@ def render_markdown(data: dict[str, Any]) -> str:
         "",
         f"Change = B - A; {'mean per step' if data['per_step'] else 'whole trace'}; times in ms."
         + (f" {data['note']}." if data.get("note") else ""),
+        "",
+        f"Step: mean of the steady steps, ms; {_basis_text(data.get('step_basis') or [])}.",
+        "",
+        "| | A | B | change | % |",
+        "|---|---:|---:|---:|---:|",
+        *("| " + " | ".join(cells) + " |" for cells in _step_cells(data.get("step") or [])),
         "",
         "| stage | level | A | B | change | % |",
         "|---|---|---:|---:|---:|---:|",
