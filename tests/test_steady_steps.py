@@ -135,3 +135,55 @@ def test_the_mi250_trace_s_empty_last_step_leaves_its_one_step_steady(tmp_path):
     replayed = data["without_profiler"]["profiled_step_ns"]
     assert 0.9 * window < replayed < 1.1 * window  # the replayed complete step, not the 0.05 ms one
     assert [s["step"] for s in data["step_totals"] if s.get("steady")] == [int(steps["step"].iloc[0])]
+
+
+@pytest.mark.parametrize(
+    "steps, optimizer_in, cut_us, warned",
+    [
+        (1, {0}, None, True),  # one training step: it ran the optimizer's first step
+        (1, {0}, 50.0, True),  # and a last step the profiler stopped inside: still the one complete step
+        (3, {2}, None, True),  # only the last step steps the optimizer: steps 1-2 are steady, none after it
+        (2, {0, 1}, None, False),  # a step after the first optimizer step: that one is steady
+        (4, {1, 2, 3}, None, False),
+        (1, set(), None, False),  # no optimizer step: nothing says warm-up
+        (3, set(), None, False),
+    ],
+)
+def test_steady_steps_with_no_step_after_the_first_optimizer_step_are_flagged(
+    tmp_path, steps, optimizer_in, cut_us, warned
+):
+    """Where no complete step follows the trace's first optimizer step, the steady steps are the only ones there
+    are, and may be warm-up: a warning says so, naming them."""
+    parsed = trace(tmp_path, steps, optimizer_in, cut_us=cut_us)
+    checks = parsed.warnings.set_index("check")
+    assert ("warm_up_only" in checks.index) == warned
+    if warned:
+        steady = parsed.steps.loc[parsed.steps["steady"], "step"].tolist()
+        message = checks.loc["warm_up_only", "message"]
+        assert checks.loc["warm_up_only", "severity"] == "warning"
+        assert f"({', '.join(str(s) for s in steady)}) may be warm-up" in message
+
+
+def test_findings_measured_in_warm_up_alone_have_low_confidence(tmp_path):
+    """One training step with 5 ms of untraced time: between_steps fires, at low confidence, saying why; the same
+    step followed by two more keeps its kind's confidence."""
+    from test_advice import _gap_steps
+
+    def between(gaps: list[float]) -> pd.Series:
+        found = profparse.load(_gap_steps(tmp_path, gaps), cache=False).findings.set_index("kind")
+        assert "between_steps" in found.index
+        return found.loc["between_steps"]
+
+    alone = between([5_000])
+    assert alone["confidence"] == "low" and "warm-up only" in alone["evidence"]
+    assert between([5_000] * 3)["confidence"] != "low"
+
+
+def test_the_mi250_trace_s_one_step_is_flagged_as_maybe_warm_up():
+    """The MI250 trace's one complete step is its first optimizer step; its launch_bound backward (84% of the
+    step) comes from one 6.5 ms first launch: every finding is low confidence and the warning says why."""
+    from conftest import REPO_GPU_TRACES
+
+    parsed = profparse.parse(REPO_GPU_TRACES / "mi250_minitoy.json.gz")
+    assert "warm_up_only" in set(parsed.warnings["check"])
+    assert len(parsed.findings) and set(parsed.findings["confidence"]) == {"low"}

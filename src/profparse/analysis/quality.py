@@ -277,6 +277,8 @@ def _reading_rows(parsed: ParsedTrace) -> list[dict[str, Any]]:
         rows.append(_row("repeated_steps", "warning", 0, 0, message))
     for message in getattr(parsed.attribution, "cut_notes", ()):  # a last step the profiler stopped inside
         rows.append(_row("cut_short_step", "info", 1, 0, message))
+    for message in getattr(parsed.attribution, "warm_notes", ()):  # no step after the first optimizer step
+        rows.append(_row("warm_up_only", "warning", 1, 0, message))
     return rows
 
 

@@ -45,6 +45,7 @@ class Attribution:
     rules: list[StageRule]
     step_notes: list[str] = field(default_factory=list)  # steps renumbered or dropped (quality warning)
     cut_notes: list[str] = field(default_factory=list)  # a last step the profiler stopped inside (quality info)
+    warm_notes: list[str] = field(default_factory=list)  # the steady steps are warm-up (quality warning, findings)
 
 
 def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, optimizer: np.ndarray) -> int:
@@ -137,16 +138,20 @@ def _free_numbers(used: set[int], count: int) -> list[int]:
 
 
 def find_steps(
-    events: pd.DataFrame, links: Links, notes: list[str] | None = None, cut: list[str] | None = None
+    events: pd.DataFrame,
+    links: Links,
+    notes: list[str] | None = None,
+    cut: list[str] | None = None,
+    warm: list[str] | None = None,
 ) -> tuple[pd.DataFrame, int]:
     """Step windows from ``ProfilerStep#N`` ranges, else between successive optimizer steps; and the main thread.
 
     Every window gets its own step number (see :func:`_unique_steps`); what was renumbered or dropped is said in
     ``notes``. Column ``steady`` says which steps are past warm-up and complete (:func:`_steady`); a last step
-    the profiler stopped inside is said in ``cut``."""
+    the profiler stopped inside is said in ``cut``, steady steps that are warm-up all the same in ``warm``."""
     optimizer = name_mask(events, _OPTIMIZER_STEP) & links.host
     steps, main = _step_windows(events, links, optimizer, notes)
-    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer], cut)), main
+    return steps.assign(steady=_steady(steps, events["ts_ns"].to_numpy()[optimizer], cut, warm)), main
 
 
 #: with this many steps or more, and no optimizer step to tell, the first step is warm-up
@@ -157,11 +162,15 @@ WARM_UP_FROM = 3
 CUT_SHORT = 0.25
 
 
-def _steady(steps: pd.DataFrame, optimizer_ts: np.ndarray, cut: list[str] | None = None) -> np.ndarray:
+def _steady(
+    steps: pd.DataFrame, optimizer_ts: np.ndarray, cut: list[str] | None = None, warm: list[str] | None = None
+) -> np.ndarray:
     """Per step (in time order): past warm-up and complete. Warm-up runs up to the first step that holds an
     optimizer step (its first call makes the optimizer's state, the model's first steps grow the allocator), when
     a step is left after it; else it is the first step of :data:`WARM_UP_FROM` or more. A last step cut short
-    (:data:`CUT_SHORT`) is not steady and counts for neither; its note goes to ``cut``."""
+    (:data:`CUT_SHORT`) is not steady and counts for neither; its note goes to ``cut``. Where no complete step
+    is left after the first optimizer step, the steps up to it stay steady (there are no others) and ``warm``
+    says that they are warm-up."""
     steady = np.ones(len(steps), dtype=bool)
     window = step_window(optimizer_ts, steps)
     window = window[window >= 0]
@@ -177,6 +186,15 @@ def _steady(steps: pd.DataFrame, optimizer_ts: np.ndarray, cut: list[str] | None
         steady[: window.min() + 1] = False
     elif complete >= WARM_UP_FROM:
         steady[0] = False
+    if len(window) and window.min() >= complete - 1 and warm is not None:
+        named = ", ".join(str(int(s)) for s in steps["step"].to_numpy()[steady])
+        which = "step" if steady.sum() == 1 else "steps"
+        warm.append(
+            f"no complete step after the trace's first optimizer step: the steady {which} ({named}) may be "
+            "warm-up (first calls load kernels, the optimizer makes its state, the allocator grows), so the times "
+            "and findings may not hold for later steps; profile a few more steps (e.g. schedule(wait=1, warmup=1, "
+            "active=3))"
+        )
     return steady
 
 
@@ -440,7 +458,8 @@ def attribute(
     rule_names = [r.name for r in rules] + [UNCLASSIFIED, GPU_UNLINKED, NOT_ACTIVITY, *gpu_rules]
     step_notes: list[str] = []
     cut_notes: list[str] = []
-    steps, main = find_steps(events, links, step_notes, cut_notes)
+    warm_notes: list[str] = []
+    steps, main = find_steps(events, links, step_notes, cut_notes, warm_notes)
     ts = events["ts_ns"].to_numpy()
     real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
     first_step = steps["start_ns"].min() if real_steps else None
@@ -502,6 +521,7 @@ def attribute(
         rules=rules,
         step_notes=step_notes,
         cut_notes=cut_notes,
+        warm_notes=warm_notes,
     )
 
 

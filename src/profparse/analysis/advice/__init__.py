@@ -41,4 +41,8 @@ def findings(parsed: ParsedTrace) -> pd.DataFrame:
         ctx.release()  # the replay model's memory in place of the path's
         release_memory()
         simulate(ctx, found)  # every fix with a what-if: replayed without the profiler
+        if parsed.attribution.warm_notes:  # measured in warm-up alone: a first call's cost may be what it saw
+            for f in found:
+                f.confidence = "low"
+                f.evidence["measured_in"] = "warm-up only (check warm_up_only)"
     return frame([f for f in found if f.step_ns > 0 and f.saving_ns_per_step >= f.threshold_ns(f.step_ns)])
