@@ -95,6 +95,27 @@ def test_the_profiled_step_is_the_loop_the_step_without_the_profiler_is(tmp_path
     assert data["profiled_step_ns"] == pytest.approx(10 * 51_000, rel=0.01) and windows < 250_000
 
 
+def test_uneven_steps_give_their_range_beside_the_mean(tmp_path: Path) -> None:
+    """Steady steps of 49 ms and 108 ms: their mean is neither, and the headline says "steps 49.0 to 108.0 ms";
+    steps within 1.5x of each other read as before."""
+    from test_advice import _gap_steps
+
+    from profparse.analysis.profiler_cost import without_profiler_text
+
+    for gaps, uneven in (([1_000, 1_000, 60_000, 1_000], True), ([1_000, 1_000, 20_000, 1_000], False)):
+        p = profparse.parse(_gap_steps(tmp_path, gaps))
+        data = without_profiler(p)
+        loops = p.table("replay")["loop_ns"]
+        assert ("profiled_range_ns" in data) == uneven
+        text = without_profiler_text(data)
+        if uneven:
+            assert data["profiled_range_ns"] == [int(loops.min()), int(loops.max())]
+            assert f"per step profiled (steps {loops.min() / 1e6:,.1f} to {loops.max() / 1e6:,.1f} ms), ~" in text
+            assert abs(loops.max() / 1e6 - 108.0) < 0.1 and abs(loops.min() / 1e6 - 49.0) < 0.1
+        else:
+            assert "per step profiled, ~" in text
+
+
 def test_slower_kernels_lengthen_a_gpu_bound_step(tmp_path: Path) -> None:
     model = _model(_steps(50, sync=True), tmp_path)
     same = rp.replay(model, _cost(0))
