@@ -74,6 +74,7 @@ def test_sync_in_step(tmp_path) -> None:
     found = check_pair(tmp_path, "sync_in_step", {"forward": synced}, {"forward": unsynced})
     assert found["stage"] == "forward"
     assert found["evidence"]["calls_per_step"] == 5  # and the sync that closes each simulated step
+    assert found["message"].startswith("5 device synchronisations per step; the host work after them")
     assert found["evidence"]["top_events"][0]["name"] == "aten::item"
 
 
@@ -125,6 +126,9 @@ def test_unpinned_copy(tmp_path) -> None:
 
     found = check_pair(tmp_path, "unpinned_copy", {"before": prepare("Pageable")}, {"before": prepare("Pinned")})
     assert found["evidence"]["calls_per_step"] == 1
+    # one copy, in the singular (it read "1 host-to-device copies per step ... block the host")
+    assert found["message"].startswith("1 host-to-device copy per step from pageable memory blocks the host;")
+    assert "the host work after it could overlap" in found["message"]
 
 
 def test_allocator_churn(tmp_path) -> None:

@@ -62,8 +62,12 @@ def sync_in_step(ctx: AdviceContext) -> list[Finding]:
         ctx,
         "sync_in_step",
         calls,
-        "{count} device synchronisations per step; the host work after them could overlap the GPU: {saving} per"
-        " step ({share})",
+        (
+            "{count} device synchronisation per step; the host work after it could overlap the GPU: {saving} per"
+            " step ({share})",
+            "{count} device synchronisations per step; the host work after them could overlap the GPU: {saving} per"
+            " step ({share})",
+        ),
         {},
     )
 
@@ -83,13 +87,18 @@ def unpinned_copy(ctx: AdviceContext) -> list[Finding]:
         ctx,
         "unpinned_copy",
         calls,
-        "{count} host-to-device copies per step from pageable memory block the host; with pinned memory and"
-        " non_blocking=True the host work after them could overlap: {saving} per step ({share})",
+        (
+            "{count} host-to-device copy per step from pageable memory blocks the host; with pinned memory and"
+            " non_blocking=True the host work after it could overlap: {saving} per step ({share})",
+            "{count} host-to-device copies per step from pageable memory block the host; with pinned memory and"
+            " non_blocking=True the host work after them could overlap: {saving} per step ({share})",
+        ),
         {},
     )
 
 
-def _finding(ctx: AdviceContext, kind: str, calls: np.ndarray, text: str, evidence: dict) -> list[Finding]:
+def _finding(ctx: AdviceContext, kind: str, calls: np.ndarray, texts: tuple[str, str], evidence: dict) -> list[Finding]:
+    """``texts``: the message where the calls per step read "1", and where they read any other count."""
     if not len(calls):
         return []
     saving = overlap_saving(ctx, calls)
@@ -112,7 +121,8 @@ def _finding(ctx: AdviceContext, kind: str, calls: np.ndarray, text: str, eviden
         **evidence,
     }
     steps = material_steps(per_step)
-    template = text.format(count=f"{count:,.0f}", saving="{saving}", share="{share}")
+    counted = f"{count:,.0f}"
+    template = texts[counted != "1"].format(count=counted, saving="{saving}", share="{share}")
     message = template.format(saving=ms(mean), share=share(mean, ctx.step_ns))
     by_stage = pd.Series(saving, index=ctx.stage_of(calls)).groupby(level=0).sum().sort_values(ascending=False)
     stage = ",".join(str(s) for s in by_stage[by_stage >= 0.1 * by_stage.sum()].index)
