@@ -773,3 +773,15 @@ def test_roofline_picture_leaves_its_title_to_the_section_and_is_drawn_sharp(tmp
     shown = mpimg.imread(io.BytesIO(base64.b64decode(entry["png"])), format="png")
     width = re.search(r'<img class="view" alt="Roofline[^"]*"[^>]*style="width: (\d+)px;"', dump_dom(page)).group(1)
     assert abs(int(width) - shown.shape[1] * 90 / report.PNG_DPI) <= 1
+
+
+def test_findings_measured_in_warm_up_say_so_on_the_page(tmp_path):
+    """The MI250 trace's one complete step may be warm-up: the findings section says so above the list."""
+    from conftest import REPO_GPU_TRACES
+
+    dom = dump_dom(write(REPO_GPU_TRACES / "mi250_minitoy.json.gz", tmp_path / "r.html"))
+    read_dom(dom)
+    shown = re.sub(r"<script.*?</script>", "", dom, flags=re.S)
+    assert '<p class="note warm">Measured in steps that may be warm-up, so all at low confidence' in shown
+    gt = dump_dom(write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "gt.html"))
+    assert 'class="note warm"' not in re.sub(r"<script.*?</script>", "", gt, flags=re.S)

@@ -187,3 +187,25 @@ def test_the_mi250_trace_s_one_step_is_flagged_as_maybe_warm_up():
     parsed = profparse.parse(REPO_GPU_TRACES / "mi250_minitoy.json.gz")
     assert "warm_up_only" in set(parsed.warnings["check"])
     assert len(parsed.findings) and set(parsed.findings["confidence"]) == {"low"}
+
+
+def test_the_findings_say_where_they_were_measured_in_warm_up(tmp_path, capsys):
+    """summarize (text and markdown) and advise say under the findings' heading that they were measured in steps
+    that may be warm-up; a trace with steps after its first optimizer step says nothing of it."""
+    from test_advice import _gap_steps
+
+    from profparse.cli.main import main
+    from profparse.outputs.summary.findings import WARM_UP_NOTE
+
+    outputs = {}
+    for gaps in ([5_000], [5_000] * 3):
+        trace, texts = _gap_steps(tmp_path, gaps), []
+        for args in (["summarize"], ["summarize", "--format", "markdown"], ["advise"]):
+            assert main([*args, str(trace), "--no-cache", "-q"]) == 0
+            texts.append(capsys.readouterr().out)
+        outputs[len(gaps)] = texts
+    summary, markdown, advise = outputs[1]
+    assert f"  ({WARM_UP_NOTE})\n  1. between_steps" in summary
+    assert "## Findings\n\nMeasured in steps that may be warm-up" in markdown
+    assert f"per step\n  ({WARM_UP_NOTE})\n" in advise
+    assert not any("may be warm-up" in text for text in outputs[3])

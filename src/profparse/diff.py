@@ -281,8 +281,8 @@ STEP_ROWS = (
 
 
 def step_changes(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    """The steady steps' mean time profiled and without the profiler (and MFU on that basis) of A and B, where
-    both traces have steady steps: what a fix did to the step, the profiler's own cost taken out of both."""
+    """The steady steps' mean time profiled and without the profiler of A and B, where both traces have steady
+    steps: what a fix did to the step, the profiler's own cost taken out of both."""
     if not a or not b:
         return []
     rows = []

@@ -184,12 +184,23 @@ def advise_pointer(more: int, source: Any, placeholder: str = "TRACE", margin: s
     return line if source and len(line) <= WIDTH else f"{lead}profparse advise {placeholder})"
 
 
+#: under the findings' heading where they were measured in steps that may be warm-up (check ``warm_up_only``)
+WARM_UP_NOTE = "measured in steps that may be warm-up, so all at low confidence: see the check warm_up_only"
+WARM_UP_LINE = f"  ({WARM_UP_NOTE})\n"
+
+
+def warm_up_only(findings: list[dict[str, Any]]) -> bool:
+    """The findings were measured in steps that may be warm-up (their evidence says ``measured_in``)."""
+    return any("measured_in" in (f.get("evidence") or {}) for f in findings)
+
+
 def summary_findings_text(data: dict[str, Any]) -> str:
     """The summary's "Findings" section on top: the first :data:`SUMMARY_FINDINGS`, a pointer to ``advise``."""
     findings = data.get("findings") or []
     if not findings:  # one line of the header, not a section
         return f"  {NONE_LINE}\n"
     head = f"\nFindings ({len(findings)}, biggest saving first; saving = time on the critical path the fix removes)\n"
+    head += WARM_UP_LINE if warm_up_only(findings) else ""
     body = findings_text(findings, SUMMARY_FINDINGS, evidence=False, margin="  ")
     return f"{head}{body}{advise_pointer(len(findings) - SUMMARY_FINDINGS, data.get('trace'))}\n"
 
@@ -203,6 +214,8 @@ def findings_markdown(data: dict[str, Any]) -> list[str]:
     if not findings:
         return ["", NONE_LINE]
     lines = ["", "## Findings", ""]
+    if warm_up_only(findings):
+        lines += [WARM_UP_NOTE[0].upper() + WARM_UP_NOTE[1:] + ".", ""]
     for i, f in enumerate(findings[:SUMMARY_FINDINGS], 1):
         lines.append(f"{md_cell(heading(i, f))}  ")
         lines.append(f"   {md_cell(f['message'])}  ")
@@ -241,6 +254,7 @@ def advice_text(data: dict[str, Any]) -> str:
             f"  {count_text(len(findings), 'finding')}, biggest saving first; saving: the time on "
             "the step's critical path the fix removes, per step\n"
         )
+        head += WARM_UP_LINE if warm_up_only(findings) else ""
     return f"{head}\n{findings_text(findings)}"
 
 

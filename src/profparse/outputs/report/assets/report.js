@@ -523,6 +523,9 @@
   function findingsSection(s, findings) {
     if (!findings || !findings.length) { s.appendChild(el("p", {class: "note", text: "No finding saves 1% of a step or more."})); return; }
     s.appendChild(el("p", {class: "note", text: findings.length + (findings.length === 1 ? " finding;" : " findings, the biggest saving first;") + " saving: the time on the step's critical path the fix removes, per step (docs/advice.md; profparse advise lists them with their evidence)."}));
+    if (findings.some(function (f) { return f.evidence && "measured_in" in f.evidence; })) {
+      s.appendChild(el("p", {class: "note warm", text: "Measured in steps that may be warm-up, so all at low confidence: see the check warm_up_only under Checks."}));
+    }
     s.appendChild(el("ol", {class: "findings"}, findings.map(function (f) {
       var steps = stepsLabel(f.steps);
       var ev = evidenceItems(f.evidence || {});
