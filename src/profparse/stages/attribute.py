@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -440,6 +441,32 @@ def _decide(own: np.ndarray, links: Links) -> np.ndarray:
     return np.where(best > 0, _RULE_LAST - (best & _RULE_LAST), -1)  # the low bits: the reversed index
 
 
+def _rule_context(
+    events: pd.DataFrame,
+    links: Links,
+    thread_names: dict[tuple[int, int], str],
+    main: int,
+    steps: pd.DataFrame | None,
+) -> dict[str, Any]:
+    """What the first pass's conditions read, decoded once for the ~40 rules: the category names as str, the
+    per-row name and kind codes, the threads, and the rows before the first / after the last ``ProfilerStep``
+    (``steps``: None without them)."""
+    n, ts = len(events), events["ts_ns"].to_numpy()
+    autograd = _autograd_threads(events, links, thread_names, main)
+    none = np.zeros(n, dtype=bool)
+    return {
+        "names": [str(name) for name in events["name"].cat.categories],
+        "name_codes": events["name"].cat.codes.to_numpy(),
+        "kind_codes": events["kind"].cat.codes.to_numpy(),
+        "rows_of_names": _RowsOfNames(events["name"].cat.codes.to_numpy(), len(events["name"].cat.categories)),
+        "autograd_thread": autograd,
+        "forward_linked": _forward_linked(events, links, autograd),
+        "before_first_step": none if steps is None else ts < steps["start_ns"].min(),
+        "after_last_step": none if steps is None else ts >= steps["end_ns"].max(),
+        "main_thread": main,
+    }
+
+
 def attribute(
     events: pd.DataFrame,
     links: Links,
@@ -462,21 +489,7 @@ def attribute(
     steps, main = find_steps(events, links, step_notes, cut_notes, warm_notes)
     ts = events["ts_ns"].to_numpy()
     real_steps = not steps.empty and bool((steps["source"] == "ProfilerStep").all())
-    first_step = steps["start_ns"].min() if real_steps else None
-    last_end = steps["end_ns"].max() if real_steps else None
-    autograd = _autograd_threads(events, links, thread_names, main)
-    context = {
-        # decoded once for the ~40 rules: the category names as str, the per-row name and kind codes
-        "names": [str(name) for name in events["name"].cat.categories],
-        "name_codes": events["name"].cat.codes.to_numpy(),
-        "kind_codes": events["kind"].cat.codes.to_numpy(),
-        "rows_of_names": _RowsOfNames(events["name"].cat.codes.to_numpy(), len(events["name"].cat.categories)),
-        "autograd_thread": autograd,
-        "forward_linked": _forward_linked(events, links, autograd),
-        "before_first_step": ts < first_step if first_step is not None else np.zeros(n, dtype=bool),
-        "after_last_step": ts >= last_end if last_end is not None else np.zeros(n, dtype=bool),
-        "main_thread": main,
-    }
+    context = _rule_context(events, links, thread_names, main, steps if real_steps else None)
     stage_of_rule = np.array([STAGE_CODE[r.stage] for r in rules] + [STAGE_CODE["other"]] * 3, dtype=np.int8)
 
     own = np.zeros(n, dtype=np.int64)
