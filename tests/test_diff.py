@@ -248,6 +248,9 @@ def test_step_section_without_steady_steps_says_so(tmp_path):
     data = diff_data(a, parsed_once(none.write(tmp_path / "none.json")))
     assert data["step"] == []
     assert "(no steady step in one of the traces)" in render(data)
+    assert "events, 3 steps, Fake GPU)" in render(data) and "events, 0 steps, " in render(data)
+    one = diff_data(a, parsed_once(build(tmp_path, "one.json", 10, steps=1)))
+    assert "events, 1 step, Fake GPU)" in render(one)  # not "1 steps"
 
 
 H200_PAIRS = SHARED_TRACES / "h200_pairs"

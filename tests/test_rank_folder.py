@@ -67,3 +67,20 @@ def test_parse_on_a_capture_run_folder_writes_one_trace_tables(capsys, tmp_path)
     assert (tmp_path / "tables" / "events.parquet").is_file()
     assert not list((tmp_path / "tables").glob("*/rank=*"))
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_note_every_rank_gives_is_printed_once_with_its_ranks(capsys, tmp_path):
+    """Three single-step ranks all warn that their one step may be warm-up: one line names ranks 0-2 (a 64-rank job
+    printed the same warning 64 times); a message only some ranks give names those."""
+    from types import SimpleNamespace
+
+    from test_ranks_late import ranks_folder
+
+    from profparse.cli.rank_folder import rank_notes
+
+    folder = ranks_folder(tmp_path, 3, 1, [100.0])
+    assert main(["summarize", str(folder), "--no-cache", "-j", "1"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "may be warm-up" in line]
+    assert len(lines) == 1 and lines[0].startswith("profparse: ranks 0-2: warning: no complete step"), lines
+    results = [SimpleNamespace(rank=r, notes=notes) for r, notes in ((2, ["a", "b"]), (0, ["a"]), (1, ["a"]))]
+    assert rank_notes(results) == [("a", "ranks 0-2"), ("b", "rank 2")]

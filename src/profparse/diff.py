@@ -20,7 +20,7 @@ from profparse.analysis.memory_categories import CATEGORIES
 from profparse.analysis.profiler_cost import without_profiler
 from profparse.analysis.quality import gpu_devices
 from profparse.base.arrays import category_codes
-from profparse.base.formats import bytes_text, display, md_code, render_as, text_table
+from profparse.base.formats import bytes_text, count_text, display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
 
 if TYPE_CHECKING:
@@ -404,7 +404,8 @@ def render_text(data: dict[str, Any]) -> str:
     out.write("profparse diff (change = B - A)\n")
     for key, d in (("A", a), ("B", b)):
         devices = ", ".join(display(x) for x in d["devices"]) or "no GPU"
-        out.write(f"  {key}: {display(d['trace'])}  ({d['events']:,} events, {d['steps']} steps, {devices})\n")
+        steps = count_text(d["steps"], "step")
+        out.write(f"  {key}: {display(d['trace'])}  ({d['events']:,} events, {steps}, {devices})\n")
     if data.get("note"):
         out.write(f"  note: {data['note']}\n")
     scope = "mean per step" if data["per_step"] else "whole trace"
