@@ -461,3 +461,45 @@ def test_step_labels_of_many_steps_do_not_overlap(tmp_path, kind):
         assert 5 <= len(ticks) < 100 and all(a.y1 <= b.y0 for a, b in pairwise(tick_boxes))
         assert len(rows.patches) >= 300 and len(rows.patches) % 300 == 0  # a bar per step and bound drawn
     plt.close(fig)
+
+
+def test_timeline_draws_the_stages_over_an_other_span_that_overlaps_them(tmp_path):
+    """ProfilerStep#1 began before the Python frame that holds its stages: its "other" span covers step 1 on the
+    main thread without holding the stages, and the timeline drew it over them (all of step 1 grey on a capture
+    with Python stacks). The training stages are drawn over "other" now."""
+    from matplotlib.colors import to_rgb
+    from tracebuilder import step_begun_before_its_frame
+
+    from profparse.outputs.views import timeline
+    from profparse.outputs.views._common import time_unit
+
+    parsed = parsed_once(step_begun_before_its_frame(tmp_path / "t.json"))
+    prepared, _ = timeline.data(parsed)
+    fig = timeline.draw(prepared)
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+    ax = fig.axes[0]
+    scale, _ = time_unit(prepared["span_ns"])  # ns per x unit; the trace's first event is at 0
+    main_row = 0
+    for stage, (start_us, end_us) in (("forward", (30, 330)), ("optimizer", (650, 950))):
+        x, y = ax.transData.transform(((start_us + end_us) / 2 * 1e3 / scale, main_row))
+        pixel = image[int(round(image.shape[0] - y)), int(round(x))]
+        assert np.abs(pixel - np.array(to_rgb(STAGE_COLORS[stage]))).max() < 0.05, (stage, pixel)
+
+
+def test_memory_plot_spans_the_timeline_not_kinetos_window_end(tmp_path):
+    """Kineto writes a "Record Window End" instant when the profiler stops (~100 ms after the last event of a
+    capture): the memory plot's axis ran to it, half of it empty. It ends with the last event (the last step)."""
+    from profparse.outputs.views import memory
+
+    b = TraceBuilder()
+    t, total = 0.0, 0
+    for step in range(2):
+        t0, t = t, training_step(b, step, t)
+        for i in range(20):
+            total += 1 << 20
+            b.memory(t0 + 1 + i * 4, 1 << 20, total)
+    b.events.append({"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": t + 100_000.0})
+    parsed = profparse.parse(b.write(tmp_path / "t.json"))
+    prepared, _ = memory.data(parsed)
+    assert prepared["span_ns"] == int(t * 1000)  # the last step's end, from the first event

@@ -785,3 +785,18 @@ def test_findings_measured_in_warm_up_say_so_on_the_page(tmp_path):
     assert '<p class="note warm">Measured in steps that may be warm-up, so all at low confidence' in shown
     gt = dump_dom(write(ground_truth_trace(tmp_path / "gt.json"), tmp_path / "gt.html"))
     assert 'class="note warm"' not in re.sub(r"<script.*?</script>", "", gt, flags=re.S)
+
+
+def test_timeline_canvas_draws_the_stages_over_an_overlapping_other_span(tmp_path):
+    """The page's timeline paints "other" first, as the PNG does: a ProfilerStep#1 span that overlaps step 1's
+    stages without holding them leaves them visible (one step: no other step's stages to count)."""
+    from matplotlib.colors import to_rgb
+    from tracebuilder import step_begun_before_its_frame
+
+    from profparse.outputs.views._common import STAGE_COLORS
+
+    page = write(step_begun_before_its_frame(tmp_path / "t.json", steps=1), tmp_path / "r.html")
+    image = screenshot(page, tmp_path / "t.png", "?only=view-timeline")
+    for stage in ("forward", "optimizer"):
+        hits = int((np.abs(image - np.array(to_rgb(STAGE_COLORS[stage]))).max(axis=2) < 0.02).sum())
+        assert hits > 2000, f"{stage}: {hits} pixels of its colour"

@@ -216,3 +216,22 @@ def slow_rank_folder(folder: Path) -> Path:
     for r in range(1, 4):
         (folder / f"rank{r}.json").write_bytes(text + b"\n" * r)
     return folder
+
+
+def step_begun_before_its_frame(path: str | Path, steps: int = 2) -> Path:
+    """``steps`` (1 or 2) steps whose stages sit under a Python frame that ``ProfilerStep#1`` began before and
+    outlives it (the loop's own function, entered after ``prof.step()``): step 1's range overlaps its stages
+    without holding them. Step 1: forward 30-330 us, optimizer 650-950 us; step 2 the same from 1020 us."""
+    b = TraceBuilder()
+    b.py("train.py(10): <module>", 0, 2000)
+    b.annotation("ProfilerStep#1", 10, 1000)
+    b.py("train.py(20): loop", 20, 1900)
+    for step, t in ((1, 30), (2, 1020))[:steps]:
+        if step == 2:
+            b.annotation("ProfilerStep#2", 1015, 900)
+        b.py("nn.Module: Linear_0", t, 300)
+        b.op("aten::linear", t + 1, 290, **{"Sequence number": step})
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 310, 300, tid=AUTOGRAD)
+        b.annotation("Optimizer.step#AdamW.step", t + 620, 300)
+        b.op("aten::_foreach_add_", t + 621, 290)
+    return b.write(path)

@@ -121,6 +121,10 @@ def _stacked(live: np.ndarray) -> dict[str, np.ndarray]:
     return {c: live[:, i] for i, c in enumerate(CATEGORIES) if np.any(live[:, i] != 0)}
 
 
+#: event kinds that do not set the memory plot's time axis
+UNTIMED = ("metadata", "instant")
+
+
 def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
     """Per device (peak >= 64 KiB): label, ts since the first event and bytes (at most 4000 points, the max per
     bin) and, where the allocations are labelled, the bytes live per category at those points; the host stage
@@ -134,8 +138,12 @@ def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
         top = max(peaks.values())
         return None, f"[memory] events never reach {MIN_MEMORY_BYTES >> 10} KiB allocated (peak {top:,.0f} B)"
     events = parsed.raw.events
-    timed = events["ts_ns"].to_numpy()[(events["kind"] != "metadata").to_numpy()]
-    origin = int(timed.min())
+    # the time axis of the timeline: spans, GPU activity and memory events, not Kineto's "Record Window End"
+    # instant (up to ~100 ms after the last event of a capture) nor metadata
+    timed = ~events["kind"].isin(UNTIMED).to_numpy()
+    ts = events["ts_ns"].to_numpy()[timed]
+    origin = int(ts.min())
+    end = int((ts + events["dur_ns"].to_numpy()[timed]).max())
     by_category = category_series(parsed)
     devices = []
     for label, ts, values in series:
@@ -151,7 +159,7 @@ def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
         "title": trace_title(parsed),
         "devices": devices,
         "bands": bands,
-        "span_ns": int(timed.max()) - origin,
+        "span_ns": end - origin,
     }, None
 
 
