@@ -143,6 +143,28 @@ def test_stage_slices_cover_gpu_and_host_activity(tmp_path, trace):
                 assert (got == group["stage"].astype(str).to_numpy()).all()
 
 
+def test_a_step_range_that_overlaps_its_stages_does_not_replace_them(tmp_path):
+    """prof.step() opens ProfilerStep#1 before the loop enters the Python frame that runs the step: the range
+    overlaps the step's stages without holding them. The annotated main-thread track showed all of step 1 as
+    "other" (its forward and optimizer slices clipped away behind the range's); each stage keeps its slice, and
+    every op on the thread lies in a slice of its own stage."""
+    from tracebuilder import step_begun_before_its_frame
+
+    parsed = parsed_once(step_begun_before_its_frame(tmp_path / "t.json"))
+    out = tmp_path / "annotated.json"
+    write_annotated(parsed, out)
+    doc = json.loads(out.read_bytes(), parse_float=Decimal)
+    main_label = "stages: thread 100 (pt_main_thread)"
+    tid = next(e["tid"] for e in doc["traceEvents"] if e.get("ph") == "M" and e.get("pid") == 0x7F0000
+               and e.get("name") == "thread_name" and e["args"]["name"] == main_label)  # fmt: skip
+    slices = sorted((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["args"]["stage"]) for e in doc["traceEvents"]
+                    if e.get("cat") == STAGE_CATEGORY and e["tid"] == tid)  # fmt: skip
+    starts = np.array([a for a, _, _ in slices])
+    ops = parsed.events[(parsed.events["kind"] == "cpu_op") & (parsed.events["tid"] == 100)]
+    where = np.searchsorted(starts, ops["ts_ns"].to_numpy(), side="right") - 1
+    assert [slices[i][2] for i in where] == ops["stage"].astype(str).tolist() == ["forward", "optimizer"] * 2
+
+
 def test_loading_sub_steps_get_their_own_track(tmp_path):
     parsed = parsed_once(need(CPU_MARKS))
     breakdown = getattr(parsed, "load_breakdown", None)

@@ -15,9 +15,10 @@ import pandas as pd
 from profparse.base.arrays import factorize_rows
 from profparse.base.intervals import clip_disjoint, union_length
 from profparse.base.marks import STAGES
+from profparse.stages.attribute import STEP_NAME
 from profparse.tables.host_time import HOST_SPAN_KINDS, mixed_containers
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import kind_mask
+from profparse.trace.link import kind_mask, name_mask
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -155,6 +156,10 @@ def _activity_rows(parsed: ParsedTrace) -> tuple[np.ndarray, np.ndarray, np.ndar
     end = ts + dur
     host = kind_mask(events, HOST_SPAN_KINDS) & links.host & (dur > 0)
     host &= ~mixed_containers(links.parent, links.depth, parsed.attribution.stage)
+    # step ranges are containers too, where they hold no event: prof.step() opens ProfilerStep#N before the loop
+    # enters the Python frame that runs the step, so the range overlaps the step's stages without holding them
+    # (a capture with Python stacks), and its "other" span covered them (in annotate's disjoint tracks: replaced)
+    host &= ~name_mask(events, STEP_NAME)
     gpu = kind_mask(events, GPU_ACTIVITY_KINDS)
     return np.flatnonzero(host | gpu), gpu, ts, end
 
