@@ -464,9 +464,9 @@ def test_step_labels_of_many_steps_do_not_overlap(tmp_path, kind):
 
 
 def test_timeline_draws_the_stages_over_an_other_span_that_overlaps_them(tmp_path):
-    """ProfilerStep#1 began before the Python frame that holds its stages: its "other" span covers step 1 on the
+    """ProfilerStep#1 began before the Python frame that holds its stages: its "other" span covered step 1 on the
     main thread without holding the stages, and the timeline drew it over them (all of step 1 grey on a capture
-    with Python stacks). The training stages are drawn over "other" now."""
+    with Python stacks). Step ranges are no stage's span now: the stages show."""
     from matplotlib.colors import to_rgb
     from tracebuilder import step_begun_before_its_frame
 

@@ -788,8 +788,8 @@ def test_findings_measured_in_warm_up_say_so_on_the_page(tmp_path):
 
 
 def test_timeline_canvas_draws_the_stages_over_an_overlapping_other_span(tmp_path):
-    """The page's timeline paints "other" first, as the PNG does: a ProfilerStep#1 span that overlaps step 1's
-    stages without holding them leaves them visible (one step: no other step's stages to count)."""
+    """On the page's timeline too, a ProfilerStep#1 range that overlaps step 1's stages without holding them
+    leaves them visible (one step: no other step's stages to count)."""
     from matplotlib.colors import to_rgb
     from tracebuilder import step_begun_before_its_frame
 

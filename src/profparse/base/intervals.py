@@ -136,7 +136,7 @@ def coverage(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
     before = np.concatenate([[0], np.cumsum(length)])
     if len(x) > 8 * len(starts) and _ascending(x):
         # the starts at or before each point, counted from where each start falls among the points: a search per
-        # interval, not per point (the replay's knots: millions of points, a few hundred intervals; half the time)
+        # interval, not per point (millions of points against a few hundred intervals: half the time)
         i = np.cumsum(np.bincount(np.searchsorted(x, starts, side="left"), minlength=len(x) + 1)[:-1]) - 1
     else:
         i = np.searchsorted(starts, x, side="right") - 1

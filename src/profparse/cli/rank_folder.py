@@ -124,16 +124,13 @@ def run_rank_tasks(args: argparse.Namespace, out: str | None) -> Any:
 def rank_notes(results: list[Any]) -> list[tuple[str, str]]:
     """Each rank's notes once per message, with the ranks that gave it (``ranks 0-63``): a check that fires on
     every rank of a large job is one line, not one per rank. In the order of the lowest rank that gave each."""
-    from profparse.analysis.advice.finding import steps_text
+    from profparse.ranks.discovery import ranks_text
 
     given: dict[str, list[int]] = {}
     for result in sorted(results, key=lambda r: r.rank):
         for message in result.notes:
             given.setdefault(message, []).append(result.rank)
-    return [
-        (message, f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {steps_text(ranks)}")
-        for message, ranks in given.items()
-    ]
+    return [(message, ranks_text(ranks)) for message, ranks in given.items()]
 
 
 def partial_failure(run: Any, written: str | None) -> PartialFailureError:

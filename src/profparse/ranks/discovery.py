@@ -196,7 +196,7 @@ def assign_ranks(paths: Sequence[str | Path], rank_from: str = "auto") -> list[R
 def describe_sources(files: Sequence[RankFile]) -> str:
     """``ranks 0-3 from distributedInfo`` or ``ranks 0-4: distributedInfo 3, file name 2``."""
     ranks = sorted(f.rank for f in files)
-    span = _span(ranks)
+    span = ranks_text(ranks)
     counts = {s: sum(f.source == s for f in files) for s in RANK_SOURCES}
     used = {s: n for s, n in counts.items() if n}
     if len(used) == 1:
@@ -204,7 +204,8 @@ def describe_sources(files: Sequence[RankFile]) -> str:
     return f"{span}: {', '.join(f'{s} {n}' for s, n in used.items())}"
 
 
-def _span(ranks: Sequence[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0-63`` (consecutive), ``ranks 0, 2, 5`` (the first 8, then ``...``)."""
     if not ranks:
         return "no ranks"
     if len(ranks) == 1:

@@ -185,9 +185,10 @@ def _steady(
             cut.append(note)
     if len(window) and window.min() < complete - 1:
         steady[: window.min() + 1] = False
-    elif complete >= WARM_UP_FROM:
+        return steady
+    if complete >= WARM_UP_FROM:
         steady[0] = False
-    if len(window) and window.min() >= complete - 1 and warm is not None:
+    if len(window) and warm is not None:
         named = ", ".join(str(int(s)) for s in steps["step"].to_numpy()[steady])
         which = "step" if steady.sum() == 1 else "steps"
         warm.append(
@@ -386,10 +387,8 @@ def _rule_mask(
         ok = np.array([re.search(rule.thread, label) is not None for label in labels] + [False], dtype=bool)
         mask &= ok[take(links.thread)]  # thread -1 (not host) indexes the trailing False
     for condition in rule.when.split(","):
-        if condition == "before_first_step":
-            mask &= take(context["before_first_step"])
-        elif condition == "after_last_step":
-            mask &= take(context["after_last_step"])
+        if condition in ("before_first_step", "after_last_step"):
+            mask &= take(context[condition])
         elif condition == "main_thread":
             mask &= take(links.thread) == context["main_thread"]
         elif condition == "autograd_thread":

@@ -138,8 +138,8 @@ def data(parsed: ParsedTrace) -> tuple[Prepared | None, str | None]:
         top = max(peaks.values())
         return None, f"[memory] events never reach {MIN_MEMORY_BYTES >> 10} KiB allocated (peak {top:,.0f} B)"
     events = parsed.raw.events
-    # the time axis of the timeline: spans, GPU activity and memory events, not Kineto's "Record Window End"
-    # instant (up to ~100 ms after the last event of a capture) nor metadata
+    # the time axis: spans, GPU activity and memory events, not Kineto's "Record Window End" instant (up to
+    # ~100 ms after the last event of a capture) nor metadata
     timed = ~events["kind"].isin(UNTIMED).to_numpy()
     ts = events["ts_ns"].to_numpy()[timed]
     origin = int(ts.min())

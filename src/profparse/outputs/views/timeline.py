@@ -92,10 +92,7 @@ def draw(prepared: Prepared) -> Figure:
     min_width = span / 1500
     fig, ax = plt.subplots(figsize=(14, max(1.6 + 0.42 * len(tracks), 2.8)), layout="constrained")
     present: set[str] = set()
-    # "other" first, the training stages over it: an "other" span is drawn whole, and one that overlaps a stage's
-    # without holding it (ProfilerStep#1 begun before the Python frame that holds the step's stages) hid them
-    groups = sorted(spans.groupby(["row", "stage"], observed=True), key=lambda g: (g[0][1] != "other", g[0][0]))
-    for (row, stage), group in groups:
+    for (row, stage), group in spans.groupby(["row", "stage"], sort=True):
         start = group["start_ns"].to_numpy().astype(float)
         width = np.maximum((group["end_ns"] - group["start_ns"]).to_numpy().astype(float), min_width)
         ax.broken_barh(

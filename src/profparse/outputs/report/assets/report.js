@@ -227,9 +227,7 @@
     canvas.dataset.pathRow = cp ? String(tracks.length - 1) : "";
     var byRow = tracks.map(function () { return []; });
     for (var i = 0; i < n; i++) byRow[sp.row[i]].push(i);
-    // "other" first, the training stages over it (an "other" span that overlaps a stage's without holding it,
-    // as ProfilerStep#1 begun before the Python frame holding the step's stages, hid them)
-    byRow.forEach(function (list) { list.sort(function (a, b) { return (sp.stage[a] !== "other") - (sp.stage[b] !== "other") || sp.start_ns[a] - sp.start_ns[b]; }); });
+    byRow.forEach(function (list) { list.sort(function (a, b) { return sp.start_ns[a] - sp.start_ns[b]; }); });
     var probe = canvas.getContext("2d"), LABEL = 120;
     probe.font = "11px system-ui,sans-serif";
     tracks.forEach(function (t) { LABEL = Math.max(LABEL, Math.min(probe.measureText(t.label).width + 14, 320)); });
