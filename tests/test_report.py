@@ -20,7 +20,7 @@ import pytest
 from adversarial import assert_clean_failure, assert_success, run_cli, snapshot
 from conftest import SAMPLE_TRACES, SHARED_TRACES
 from conftest import parsed as parsed_once
-from tracebuilder import TraceBuilder, training_step
+from tracebuilder import TraceBuilder, gpu_work_before_first_step, training_step
 
 from profparse.base.formats import plain, utilisation_text
 from profparse.cli.main import main
@@ -709,25 +709,11 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-def _gpu_only_step_trace(path: Path) -> Path:
-    """Steps 1-3 and, before the first, 50 us of a kernel whose launch is not in the trace (it was still running
-    when the trace began): GPU work of a step 0 with no host range in the trace."""
-    from tracebuilder import GPU_PID, STREAM
-
-    b = TraceBuilder()
-    t = 100.0
-    for step in (1, 2, 3):
-        t = training_step(b, step, t)
-    b.events.append({"ph": "X", "cat": "kernel", "name": "adam_kernel", "pid": GPU_PID, "tid": STREAM, "ts": 40.0,
-                     "dur": 50.0, "args": {"correlation": 5, "stream": STREAM, "device": 0}})  # fmt: skip
-    return b.write(path)
-
-
 def test_per_step_table_shows_each_steps_window_and_names_a_step_with_gpu_work_only(tmp_path):
     """The page's per-step table has summarize's window column (a step's span: the headline's step time is over
     windows, the stages' total leaves out time in no stage); a step with only GPU work in the trace has none and
     the note under the table names it."""
-    trace = _gpu_only_step_trace(tmp_path / "t.json")
+    trace = gpu_work_before_first_step(tmp_path / "t.json")
     expected = summary_data(parsed_once(trace))
     assert {r["step"] for r in expected["per_step"]} - {t["step"] for t in expected["step_totals"]} == {0}
     dom = dump_dom(write(trace, tmp_path / "r.html"))

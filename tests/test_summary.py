@@ -234,9 +234,10 @@ def test_a_long_capture_prints_its_first_and_last_steps(tmp_path):
 def test_per_step_footer_names_a_step_with_only_gpu_work(tmp_path):
     """A kernel still running when the trace began is GPU work of a step whose host part is not in the trace: its
     row has no window, and the footer says why; a trace without one says nothing of it."""
-    from test_report import _gpu_only_step_trace, ground_truth_trace
+    from test_report import ground_truth_trace
+    from tracebuilder import gpu_work_before_first_step
 
-    text = render(summary_data(cached_parse(_gpu_only_step_trace(tmp_path / "t.json"))))
+    text = render(summary_data(cached_parse(gpu_work_before_first_step(tmp_path / "t.json"))))
     row = next(line for line in text.splitlines() if line.strip().startswith("0 "))
     assert row.split()[-1] == "-"
     assert "step 0: only GPU work in the trace (no window" in text

@@ -235,3 +235,15 @@ def step_begun_before_its_frame(path: str | Path, steps: int = 2) -> Path:
         b.annotation("Optimizer.step#AdamW.step", t + 620, 300)
         b.op("aten::_foreach_add_", t + 621, 290)
     return b.write(path)
+
+
+def gpu_work_before_first_step(path: str | Path) -> Path:
+    """Steps 1-3 and, before the first, 50 us of a kernel whose launch is not in the trace (it was still running
+    when the trace began): GPU work of a step 0 with no host range in the trace."""
+    b = TraceBuilder()
+    t = 100.0
+    for step in (1, 2, 3):
+        t = training_step(b, step, t)
+    b.events.append({"ph": "X", "cat": "kernel", "name": "adam_kernel", "pid": GPU_PID, "tid": STREAM, "ts": 40.0,
+                     "dur": 50.0, "args": {"correlation": 5, "stream": STREAM, "device": 0}})  # fmt: skip
+    return b.write(path)
