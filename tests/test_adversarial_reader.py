@@ -257,7 +257,7 @@ def test_tiny_events_are_decoded_a_bounded_number_at_a_time(tmp_path: Path) -> N
 
 
 def test_tiny_events_peak_memory_within_the_estimate(tmp_path: Path) -> None:
-    """Reading 6 MB of ``{}`` (2.1 million events) peaks within the documented estimate, 1.5x the JSON + 128 MiB:
+    """Reading 6 MB of ``{}`` (2.1 million events) peaks within the documented estimate, 1.5x the JSON + 160 MiB:
     before, the ~350,000 events of each 1 MiB chunk were decoded at once, ~230 MB above it (350 MB in all)."""
     path = tmp_path / "empty_objects.json"
     path.write_bytes(b'{"traceEvents": [' + b",".join([b"{}"] * 2_100_000) + b"]}")

@@ -14,13 +14,15 @@ from profparse.base.errors import OutOfMemoryError, UsageError
 MEMORY_ENV = "PROFPARSE_MEMORY_LIMIT"
 DEBUG_ENV = "PROFPARSE_MEMORY_DEBUG"  # "1": print each estimate and its parts on stderr
 # peak memory of summarize/parse ~ NEED_FIXED + max(NEED_PER_JSON_BYTE x the JSON, the tables' need per event)
-# + what the distinct strings take. NEED_FIXED: what Python, pandas and pyarrow take themselves. The tables hold
+# + what the distinct strings take. NEED_FIXED: what Python, numpy, pandas and pyarrow take themselves once
+# imported: ~105 MiB on Python 3.11, ~135 MiB on Python 3.13 with the newest numpy, pandas and pyarrow (their
+# libraries' mapped pages are larger there), with room over the larger. The tables hold
 # every event whatever its JSON size (one-field events: ~55 bytes of JSON, ~800 bytes of memory), and the
 # analyses keep columns per op (flops, efficiency, the op tree), per Python frame (the stack tree) and per GPU
 # event (linking, streams); every distinct string is a Python object in a categorical's categories, hashed once
 # or twice. Fitted to the peaks of scripts/memory_cases.py (unique names, unique thread ids, tiny events, Python
 # functions, GPU events) and of the real traces; see docs/performance.md.
-NEED_FIXED = 128 << 20
+NEED_FIXED = 160 << 20
 NEED_PER_JSON_BYTE = 1.5
 NEED_PER_EVENT = 250
 NEED_PER_OP = 550
