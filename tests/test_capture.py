@@ -260,22 +260,40 @@ def test_out_on_a_folder_capture_did_not_write_is_refused(tmp_path: Path) -> Non
         assert (mine / "notes.txt").read_text() == "keep me" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
+NO_GPU_DRIVER = "ERROR:2026-12-07 07:12:59 28679:28679 DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35"
+
+
 def test_kineto_log_lines_are_kept_off_stderr() -> None:
-    """Kineto's C++ ``USDT:`` lines (profiler_start / profiler_stop) do not reach the user; other output does."""
+    """Kineto's C++ ``USDT:`` lines (profiler_start / profiler_stop) do not reach the user, nor, on a CPU capture,
+    the line a CUDA build of torch without a GPU driver prints as the profiler stops; other output does."""
     code = (
         "import os, sys, torch\n"
         "from profparse.capture.quiet import kineto_lines_dropped\n"
-        "with kineto_lines_dropped():\n"
+        "with kineto_lines_dropped(no_gpu=True):\n"
         "    print('mine before', file=sys.stderr)\n"
         "    with torch.profiler.profile():\n"
         "        torch.ones(3) + 1\n"
         "    os.write(2, b'USDT:2026-01-01 00:00:00 1:1 X.cpp:1] profiler_stop\\nfrom C\\n')\n"
+        f"    os.write(2, b'{NO_GPU_DRIVER}\\n')\n"
         "    print('mine after', file=sys.stderr)\n"
         "print('outside', file=sys.stderr)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["mine before", "from C", "mine after", "outside"]
+
+
+def test_a_missing_gpu_driver_is_kept_on_a_gpu_capture() -> None:
+    """Only a CPU capture drops Kineto's no-driver line: on a GPU capture it says what went wrong."""
+    code = (
+        "import os\n"
+        "from profparse.capture.quiet import kineto_lines_dropped\n"
+        "with kineto_lines_dropped():\n"
+        f"    os.write(2, b'USDT:2026-01-01 00:00:00 1:1 X.cpp:1] profiler_start\\n{NO_GPU_DRIVER}\\n')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [NO_GPU_DRIVER]
 
 
 def test_capture_calibrates_the_profilers_cost(marked_run) -> None:

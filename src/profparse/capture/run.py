@@ -303,7 +303,7 @@ def _capture(
         for _ in range(options.steps)
     ]
     torch.manual_seed(options.seed)
-    with kineto_lines_dropped():
+    with kineto_lines_dropped(no_gpu=not session.on_cuda):
         prof, model, losses = _profiled_run(session, model_path, inputs, wall)
         t0 = time.perf_counter()
         calibration = _calibration(session, model, inputs[0])
