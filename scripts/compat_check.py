@@ -7,6 +7,10 @@ the output digests: the check CI runs on the declared dependency floors (``.ci/r
 
 A verb passes when it exits 0 and writes nothing to stderr that looks like a Python warning or traceback (a
 FutureWarning or RuntimeWarning that pandas or numpy prints on one version is a failure here too).
+
+Then ``report``, ``plot`` and ``diff`` on a copy of the sample A100 trace with three kernel and three op names of
+200,000 characters: each may take at most :data:`LONG_NAMES_EXTRA_MB` more memory than on the trace itself (before
+pandas 3, a categorical's ``astype(str)`` made every name as wide as the longest: ``report`` took 5.7 GB).
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
 DIGESTS = REPO / "tests" / "data" / "output_digests.json"
 PACKAGES = ("numpy", "pandas", "pyarrow", "matplotlib", "msgspec", "tqdm", "xxhash")
+#: what a verb may take on the long-names trace over its peak on the plain one (MB)
+LONG_NAMES_EXTRA_MB = 100
+#: the length of each long name
+LONG_NAME_CHARS = 200_000
 #: stderr lines that mean something went wrong though the exit code may be 0
 TROUBLE = re.compile(r"Warning:|Traceback \(most recent call last\)|internal error")
 
@@ -87,6 +95,54 @@ def check_trace(trace: Path, cache: str) -> dict[str, str]:
     return results
 
 
+def long_names_copy(trace: Path, out: Path) -> Path:
+    """``trace`` with its first three kernels' and three ops' names made :data:`LONG_NAME_CHARS` long."""
+    import gzip
+    import json
+
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    left = {"kernel": 3, "cpu_op": 3}
+    for event in doc["traceEvents"]:
+        cat = event.get("cat")
+        if left.get(cat, 0) > 0:
+            left[cat] -= 1
+            event["name"] = f"{cat}<" + "x" * LONG_NAME_CHARS + ">"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def peak_mb(args: tuple, cache: str) -> tuple[int, float]:
+    """Exit code and peak resident memory (MB) of one ``profparse`` run."""
+    command = [sys.executable, "-m", "profparse", *map(str, args)]
+    env = {**os.environ, "PROFPARSE_CACHE_DIR": cache}
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss / 1024
+
+
+def check_long_names(cache: str) -> int:
+    """Failures of ``report``, ``plot`` and ``diff`` on long names: an exit other than 0, or a peak more than
+    :data:`LONG_NAMES_EXTRA_MB` over the same verb's on the plain trace."""
+    sample = REPO / "sample_traces" / "gpu" / "a100_ddp_rank0_nccl.json.gz"
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="pp-compat-long-") as tmp:
+        long = long_names_copy(sample, Path(tmp) / "long_names.json")
+        for verb in ("report", "plot", "diff"):
+            peaks = []
+            for trace in (sample, long):
+                out = (sample,) if verb == "diff" else ("-o", Path(tmp) / f"{verb}_{trace.stem}", "--force")
+                code, mb = peak_mb((verb, trace, *out, "--no-cache", "-q"), cache)
+                peaks.append(mb)
+                failed += code != 0
+            ok = peaks[1] <= peaks[0] + LONG_NAMES_EXTRA_MB
+            failed += not ok
+            verdict = "" if ok else " TOO MUCH"
+            print(f"long names: {verb:7} peak {peaks[1]:.0f} MB (plain trace: {peaks[0]:.0f} MB){verdict}")
+    return failed
+
+
 def environment() -> str:
     versions = []
     for name in PACKAGES:
@@ -110,6 +166,7 @@ def main() -> int:
             bad = {verb: r for verb, r in results.items() if r != "ok"}
             failed += len(bad)
             print(f"{trace.name:40} {len(results) - len(bad)}/{len(results)} ok")
+        failed += check_long_names(cache)
     if not args.no_digests:
         done = subprocess.run([sys.executable, str(REPO / "scripts" / "output_digests.py"), "check", str(DIGESTS)],
                               capture_output=True, text=True, check=False, cwd=REPO)  # fmt: skip

@@ -19,7 +19,7 @@ from profparse.analysis.critical_path import BOUNDS
 from profparse.analysis.memory_categories import CATEGORIES
 from profparse.analysis.profiler_cost import without_profiler
 from profparse.analysis.quality import gpu_devices
-from profparse.base.arrays import category_codes
+from profparse.base.arrays import as_text, category_codes
 from profparse.base.formats import bytes_text, count_text, display, md_code, render_as, text_table
 from profparse.base.marks import STAGES
 
@@ -112,7 +112,7 @@ def name_totals(frame: pd.DataFrame, value: str, steps: int = 1, in_steps: bool 
     g = frame.groupby(["stage", "name"], observed=True, sort=False)[value]
     out = g.agg(total="sum", count="count").reset_index()
     out.columns = ["stage", "name", "total", "count"]
-    out["stage"], out["name"] = out["stage"].astype(str), out["name"].astype(str)
+    out["stage"], out["name"] = out["stage"].astype(str), as_text(out["name"])
     out = out.sort_values(["stage", "name"], kind="stable", ignore_index=True)
     out["total"] = out["total"].astype(float) / max(steps, 1)
     out["count"] = out["count"].astype(float) / max(steps, 1)

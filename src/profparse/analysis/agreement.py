@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import as_text
 from profparse.base.marks import STAGES
 from profparse.stages.rules import RULES
 
@@ -102,7 +103,7 @@ def _join(truth: pd.DataFrame, inferred: pd.DataFrame, key: tuple[str, ...], wei
         columns = list(dict.fromkeys([*key, weight, "step", "stage", "stage_rule"]))
         out = frame.loc[:, columns].copy()
         out["weight"] = out[weight]
-        out["name"] = out["name"].astype(str)
+        out["name"] = as_text(out["name"])
         for column in key:
             if column != "name":
                 out[column] = out[column].astype("int64")

@@ -16,6 +16,7 @@ import pandas as pd
 
 from profparse.analysis.critical_path import blocking_calls
 from profparse.analysis.profiler_cost import CALIBRATION_KEY
+from profparse.base.arrays import as_text
 from profparse.base.errors import ProfparseError
 from profparse.base.formats import count_text
 from profparse.base.marks import STAGES
@@ -157,7 +158,7 @@ def _device_id(properties: dict[str, Any]) -> int | None:
 
 def _top_names(names: pd.Series, n: int = 3) -> str:
     """The most frequent names of ``names`` with their counts: ``ncclKernel_SendRecv x3, ...``."""
-    counts = names.astype(str).value_counts()
+    counts = as_text(names).value_counts()
     more = f", +{len(counts) - n} more" if len(counts) > n else ""
     return ", ".join(f"{name} x{int(c)}" for name, c in counts.head(n).items()) + more
 

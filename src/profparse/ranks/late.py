@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import as_text
 from profparse.base.formats import plain
 from profparse.base.marks import STAGES
 from profparse.stages.rules import NAMED_COLLECTIVE_KERNEL
@@ -213,7 +214,7 @@ def _kernel_rows(parsed: ParsedTrace, kernels: pd.DataFrame) -> pd.DataFrame:
             "instance": np.where(comm_ops != NULL, comm_ops, -k_index - 1),  # one op: one collective
             "start_ns": _ints(kernels["ts_ns"]),
             "end_ns": _ints(kernels["ts_ns"]) + _ints(kernels["dur_ns"]),
-            "kernel_name": kernels["name"].astype(str).to_numpy(),
+            "kernel_name": as_text(kernels["name"]).to_numpy(),
             "stage": kernels["stage"].astype(str).to_numpy(),
             "step": _ints(kernels["step"]),  # NULL outside a step
         }
@@ -276,7 +277,7 @@ def _host_rows(parsed: ParsedTrace, launch_ops: np.ndarray) -> pd.DataFrame:
         return pd.DataFrame()
     else:
         span = host
-    names = span["name"].astype(str).to_numpy()
+    names = as_text(span["name"]).to_numpy()
     frame = pd.DataFrame(
         {
             "start_ns": _ints(span["ts_ns"]),
@@ -321,7 +322,7 @@ def stage_name_totals(kernels: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
         g = frame.groupby(["stage", "name"], observed=True, sort=False)[value]
         out = g.agg(total_ns="sum", count="count").reset_index()
         out.columns = ["stage", "name", "total_ns", "count"]
-        out["stage"], out["name"] = out["stage"].astype(str), out["name"].astype(str)
+        out["stage"], out["name"] = out["stage"].astype(str), as_text(out["name"])
         frames.append(out.assign(kind=kind))
     if not frames:
         return pd.DataFrame(columns=["kind", "stage", "name", "total_ns", "count"])

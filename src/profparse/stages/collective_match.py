@@ -33,6 +33,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import as_text
 from profparse.stages.rules import COLLECTIVE, COLLECTIVE_KERNEL, COLLECTIVE_MATCH, GPU_UNLINKED, HOST_SPANS
 from profparse.trace.ancestors import outermost_flagged
 from profparse.trace.kinds import NULL
@@ -106,7 +107,7 @@ def c10d_ops(events: pd.DataFrame, links: Links) -> tuple[pd.DataFrame, np.ndarr
         }
     )
     ops = frame.groupby("root", sort=True).agg(pg=("pg", "first"), seq=("seq", "max"), no_kernel=("no_kernel", "any"))
-    ops["pg"] = ops["pg"].fillna("").astype(str)
+    ops["pg"] = as_text(ops["pg"].fillna(""))
     ops["launches"] = ~ops.pop("no_kernel")
     ops.insert(0, "ts_ns", events["ts_ns"].to_numpy()[ops.index.to_numpy()])
     return ops, spans, root

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from profparse.analysis.memory_categories import CATEGORIES
+from profparse.base.arrays import as_text
 from profparse.base.formats import STEP_ROWS, Column, Table, display, total_bytes_text
 from profparse.trace.kinds import NULL
 
@@ -47,7 +48,7 @@ def _top_activations(table: pd.DataFrame, device: str, at_ns: int, top: int) -> 
         & table["op_name"].notna().to_numpy()  # no op to name (astype(str) says "nan" before pandas 3, not after)
     )
     rows = table.loc[live, ["op_name", "bytes"]]
-    grouped = rows.groupby(rows["op_name"].astype(str), sort=False)["bytes"].agg(["sum", "count"])
+    grouped = rows.groupby(as_text(rows["op_name"]), sort=False)["bytes"].agg(["sum", "count"])
     grouped = grouped.sort_values("sum", ascending=False, kind="stable").head(top)
     return [
         {"device": device, "op": str(name), "bytes": int(r["sum"]), "count": int(r["count"])}

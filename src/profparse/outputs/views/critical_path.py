@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
-from profparse.base.arrays import category_codes, text_codes
+from profparse.base.arrays import as_text, category_codes, text_codes
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
 from profparse.outputs.views._common import (
@@ -84,7 +84,7 @@ def _runs(path: pd.DataFrame, gap: int, origin: int) -> pd.DataFrame:
             "bound": bound_texts[_top_bound(ns, bound, first, len(bound_texts))],
             "stage": path["stage"].take(longest).astype(str).to_numpy(),
             "step": step[first],
-            "name": path["name"].take(longest).astype(str).to_numpy(),
+            "name": as_text(path["name"].take(longest)).to_numpy(),
             "segments": np.diff(np.r_[first, len(path)]),
         }
     )

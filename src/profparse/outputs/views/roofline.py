@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import as_text
 from profparse.base.names import unique_labels
 from profparse.outputs.views._common import STAGE_COLORS
 
@@ -42,7 +43,7 @@ def data(parsed: ParsedTrace) -> tuple[dict[str, Any] | None, str | None]:
     )
     points = grouped.reset_index().sort_values("time_ns", ascending=False, kind="stable").head(MAX_POINTS)
     points = points.assign(
-        name=points["name"].astype(str),
+        name=as_text(points["name"]),
         stage=points["stage"].astype(str),
         intensity=points["flops"] / points["bytes"],
         tflops=points["flops"] / points["time_ns"] / 1e3,
