@@ -26,6 +26,7 @@ import pytest
 from adversarial import CliRun, assert_clean_failure, assert_success, assert_time_within, run_cli, snapshot
 from tracebuilder import TraceBuilder, training_step
 
+from profparse.base.arrays import as_text
 from profparse.base.errors import OutOfMemoryError, TraceFormatError
 from profparse.trace.events import read_trace
 
@@ -161,7 +162,7 @@ def test_name_full_of_event_boundaries(tmp_path, mb, valid):
     assert_time_within(bad_run, good_run)
     raw = read_trace(bad)
     assert len(raw.events) == len(lines) and not raw.report.dropped  # a valid file: nothing lost
-    assert hostile["name"] in set(raw.events["name"].astype(str))
+    assert hostile["name"] in set(as_text(raw.events["name"]))  # (astype(str): pandas 2 makes every name 0.5 MB)
 
 
 @pytest.mark.parametrize("mb", SIZES_MB)
