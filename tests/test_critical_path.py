@@ -13,7 +13,7 @@ import pytest
 import profparse
 from profparse.analysis.critical_path import blocking_calls, chains, dependency_graph, path_table
 from profparse.tables.parsed import ParsedTrace
-from tests.tracebuilder import AUTOGRAD, GPU_PID, MAIN, STREAM, TraceBuilder, backward_node, forward_op
+from tests.tracebuilder import AUTOGRAD, GPU_PID, MAIN, STREAM, TraceBuilder, backward_node, forward_op, training_step
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
@@ -308,6 +308,34 @@ def test_segments_tile_every_step_of_random_traces(tmp_path, seed: int) -> None:
         e = path.loc[path["step"] == step, "end_ns"].to_numpy()
         assert s[0] == start and e[-1] == end and (s[1:] == e[:-1]).all() and (e > s).all()
     assert {"gpu_compute", "cpu_op", "launch"} <= set(path["bound"].astype(str))
+
+
+@pytest.mark.parametrize("thread_before", [False, True])
+@pytest.mark.parametrize("dur", [0, None, "missing"])
+def test_a_zero_length_step_at_the_trace_start_has_an_empty_path(tmp_path, dur, thread_before: bool) -> None:
+    """A ProfilerStep#0 of no length where the trace begins (its dur 0, null or missing): no piece of the main
+    thread ends by its end. Its chain's head was the thread before's last piece (or none), and ``summarize``
+    exited 70 ("repeats may not contain negative values"). Its path is empty; the later steps still tile theirs."""
+    from profparse.outputs.summary import render_summary
+
+    b = TraceBuilder()
+    if thread_before:  # a thread numbered before the main one
+        b.op("aten::empty", 0, 5, tid=MAIN - 1)
+    step0 = b.annotation("ProfilerStep#0", 0, 0)
+    if dur is None:
+        step0["dur"] = None
+    elif dur == "missing":
+        del step0["dur"]
+    t = 10.0
+    for step in (1, 2):
+        t = training_step(b, step, t)
+    parsed = _parse(b, tmp_path)
+    path = _path(parsed)
+    assert 0 not in set(path["step"]) and "critical path" in render_summary(parsed)
+    for step, start, end in parsed.steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
+        segments = path[path["step"] == step]
+        s, e = segments["start_ns"].to_numpy(), segments["end_ns"].to_numpy()
+        assert (e - s).sum() == end - start and (s[1:] == e[:-1]).all(), step
 
 
 @pytest.mark.parametrize("seed", [0, 1])

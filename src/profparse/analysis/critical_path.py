@@ -720,7 +720,11 @@ def chains(pred: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     previous piece, a stream's previous activity): a *run* is a stretch of such edges, and a chain is a list of
     runs, each entered at some node and left at the run's first node. Pointer doubling over the runs (``log2``
     numpy passes over runs, not nodes) lists each chain's runs; the nodes follow by ranges. Returns (members,
-    head position of each member), each chain from its head back to its root."""
+    head position of each member), each chain from its head back to its root; a head of -1 has no chain."""
+    if (heads < 0).any():
+        held = np.flatnonzero(heads >= 0)
+        members, owner = chains(pred, heads[held])
+        return members, held[owner]
     n = len(pred)
     opens = pred < 0  # node 0 without a predecessor opens a run too
     opens[1:] |= pred[1:] != np.arange(n - 1)
@@ -775,6 +779,9 @@ def path_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> 
     nodes = graph.nodes
     w0, w1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     heads = graph.pieces.containing(np.full(len(steps), main, dtype=np.int64), w1)
+    # a step that ends where the main thread's time begins (a zero-length ProfilerStep#0 at the trace's start) has
+    # no piece before its end: the piece found is the thread before's, or none
+    heads[(heads < 0) | (graph.pieces.key[np.maximum(heads, 0)] < main * graph.pieces.span)] = -1
     del graph  # the host pieces
     release_memory()  # what the graph's building freed: glibc would keep it resident under what comes next
     chain = [*chains(nodes.pred, heads)]
