@@ -61,3 +61,26 @@ def test_name_columns_go_through_as_text():
         if pattern.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("python", [(3, 10), (3, 13)])
+def test_a_nul_in_a_name_is_written_to_csv_on_every_python(monkeypatch, python):
+    """Python 3.10's csv module refused a NUL in a field ("need to escape, but no escapechar set": `summarize
+    --format csv` exited 70 on a kernel name holding one); from 3.11 it writes it as it is. Every Python writes
+    the same text: the NUL unquoted, a carriage return quoted."""
+    import sys
+    from types import SimpleNamespace
+
+    from profparse.base import formats
+
+    if python >= (3, 11) > sys.version_info:
+        pytest.skip("this Python's csv module refuses a NUL itself")
+    monkeypatch.setattr(formats, "sys", SimpleNamespace(version_info=python))
+    table = formats.Table(
+        title="Top kernels",
+        columns=[formats.Column("name", "kernel"), formats.Column("ms", "ms")],
+        rows=[{"name": "gemm\x00end\ue000", "ms": 1.5}, {"name": "a\rb", "ms": 2}],
+        index=1,
+    )
+    text = formats.tables_csv([table])
+    assert text.split("\n")[1:3] == [",,Top kernels,gemm\x00end\ue000,ms,1.5", ',,Top kernels,"a\rb",ms,2'], repr(text)

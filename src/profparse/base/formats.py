@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import re
+import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -355,6 +356,18 @@ def tables_csv(tables: list[Table]) -> str:
     ]:
         line.seek(0)
         line.truncate()
-        writer.writerow(values)
-        rows.append(line.getvalue()[:-2] + "\n")
+        nul = _nul_stand_in(values)
+        writer.writerow(values if nul is None else [v.replace("\0", nul) if isinstance(v, str) else v for v in values])
+        text = line.getvalue()[:-2] + "\n"
+        rows.append(text if nul is None else text.replace(nul, "\0"))
     return "".join(rows)
+
+
+def _nul_stand_in(values: list[Any]) -> str | None:
+    """Before Python 3.11 the csv module refuses a NUL in a field ("need to escape"); from 3.11 it writes it as it
+    is. Where a field holds one on an older Python: a character no field holds, to write in its place and turn
+    back into NUL after (the same text as 3.11 writes); else None."""
+    if sys.version_info >= (3, 11) or not any(isinstance(v, str) and "\0" in v for v in values):
+        return None
+    held = "".join(v for v in values if isinstance(v, str))
+    return next(chr(c) for c in range(0xE000, 0x110000) if chr(c) not in held)
