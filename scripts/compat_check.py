@@ -28,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
 DIGESTS = REPO / "tests" / "data" / "output_digests.json"
+#: the trace each one is also compared with: a GPU trace (against a CPU capture: one side has no kernels)
+OTHER = REPO / "sample_traces" / "gpu" / "mi250_minitoy.json.gz"
 PACKAGES = ("numpy", "pandas", "pyarrow", "matplotlib", "msgspec", "tqdm", "xxhash")
 #: what a verb may take on the long-names trace over its peak on the plain one (MB)
 LONG_NAMES_EXTRA_MB = 100
@@ -66,6 +68,7 @@ def verb_runs(trace: Path, out: Path) -> dict[str, tuple[str, ...]]:
         "report": ("report", trace, "-o", out / "report.html", "-q"),
         "annotate": ("annotate", trace, "-o", out / "staged.json.gz", "-q"),
         "diff": ("diff", trace, trace),
+        "diff other": ("diff", trace, OTHER),
     }
 
 
