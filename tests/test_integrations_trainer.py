@@ -104,7 +104,7 @@ def test_profiles_the_given_steps_with_every_stage_marked(run: SimpleNamespace) 
     parsed = profparse.parse(run.callback.trace_path, include_marks=True)
     assert len(parsed.attribution.steps) == len(range(*STEPS))
     ops = parsed.ops
-    by_rule = ops.groupby("stage_rule")["stage"].first()
+    by_rule = ops.groupby("stage_rule", observed=True)["stage"].first()
     for stage in ("forward", "backward", "optimizer"):
         assert by_rule.get(f"mark.{stage}") == stage, f"no op inside a {marks.stage_mark(stage)} range"
     optimizer_ops = ops[ops["stage_rule"] == "mark.optimizer"]["name"]
