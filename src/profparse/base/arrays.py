@@ -26,7 +26,7 @@ def as_text(column: pd.Series) -> pd.Series:
     """``column.astype(str)``, the same values on every pandas (missing: "nan" before pandas 3, missing from it), by
     way of Python objects: before pandas 3 a categorical's ``astype(str)`` first makes its categories one
     fixed-width numpy array, 4 bytes per character of the longest name for every name, so three kernel names of
-    200 KB among a trace's 3,000 names made 2.4 GB (``report`` peaked at 5.7 GB)."""
+    200 KB made one of 2.8 GB (``report`` peaked at 5.7 GB)."""
     return column.astype(object).astype(str)
 
 
