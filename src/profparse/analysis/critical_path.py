@@ -104,8 +104,12 @@ class HostPieces:
 
     def containing(self, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
         """The piece of ``thread`` that holds the instant just before ``t`` (the piece that ends at ``t`` when
-        ``t`` is a boundary)."""
-        return np.searchsorted(self.key, thread.astype(np.int64) * self.span + (t - self.base), side="left") - 1
+        ``t`` is a boundary); -1 where ``t`` is at or before the thread's first boundary (the piece just before
+        would be the thread before's)."""
+        first = thread.astype(np.int64) * self.span
+        at = np.searchsorted(self.key, first + (t - self.base), side="left") - 1
+        at[self.key[np.maximum(at, 0)] < first] = -1
+        return at
 
     def starting(self, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
         """The piece of ``thread`` that holds ``t`` (the piece that starts at ``t`` when ``t`` is a boundary)."""
@@ -778,10 +782,8 @@ def path_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> 
     graph = dependency_graph(events, links, attribution)
     nodes = graph.nodes
     w0, w1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    # (-1: a step that ends where the main thread's time begins, a zero-length ProfilerStep#0 at the trace's start)
     heads = graph.pieces.containing(np.full(len(steps), main, dtype=np.int64), w1)
-    # a step that ends where the main thread's time begins (a zero-length ProfilerStep#0 at the trace's start) has
-    # no piece before its end: the piece found is the thread before's, or none
-    heads[(heads < 0) | (graph.pieces.key[np.maximum(heads, 0)] < main * graph.pieces.span)] = -1
     del graph  # the host pieces
     release_memory()  # what the graph's building freed: glibc would keep it resident under what comes next
     chain = [*chains(nodes.pred, heads)]
