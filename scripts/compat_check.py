@@ -49,9 +49,13 @@ def traces(shared: bool) -> list[Path]:
     return found
 
 
+def invocation(args: tuple, cache: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one ``profparse`` run with its cache in ``cache``."""
+    return [sys.executable, "-m", "profparse", *map(str, args)], {**os.environ, "PROFPARSE_CACHE_DIR": cache}
+
+
 def profparse(*args: str, cache: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "profparse", *map(str, args)]
-    env = {**os.environ, "PROFPARSE_CACHE_DIR": cache}
+    command, env = invocation(args, cache)
     return subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=tempfile.gettempdir())
 
 
@@ -117,11 +121,10 @@ def long_names_copy(trace: Path, out: Path) -> Path:
 
 def peak_mb(args: tuple, cache: str) -> tuple[int, float]:
     """Exit code and peak resident memory (MB) of one ``profparse`` run."""
-    command = [sys.executable, "-m", "profparse", *map(str, args)]
-    env = {**os.environ, "PROFPARSE_CACHE_DIR": cache}
+    command, env = invocation(args, cache)
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     return proc.returncode, usage.ru_maxrss / 1024
 
 
