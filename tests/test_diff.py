@@ -268,3 +268,32 @@ def test_diff_of_a_fix_on_an_h200_shows_the_saving_the_profiler_hid():
     rows = {r["key"]: r for r in data["step"]}
     assert abs(rows["profiled_step_ns"]["delta"]) < 0.25 * abs(truth)
     assert rows["step_ns"]["delta"] == pytest.approx(truth, rel=0.25)
+
+
+def test_traces_without_ops_or_kernels_diff_against_any_other(tmp_path):
+    """A side with no CPU ops (or no GPU kernels), or none in a step (``per_step``), has an empty moved-names list,
+    typed as a filled one is: two empty lists of different types (an untyped one is float64 on pandas 3) refused to
+    merge (exit 70)."""
+    gpu_only = TraceBuilder()
+    gpu_only.events.append(
+        {"ph": "X", "cat": "kernel", "name": "gemm_fwd", "pid": 0, "tid": 7, "ts": 5, "dur": 3, "args": {"stream": 7}}
+    )
+    host_only = TraceBuilder()  # ops, but no step: none of them counts per step
+    host_only.op("aten::linear", 0, 10)
+    sides = {
+        "full": parsed_once(build(tmp_path, "full.json", 10)),
+        "gpu_only": parsed_once(gpu_only.write(tmp_path / "gpu_only.json")),
+        "host_only": parsed_once(host_only.write(tmp_path / "host_only.json")),
+    }
+    for a in sides:
+        for b in sides:
+            for per_step in (False, True):
+                data = diff_data(sides[a], sides[b], per_step=per_step)
+                for table in ("ops", "kernels"):
+                    names = {row["name"] for row in data[table]}
+                    if a == b:
+                        assert names == set(), (a, table)
+                    elif {a, b} == {"full", "gpu_only"} and table == "ops":
+                        # every op of the full trace moved, by its whole total (the other side has none)
+                        assert names == set(sides["full"].ops["name"].astype(str)), (a, b, per_step)
+                json.loads(render(data, "json"))

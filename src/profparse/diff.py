@@ -103,9 +103,10 @@ def moved_pairs(a: pd.DataFrame, b: pd.DataFrame, value: str, top: int, per_step
 def name_totals(frame: pd.DataFrame, value: str, steps: int = 1, in_steps: bool = False) -> pd.DataFrame:
     """Per (stage, name): the total ``value`` and the row count, each divided by ``steps`` (rows in a step only,
     with ``in_steps``), sorted by stage and name."""
-    if frame.empty:  # the totals as floats, as a filled frame's are (object columns: pandas 2.2 warns on filling them)
-        empty = {"stage": [], "name": [], "total": np.zeros(0), "count": np.zeros(0)}
-        return pd.DataFrame(empty)
+    if frame.empty:  # typed as a filled frame's columns are: text keys (an untyped empty column is float64 on
+        # pandas 3, which will not merge with text) and float totals (object ones: pandas 2.2 warns on filling them)
+        text = pd.Series([], dtype=str)
+        return pd.DataFrame({"stage": text, "name": text, "total": np.zeros(0), "count": np.zeros(0)})
     if in_steps:
         frame = frame[frame["step"].notna()]
     # grouped by the columns themselves (categoricals: by their codes, much cheaper than by their text), then the
