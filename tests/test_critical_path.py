@@ -310,12 +310,16 @@ def test_segments_tile_every_step_of_random_traces(tmp_path, seed: int) -> None:
     assert {"gpu_compute", "cpu_op", "launch"} <= set(path["bound"].astype(str))
 
 
+@pytest.mark.parametrize("later_steps", [(1, 2), ()])
 @pytest.mark.parametrize("thread_before", [False, True])
 @pytest.mark.parametrize("dur", [0, None, "missing"])
-def test_a_zero_length_step_at_the_trace_start_has_an_empty_path(tmp_path, dur, thread_before: bool) -> None:
+def test_a_zero_length_step_at_the_trace_start_has_an_empty_path(
+    tmp_path, dur, thread_before: bool, later_steps: tuple[int, ...]
+) -> None:
     """A ProfilerStep#0 of no length where the trace begins (its dur 0, null or missing): no piece of the main
     thread ends by its end. Its chain's head was the thread before's last piece (or none), and ``summarize``
-    exited 70 ("repeats may not contain negative values"). Its path is empty; the later steps still tile theirs."""
+    exited 70 ("repeats may not contain negative values"); where it is the only step, every chain is empty, and
+    every verb exited 70 (an index into no segment). Its path is empty; the later steps still tile theirs."""
     from profparse.outputs.summary import render_summary
 
     b = TraceBuilder()
@@ -327,11 +331,14 @@ def test_a_zero_length_step_at_the_trace_start_has_an_empty_path(tmp_path, dur, 
     elif dur == "missing":
         del step0["dur"]
     t = 10.0
-    for step in (1, 2):
+    for step in later_steps:
         t = training_step(b, step, t)
+    b.op("aten::add", t + 5, 10)  # work after the steps (the only work, with no later step)
+    b.launch(t + 6, t + 8, 4, name="add_kernel")
     parsed = _parse(b, tmp_path)
     path = _path(parsed)
-    assert 0 not in set(path["step"]) and "critical path" in render_summary(parsed)
+    assert 0 not in set(path["step"]) and len(parsed.steps) == 1 + len(later_steps)
+    assert ("critical path" in render_summary(parsed)) == bool(later_steps)  # (no section for no path)
     for step, start, end in parsed.steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
         segments = path[path["step"] == step]
         s, e = segments["start_ns"].to_numpy(), segments["end_ns"].to_numpy()

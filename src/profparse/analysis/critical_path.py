@@ -829,7 +829,8 @@ def _segments(
     np.maximum(seg_start, w0[owner], out=seg_start)
     count = np.bincount(owner[inside], minlength=len(w0))
     last = np.maximum(bounds[:-1] + count - 1, 0)
-    filler = (count > 0) & (seg_start[last] > w0)
+    filler = count > 0  # (a step with no segment reads no start: every chain may be empty)
+    filler[filler] = seg_start[last[filler]] > w0[filler]
     inside &= seg_end > seg_start  # empty segments are dropped
     narrow = np.int32 if len(members) < 2**31 else np.int64  # segment positions
     at = np.flatnonzero(inside).astype(narrow)
