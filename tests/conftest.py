@@ -169,6 +169,7 @@ SLOW_FILES = (
     "test_critical_path.py",
     "test_memory_categories.py",
     "test_integrations_handler.py",
+    "test_random_gpu_traces.py",
 )
 
 
