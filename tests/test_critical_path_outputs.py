@@ -210,6 +210,33 @@ def test_annotate_track_is_the_path(step, tmp_path) -> None:
     assert kernel["event"] == "gemm" and kernel["trace_index"] >= 0
 
 
+def test_annotate_puts_overlapping_steps_on_tracks_of_their_own(tmp_path) -> None:
+    """Steps whose ranges overlap (steps 1 and 2 here; 3 follows both) each tile their window, so their paths
+    overlap: the later overlapping step goes on ``critical path 2`` (Perfetto cannot draw overlapping slices on one
+    track) and step 3 back on the first track, which is free by then."""
+    b = TraceBuilder()
+    for step, start, length in ((1, 0, 100), (2, 60, 100), (3, 200, 50)):
+        b.annotation(f"ProfilerStep#{step}", start, length)
+        b.op("aten::add", start + 5, 20)
+        b.launch(start + 6, start + 30, 10, name=f"add_{step}")
+    parsed = profparse.load(b.write(tmp_path / "overlap.json"), cache=False)
+    out = write_annotated(parsed, tmp_path / "annotated.json")
+    events = list(complete_events(out.path.read_bytes()))
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    slices = [e for e in events if e.get("cat") == PATH_CATEGORY]
+    pid = slices[0]["pid"]
+    track_of = {e["args"]["step"]: names[e["tid"]] for e in slices}
+    assert track_of == {1: CRITICAL_PATH_TRACK, 2: f"{CRITICAL_PATH_TRACK} 2", 3: CRITICAL_PATH_TRACK}
+    assert out.path_segments == len(slices) == len(parsed.table("critical_path"))
+    for tid in {e["tid"] for e in slices}:
+        on = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["tid"] == tid)
+        assert all(end <= start + 1e-6 for (_, end), (start, _) in zip(on[:-1], on[1:], strict=True)), names[tid]
+    for step, window in ((1, 100), (2, 100), (3, 50)):  # each step's slices still tile its window
+        assert sum(e["dur"] for e in slices if e["args"]["step"] == step) == pytest.approx(window)
+    named = [e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] == pid]
+    assert len(named) == len(set(named))  # the extra track takes no other track's tid
+
+
 # -- diff ---------------------------------------------------------------------------------------------------------
 
 

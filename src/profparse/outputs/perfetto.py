@@ -111,11 +111,13 @@ def annotation_events(parsed: ParsedTrace, tracks: StageTracks | None = None) ->
             f'"events":{int(count[i])},"busy_us":{_us(busy[i])}'
         )
         yield _slice(STAGE_CATEGORY, stage_text[stage[i]], pid, track_tid[i], start[i], stop[i], args)
-    yield from critical_path_events(parsed, pid, len(tid_of) + 1)
+    path = parsed.table("critical_path")
+    lane = step_lanes(path)
+    yield from critical_path_events(path, lane, pid, len(tid_of) + 1)
     substeps = load_substep_intervals(parsed)
     if substeps is not None and len(substeps):
         labels = {(int(r.pid), int(r.tid)): r.label for r in tracks.tracks.itertuples(index=False)}
-        next_tid = len(tid_of) + 2
+        next_tid = len(tid_of) + 1 + (int(lane.max()) + 1 if len(lane) else 0)
         for (spid, stid), group in substeps.groupby(["pid", "tid"], sort=True):
             tid = next_tid
             next_tid += 1
@@ -132,13 +134,34 @@ def _thread_metadata(pid: int, tid: int, name: str) -> Iterator[str]:
     yield _json({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
 
 
-def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[str]:
-    """The thread ``critical path``: one slice per segment of the ``critical_path`` table, named by its bound
-    (args: bound, stage, step, the event it lies in and its ``trace_index``). Nothing when no step has a path."""
-    path = parsed.table("critical_path")
+def step_lanes(path: pd.DataFrame) -> np.ndarray:
+    """Per segment of the ``critical_path`` table, its track: 0 for every step but one that overlaps a step
+    before it (a trace whose step ranges overlap), which goes on the first track free by its start: a track's
+    slices never overlap, which Perfetto needs to draw them."""
+    if path.empty:
+        return np.zeros(0, dtype=np.int64)
+    extent = path.groupby("step", sort=False).agg(start=("start_ns", "min"), end=("end_ns", "max"))
+    ends: list[int] = []  # each track's last end
+    lane_of = {}
+    for step, start, end in extent.sort_values(["start", "end"], kind="stable").itertuples():
+        free = next((i for i, last in enumerate(ends) if last <= start), len(ends))
+        if free == len(ends):
+            ends.append(end)
+        else:
+            ends[free] = end
+        lane_of[step] = free
+    return path["step"].map(lane_of).to_numpy(dtype=np.int64)
+
+
+def critical_path_events(path: pd.DataFrame, lane: np.ndarray, pid: int, tid: int) -> Iterator[str]:
+    """The thread ``critical path`` (tid ``tid``): one slice per segment of the ``critical_path`` table, named by
+    its bound (args: bound, stage, step, the event it lies in and its ``trace_index``); a step that overlaps
+    another goes on ``critical path 2`` (tid + 1), and so on (``lane``: :func:`step_lanes`). Nothing when no
+    step has a path."""
     if path.empty:
         return
-    yield from _thread_metadata(pid, tid, CRITICAL_PATH_TRACK)
+    for extra in range(int(lane.max()) + 1):
+        yield from _thread_metadata(pid, tid + extra, CRITICAL_PATH_TRACK + (f" {extra + 1}" if extra else ""))
     bound, bound_text = _labels(path["bound"])
     stage, stage_text = _labels(path["stage"])
     name, name_text = _labels(path["name"])
@@ -147,13 +170,14 @@ def critical_path_events(parsed: ParsedTrace, pid: int, tid: int) -> Iterator[st
     start = path["start_ns"].to_numpy()
     stop = path["end_ns"].to_numpy()
     index = path["trace_index"].to_numpy()
+    track = (lane + tid).tolist()
     for i in range(len(path)):
         event = "null" if index[i] == NULL else str(int(index[i]))
         args = (
             f'"bound":"{bound_text[bound[i]]}","stage":"{stage_text[stage[i]]}","step":{int(step[i])},'
             f'"event":{name_json[name[i]]},"trace_index":{event}'
         )
-        yield _slice(PATH_CATEGORY, bound_text[bound[i]], pid, tid, start[i], stop[i], args)
+        yield _slice(PATH_CATEGORY, bound_text[bound[i]], pid, track[i], start[i], stop[i], args)
 
 
 @dataclass
