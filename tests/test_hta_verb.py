@@ -153,3 +153,25 @@ def test_empty_and_cut_traces_get_a_clear_error(tmp_path):
         cut = tmp_path / f"cut{fraction}.json"
         cut.write_bytes(whole[: int(len(whole) * fraction)])
         assert_clean_failure(run_cli("hta", "-q", str(cut)), 4, contains="cut short (truncated at byte")
+
+
+def test_a_correlation_id_used_by_two_calls_is_one_hta_row(tmp_path, capsys):
+    """Two runtime calls with one correlation id (and its one kernel): HTA's own parse repeats the kernel's row
+    whole, under the same index label, and the verb's lookups by label exited 70. Each row is taken once: the
+    kernel's time counts once, as profparse's table has it."""
+    from tracebuilder import AUTOGRAD, TraceBuilder, training_step
+
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3):
+        t = training_step(b, step, t)
+    b.annotation("ProfilerStep#3", t, 50)
+    runtime, kernel = b.launch(t + 2, t + 5, 7, name="shared_id_kernel")
+    b.span("cudaLaunchKernel", t + 3, 1, "cuda_runtime", AUTOGRAD, correlation=runtime["args"]["correlation"])
+    path = b.write(tmp_path / "shared_id.json")
+    assert load_hta(path).t.get_trace(0).index.duplicated().any()  # what HTA does with it
+    result = hta_by_stage(parsed_once(path), exact=True)
+    ours = parsed_once(path).kernels
+    assert result.kernel_types["time_us"].sum() == pytest.approx(ours["dur_ns"].sum() / 1000)
+    assert main(["hta", str(path), "-q"]) == 0
+    assert "internal error" not in capsys.readouterr().err

@@ -142,6 +142,13 @@ def _rank(ta: Any) -> int:
     return int(ta.t.get_ranks()[0])
 
 
+def _hta_trace(ta: Any) -> pd.DataFrame:
+    """HTA's event frame, each row once: on a trace whose correlation ids repeat, HTA's own parse repeats some
+    rows whole (the same index label), which no lookup by label can take."""
+    trace = ta.t.get_trace(_rank(ta))
+    return trace[~trace.index.duplicated()]
+
+
 def hta_gpu_rows(ta: Any, parsed: ParsedTrace) -> pd.DataFrame:
     """HTA's GPU rows (``stream != -1``, as its kernel breakdown takes them) with names, kernel type and stage.
 
@@ -151,7 +158,7 @@ def hta_gpu_rows(ta: Any, parsed: ParsedTrace) -> pd.DataFrame:
     """
     from hta.utils.utils import get_kernel_type
 
-    df = ta.t.get_trace(_rank(ta))
+    df = _hta_trace(ta)
     sym = ta.t.symbol_table.get_sym_table()
     gpu = df[df["stream"].ne(-1)]
     names = pd.Series(sym, dtype=object)
@@ -260,7 +267,7 @@ def idle_time_by_stage(
     kernels = rows[rows["is_kernel_cat"]]
     if kernels.empty:
         return pd.DataFrame(columns=columns)
-    trace = ta.t.get_trace(_rank(ta))
+    trace = _hta_trace(ta)
     runtime_ts = trace["ts"].reindex(trace.loc[kernels.index, "index_correlation"].to_numpy()).to_numpy()
     k = kernels.assign(ts_runtime=runtime_ts)
     frames = []
