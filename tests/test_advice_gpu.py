@@ -217,3 +217,28 @@ def test_allocator_churn_of_slow_frees(tmp_path) -> None:
 
     found = check_pair(tmp_path, "allocator_churn", {"forward": churning}, {})
     assert found["evidence"]["calls_per_step"] == 4
+
+
+def test_a_capture_of_host_activity_only_still_gets_its_findings(tmp_path) -> None:
+    """``torch.profiler.profile(activities=[ProfilerActivity.CPU])`` on a GPU run: runtime calls (syncs among
+    them) but no GPU activity. The syncs' saving (bounded by the time to the next GPU activity, none here: the
+    step's end) indexed an empty array, and every verb exited 70."""
+    from profparse.cli.main import main
+    from profparse.trace.kinds import GPU_TRACK_KINDS
+
+    def synced(s: Sim) -> None:
+        for _ in range(4):
+            s.op("aten::mm", 20, 300, "ampere_tf32_s1688gemm_fp32_128x128_nn")
+            s.sync("cudaStreamSynchronize", op="aten::item")
+            s.op("aten::mul", 150)
+
+    full, _ = run(tmp_path / "full.json", STEPS, **{**PROGRAM, "forward": synced})
+    doc = json.loads(full.read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in GPU_TRACK_KINDS]
+    host_only = tmp_path / "host_only.json"
+    host_only.write_text(json.dumps(doc))
+    parsed = profparse.load(host_only, cache=False)
+    assert parsed.kernels.empty
+    calls = _findings(host_only, "sync_in_step")
+    assert calls and all(0 < f["saving_ns_per_step"] for f in calls)
+    assert main(["summarize", str(host_only), "--no-cache", "-q"]) == 0

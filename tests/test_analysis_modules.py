@@ -100,6 +100,29 @@ def test_no_module_events_no_table(tmp_path):
     assert p.modules.empty and "host_ns" in p.modules.columns
 
 
+def test_backward_nodes_whose_forward_ops_are_not_in_the_trace(tmp_path):
+    """A window that holds a module and a backward node but no forward op that recorded a sequence number (the
+    forward ran before the window): the node belongs to no module's call, "(none)"; this raised an index error
+    (every verb exited 70). With a forward op of another sequence number, the node still matches none."""
+    from profparse.outputs.summary import render_summary
+
+    for other_seq in (None, 9):
+        b = TraceBuilder()
+        b.annotation("ProfilerStep#1", 0, 100)
+        b.py("nn.Module: Linear_0", 1, 5)
+        if other_seq is None:
+            b.op("aten::add", 2, 2)
+        else:
+            forward_op(b, "aten::mm", 2, 2, seq=other_seq)
+        backward_node(b, "MmBackward0", 10, 20, seq=5)
+        b.launch(12, 15, 5, tid=AUTOGRAD, name="mm_bwd")
+        parsed = profparse.parse(b.write(tmp_path / "t.json"))
+        m = rows(parsed)
+        assert m.loc[("(none)", "backward", False), "backward_nodes"] == 1, other_seq
+        assert m.loc[("Linear_0", "forward", False), "calls"] == 1
+        assert "Linear" in render_summary(parsed)
+
+
 def test_decoder_layers_in_sample_captures(sample_trace):
     p = parsed_once(sample_trace)
     m = p.modules

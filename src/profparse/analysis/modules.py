@@ -258,9 +258,12 @@ def backward_nodes(events, links, inner, call_pos):
     last = np.r_[seq[order][1:] != seq[order][:-1], True] if order.size else np.zeros(0, bool)
     creator = order[last]
     creator_seq = seq[creator]
-    pos = np.searchsorted(creator_seq, seq[node_rows])
-    found = (pos < len(creator_seq)) & (creator_seq[np.minimum(pos, len(creator_seq) - 1)] == seq[node_rows])
-    fwd_op = np.where(found, creator[np.minimum(pos, max(len(creator) - 1, 0))], -1)
+    node_seq = seq[node_rows]
+    pos = np.searchsorted(creator_seq, node_seq)
+    found = pos < len(creator_seq)  # (none, where no forward op recorded a sequence number: the window began later)
+    found[found] = creator_seq[pos[found]] == node_seq[found]
+    fwd_op = np.full(len(node_rows), -1, dtype=np.int64)
+    fwd_op[found] = creator[pos[found]]
     call = np.where(fwd_op >= 0, inner[np.maximum(fwd_op, 0)], -1)
     node_call = np.where(call >= 0, call_pos[np.maximum(call, 0)], -1)
     return node_rows, node_call, node_of
