@@ -1,10 +1,12 @@
 """Random GPU training traces (tests/random_gpu_traces.py) through every verb: no internal error, stage times that
-add up, and the same answer from the cache as from the JSON. The seeds include ones that found faults (a diff of
-two traces without ops in a step, a zero-length only step); a fuzz run of the same generator over thousands of
-seeds is how those were found."""
+add up, and the same answer from the cache as from the JSON; and real GPU runs as a capture of one activity kind
+gives them. The seeds include ones that found faults (a diff of two traces without ops in a step, a zero-length
+only step, overlapping steps); a fuzz run of the same generator, and of real traces with parts taken out, over
+thousands of cases is how those were found."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -79,3 +81,34 @@ def assert_annotated(original: list[dict], annotated: Path) -> None:
     for slices in tracks.values():
         slices.sort()
         assert all(end <= start + 1e-6 for (_, end), (start, _) in zip(slices[:-1], slices[1:], strict=True))
+
+
+@pytest.mark.parametrize("keep", ["host", "gpu"])
+@pytest.mark.parametrize("name", ["a100_ddp_rank0_nccl.json.gz", "mi250_minitoy.json.gz"])
+def test_every_verb_reads_a_gpu_run_captured_with_one_activity_kind(tmp_path, capsys, name: str, keep: str) -> None:
+    """``activities=[ProfilerActivity.CPU]`` on a GPU run (runtime calls and syncs, no GPU activity) and
+    ``activities=[ProfilerActivity.CUDA]`` (GPU activity only), made from real traces: every verb answers (the
+    host-only one made every verb exit 70)."""
+    from conftest import REPO_GPU_TRACES
+
+    from profparse.trace.kinds import GPU_TRACK_KINDS
+
+    source = REPO_GPU_TRACES / name
+    if not source.exists():
+        pytest.skip(f"{source} not present")
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    on_gpu = lambda e: e.get("cat") in GPU_TRACK_KINDS  # noqa: E731
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") == "M" or on_gpu(e) == (keep == "gpu")]
+    path = tmp_path / f"{keep}_only.json"
+    path.write_text(json.dumps(doc))
+    for argv in (
+        ["summarize", str(path)],
+        ["advise", str(path)],
+        ["report", str(path), "-o", str(tmp_path / "report.html")],
+        ["annotate", str(path), "-o", str(tmp_path / "annotated.json")],
+        ["diff", str(source), str(path)],
+    ):
+        code, _, err = run(capsys, *argv)
+        assert code == 0 and "internal error" not in err, (argv, code, err)
+    parsed = profparse.parse(path)
+    assert parsed.kernels.empty == (keep == "host") and parsed.ops.empty == (keep == "gpu")
