@@ -33,7 +33,7 @@ def overlap_saving(ctx: AdviceContext, calls: np.ndarray) -> np.ndarray:
     ts = events["ts_ns"].to_numpy()
     end = ts + events["dur_ns"].to_numpy()
     starts = np.sort(ts[kind_mask(events, GPU_ACTIVITY_KINDS)], kind="stable")  # timsort: nearly sorted
-    starts = np.append(starts, np.iinfo(np.int64).max)  # after the last (or with none: a CPU-only capture): never
+    starts = np.append(starts, np.iinfo(np.int64).max)  # no activity after a call (or none at all: host-only capture)
     next_start = starts[np.searchsorted(starts, end[calls])]
     step_end = ctx.steps.set_index("step")["end_ns"].reindex(ctx.parsed.attribution.step[calls]).to_numpy()
     next_start = np.minimum(next_start, step_end)
