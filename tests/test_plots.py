@@ -463,6 +463,21 @@ def test_step_labels_of_many_steps_do_not_overlap(tmp_path, kind):
     plt.close(fig)
 
 
+def test_a_step_far_from_every_span_does_not_stretch_the_timeline(tmp_path):
+    """A step range with nothing in it, an hour after the trace's spans: its label was drawn an hour of axis away,
+    and saving the figure with a tight box asked for a PNG of billions of pixels (exit 70). Labels are drawn over
+    the part of a step inside the drawn span only."""
+    b = TraceBuilder()
+    t = training_step(b, 1, 0.0)
+    b.annotation("ProfilerStep#2", t + 3.6e9, 1)
+    write_plots(profparse.parse(b.write(tmp_path / "far.json")), tmp_path / "plots", kinds=["timeline"])
+    assert_png(tmp_path / "plots" / "timeline.png")
+    import matplotlib.image as mpimg
+
+    height, width = mpimg.imread(tmp_path / "plots" / "timeline.png").shape[:2]
+    assert width < 3000 and height < 1000
+
+
 def test_timeline_draws_the_stages_over_an_other_span_that_overlaps_them(tmp_path):
     """ProfilerStep#1 began before the Python frame that holds its stages: its "other" span covered step 1 on the
     main thread without holding the stages, and the timeline drew it over them (all of step 1 grey on a capture

@@ -189,14 +189,18 @@ def spaced(centers: Sequence[float], texts: Sequence[str], axis_units: float, fo
 def mark_steps(
     ax: Any, steps: pd.DataFrame, scale: float, span: float, y: float, fontsize: float = 8, **line: Any
 ) -> None:
-    """A dashed line at each step's start and ``step N`` over its middle at height ``y`` (axes fraction), leaving
-    out the labels that would run into the one before (hundreds of steps in a few inches)."""
+    """A dashed line at each step's start and ``step N`` over the middle of its part in ``[0, span]`` at height
+    ``y`` (axes fraction), leaving out the labels that would run into the one before (hundreds of steps in a few
+    inches) and those of steps outside the span (a label far off the axes would stretch the saved figure)."""
     from matplotlib.transforms import blended_transform_factory
 
     along = blended_transform_factory(ax.transData, ax.transAxes)
     width_in = ax.get_position().width * ax.figure.get_figwidth()
-    texts = [f"step {s}" for s in steps["step"]]
-    middles = ((steps["start_ns"] + steps["end_ns"]) / 2 / scale).to_numpy(float)
+    lo = np.maximum(steps["start_ns"].to_numpy(float), 0)
+    hi = np.minimum(steps["end_ns"].to_numpy(float), span)
+    shown = lo <= hi
+    texts = [f"step {s}" for s in steps["step"].to_numpy()[shown]]
+    middles = (lo + hi)[shown] / 2 / scale
     for start in steps["start_ns"].to_numpy(float):
         ax.axvline(start / scale, color="#333333", linestyle="--", linewidth=0.7, **line)
     for i in spaced(middles, texts, span / scale / max(width_in, 1e-9), fontsize):
