@@ -112,3 +112,6 @@ def test_every_verb_reads_a_gpu_run_captured_with_one_activity_kind(tmp_path, ca
         assert code == 0 and "internal error" not in err, (argv, code, err)
     parsed = profparse.parse(path)
     assert parsed.kernels.empty == (keep == "host") and parsed.ops.empty == (keep == "gpu")
+    said = set(parsed.warnings["check"])  # and says which side the capture left out
+    assert ("no_gpu_activity" in said, "no_host_events" in said) == (keep == "host", keep == "gpu")
+    assert not {"no_gpu_activity", "no_host_events"} & set(profparse.parse(source).warnings["check"])
