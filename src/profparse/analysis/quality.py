@@ -392,7 +392,7 @@ def _capture_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, A
     elif not host.any():
         return [_row("no_host_events", "warning", int(activity.sum()), 0,
                      "GPU activity but no host event: the capture left the host out (add ProfilerActivity.CPU to "
-                     "torch.profiler's activities); stages come from kernel names only")]  # fmt: skip
+                     "torch.profiler's activities); stages only inferred from the GPU activity")]  # fmt: skip
     return []
 
 
