@@ -1,8 +1,8 @@
 """Random GPU training traces (tests/random_gpu_traces.py) through every verb: no internal error, stage times that
 add up, and the same answer from the cache as from the JSON; and real GPU runs as a capture of one activity kind
 gives them. The seeds include ones that found faults (a diff of two traces without ops in a step, a zero-length
-only step, overlapping steps); a fuzz run of the same generator, and of real traces with parts taken out, over
-thousands of cases is how those were found."""
+only step, overlapping steps); fuzz runs of the same generator and of real traces with parts taken out
+(``scripts/fuzz_verbs.py``) found those."""
 
 from __future__ import annotations
 
