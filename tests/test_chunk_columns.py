@@ -334,3 +334,23 @@ def test_sparse_args_columns_are_written_as_nullable_integers(tmp_path):
     events = read_parquet(write_parquet(parsed, tmp_path / "out"))["events"]
     assert events["device"].dtype == "Int64"
     assert events["device"].isna().tolist() == [i != 5 for i in range(20)] and events["device"].iloc[5] == 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_metadata_events_in_a_later_chunk_are_kept_whatever_its_order_of_phases(tmp_path, workers):
+    """A chunk whose phases first appear in another order than the trace's (here "M" first, where the trace saw "X"
+    and "i" before it): its metadata events, which have no ts, were told apart by their chunk-local phase code
+    after the codes had become the trace's, so they were dropped as "event without ts" (thread and process names
+    lost). Every one is kept now, named as it was."""
+    x = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 7, "dur": 2}
+    events = [{**x, "ts": 10 * i} for i in range(200)]
+    events.append({"ph": "i", "cat": "cpu_instant_event", "name": "mark", "pid": 1, "tid": 7, "ts": 5, "s": "t"})
+    later = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": t, "args": {"name": f"thread {t}"}} for t in range(40)]
+    later += [{"ph": "i", "cat": "cpu_instant_event", "name": "mark", "pid": 1, "tid": 7, "ts": 6, "s": "t"}]
+    later += [{**x, "ts": 3000 + 10 * i} for i in range(200)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events + later}))
+    raw = read_trace(path, chunk_bytes=2000, workers=workers)
+    assert raw.report.dropped == {}
+    assert int((raw.events["ph"].astype(str) == "M").sum()) == 40
+    assert raw.thread_names[(1, 39)] == "thread 39" and len(raw.thread_names) == 40

@@ -145,7 +145,8 @@ class EventTableBuilder:
         events took ~5x the memory estimate. Once a row has been dropped, each row stores its
         position in the array (``trace_index``), which is otherwise the row number.
         """
-        metadata = ph.index("M") if "M" in ph else -1  # chunk-local code, as build's kind "metadata"
+        # "M" (build's kind "metadata") by its code in the whole trace: the chunk's ph codes are already remapped
+        metadata = self.phs.codes.get("M", -1) if "M" in ph else -1
         missing = cols["ts_missing"] & (cols["ph_code"] != metadata)
         invalid = missing | cols["absurd_time"]
         positions = None
