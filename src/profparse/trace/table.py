@@ -133,11 +133,11 @@ class EventTableBuilder:
                 self.process_names[pid] = label
             elif event_name == "thread_name":
                 self.thread_names[(pid, tid)] = label
-        n = self._drop_invalid(cols, chunk.rows, chunk.ph)
+        n = self._drop_invalid(cols, chunk.rows)
         self.position += chunk.rows
         self._store(cols, n)
 
-    def _drop_invalid(self, cols: dict[str, np.ndarray | None], n: int, ph: list[str]) -> int:
+    def _drop_invalid(self, cols: dict[str, np.ndarray | None], n: int) -> int:
         """Take the rows :meth:`build` would drop (no ts and not metadata, absurd times) out of a chunk's
         columns before they are stored, counting them; the rows left.
 
@@ -146,7 +146,7 @@ class EventTableBuilder:
         position in the array (``trace_index``), which is otherwise the row number.
         """
         # "M" (build's kind "metadata") by its code in the whole trace: the chunk's ph codes are already remapped
-        metadata = self.phs.codes.get("M", -1) if "M" in ph else -1
+        metadata = self.phs.codes.get("M", -1)
         missing = cols["ts_missing"] & (cols["ph_code"] != metadata)
         invalid = missing | cols["absurd_time"]
         positions = None
