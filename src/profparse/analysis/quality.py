@@ -24,8 +24,8 @@ from profparse.stages.collective_match import COLLECTIVE_RULE_NAMES
 from profparse.stages.collective_order import ORDER_RULE_NAMES
 from profparse.stages.gpu_inference import INFERENCE_RULES
 from profparse.stages.rules import GPU_UNLINKED
-from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL, RUNTIME_KINDS
-from profparse.trace.link import kind_mask, name_mask
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
+from profparse.trace.link import kind_mask
 from profparse.trace.source import open_trace
 
 if TYPE_CHECKING:
@@ -374,22 +374,25 @@ def _stage_rows(parsed: ParsedTrace, activity: np.ndarray, gpu_total: int) -> li
     return rows
 
 
-#: runtime calls that put work on the device: a trace with some of them and no GPU activity left the device out
-DEVICE_WORK_CALL = r"(?i)launch|memcpy|memset"
+#: classes of runtime calls (``runtime_calls.call_class``) that put work on the device: a trace with some of them
+#: and no GPU activity left the device out
+DEVICE_WORK_CLASSES = ("launch", "memcpy", "memset")
 
 
 def _capture_rows(parsed: ParsedTrace, activity: np.ndarray) -> list[dict[str, Any]]:
     """A capture that left one side out (torch.profiler's ``activities``): launches and copies but no GPU activity,
     or GPU activity but no host event at all."""
-    events, host = parsed.raw.events, parsed.links.host
     if not activity.any():
-        launches = int((kind_mask(events, RUNTIME_KINDS) & host & name_mask(events, DEVICE_WORK_CALL)).sum())
+        calls = parsed.table("runtime_calls")
+        launches = int(
+            calls.loc[(calls["scope"] == "total") & calls["call_class"].isin(DEVICE_WORK_CLASSES), "count"].sum()
+        )
         if launches:
             return [_row("no_gpu_activity", "warning", launches, 0,
                          f"{count_text(launches, 'kernel launch or copy call')} but no GPU activity: the capture left "
                          "the device out (add ProfilerActivity.CUDA to torch.profiler's activities); GPU time, GPU "
                          "idle, MFU and the GPU on the critical path are not measured")]  # fmt: skip
-    elif not host.any():
+    elif not parsed.links.host.any():
         return [_row("no_host_events", "warning", int(activity.sum()), 0,
                      "GPU activity but no host event: the capture left the host out (add ProfilerActivity.CPU to "
                      "torch.profiler's activities); stages only inferred from the GPU activity")]  # fmt: skip
