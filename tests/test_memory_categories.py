@@ -97,6 +97,27 @@ def test_hand_built_categories_and_rules(tmp_path: Path) -> None:
     assert row.loc[8, "free_ts_ns"] - row.loc[8, "ts_ns"] == 7000
 
 
+def test_the_table_from_the_cache_equals_the_fresh_one(tmp_path: Path, monkeypatch) -> None:
+    """Where no allocation lies inside an op, every ``op_name`` is missing: the stored table read back gave None
+    where the fresh one held NaN (an object column on pandas 3). The text columns are categoricals, as the table's
+    other text columns, so missing is missing both ways, with or without an op around."""
+    monkeypatch.setenv("PROFPARSE_CACHE_DIR", str(tmp_path / "cache"))
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 100)
+    _alloc(b, 1, 1000, 1, 1000)  # outside every op
+    _alloc(b, 2, 64, 2, 1064)
+    _alloc(b, 95, -64, 2, 1000)
+    path = b.write(tmp_path / "no_ops.json")
+    fresh = profparse.load(path, cache=True).memory_categories
+    stored = profparse.load(path, cache=True).memory_categories
+    assert len(fresh) == 2 and fresh["op_name"].isna().all()
+    pd.testing.assert_frame_equal(stored, fresh)
+    with_op = _hand_built(tmp_path).memory_categories
+    for table in (fresh, with_op):
+        assert all(isinstance(table[c].dtype, pd.CategoricalDtype) for c in ("device", "alloc_stage", "op_name"))
+    assert set(with_op["op_name"].cat.categories) == set(with_op["op_name"].dropna())  # only the names used
+
+
 def test_a_temporary_is_freed_inside_the_outermost_op(tmp_path: Path) -> None:
     """torch's rule: a tensor made and freed inside one outermost op with a schema is a temporary, even when the
     inner op that made it ended before the free (log_softmax's output inside cross_entropy_loss). A user range

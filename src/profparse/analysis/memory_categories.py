@@ -283,15 +283,16 @@ def memory_categories(
             "trace_index": column["trace_index"][alloc],
             "ts_ns": column["ts_ns"][alloc],
             "free_ts_ns": np.where(has_free, column["ts_ns"][free_at], NULL),
-            "device": memory["device"].iloc[alloc].to_numpy(),
+            "device": memory["device"].array.take(alloc),
             "bytes": column["bytes"][alloc],
             "category": pd.Categorical.from_codes(category_of_rule[decided], categories=list(CATEGORIES)),
             "rule": pd.Categorical.from_codes(decided, categories=rule_names),
-            "alloc_stage": memory["stage"].iloc[alloc].to_numpy(),
+            "alloc_stage": memory["stage"].array.take(alloc),
             "alloc_step": column["step"][alloc],
             "free_stage": stage_categorical(free_stage),
             "free_step": np.where(has_free, column["step"][free_at], NULL),
-            "op_name": memory["op_name"].iloc[alloc].to_numpy(),
+            # categoricals as the table's other text columns (the op names' over every event name: only those used)
+            "op_name": memory["op_name"].array.take(alloc).remove_unused_categories(),
         }
     )
 
