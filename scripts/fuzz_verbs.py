@@ -5,6 +5,8 @@ GPU traces and partial captures" were found. Three sources, each seeded (the sam
     python scripts/fuzz_verbs.py cut --first 0 --count 200       # the same traces cut at a random byte, some gzipped
     python scripts/fuzz_verbs.py parts                           # sample (and ../shared) GPU traces with parts taken
                                                                  # out: a category, a thread, a time window, ...
+    python scripts/fuzz_verbs.py options --first 0 --count 200   # random traces and the sample traces, every verb
+                                                                 # with random options (formats, metrics, --top, ...)
 
 Every verb runs in this process (``profparse.cli.main.main``) with a fresh cache folder; ``random`` also checks that
 ``summarize --format json`` from the cache equals the answer from the JSON. Prints one line per failure and
@@ -34,6 +36,9 @@ from profparse.cli.main import main  # noqa: E402
 GPU_TRACES = [*sorted((REPO / "sample_traces").rglob("*.json.gz"))]
 SHARED = REPO.parent / "shared" / "traces"
 OK = {0, 3, 4, 5, 7}  # answered, or refused with a clear message (docs/exit-codes.md)
+USAGE = 2  # a refused option value (out of range): allowed where ``random_options`` chose one
+PEAKS = ["312", "0.001", "1e6", "0", "-5", "nan", "inf", "1e400", "x"]
+TOPS = ["0", "1", "3", "50", "1000000", "-1", "x"]
 
 
 def run(argv: list[str]) -> tuple[object, str]:
@@ -58,6 +63,59 @@ def verbs(path: Path, folder: Path, other: Path | None) -> Iterator[list[str]]:
     yield ["plot", str(path), "--force", "--format", "png", "--dpi", "40", "-o", str(folder / "plots")]
     if other is not None:
         yield ["diff", str(other), str(path), "--per-step"]
+
+
+def random_options(path: Path, folder: Path, other: Path | None, rng: random.Random) -> Iterator[list[str]]:
+    """Every verb on ``path`` with options drawn by ``rng``: formats, metrics, ``--top``, ``--peak-tflops`` (odd
+    values too), plot kinds and resolutions, the input flags."""
+
+    def pick(*choices: str) -> str:
+        return rng.choice(choices)
+
+    def flags() -> list[str]:
+        return [f for f in ("--no-marks", "--strict", "--no-cache", "-q") if rng.random() < 0.3]
+
+    def peak() -> list[str]:
+        return ["--peak-tflops", rng.choice(PEAKS)] if rng.random() < 0.5 else []
+
+    metric = ["host_wall", "host_ops", "gpu_time", "gpu_busy", "gpu_idle"]
+    kinds = ["stages", "timeline", "critical_path", "top_kernels", "top_ops", "top_runtime", "communication"]
+    kinds += ["roofline", "memory", "layers", "load"]
+    yield [
+        "summarize", str(path), *flags(), *peak(), "--format", pick("text", "json", "csv", "markdown"),
+        *(["--top", rng.choice(TOPS)] if rng.random() < 0.5 else []), "--metric", rng.choice(metric),
+    ]  # fmt: skip
+    yield ["advise", str(path), *flags(), *peak(), "--format", pick("text", "json")]
+    yield ["report", str(path), *flags(), *peak(), "--metric", rng.choice(metric), "--force", "-o",
+           str(folder / "report.html")]  # fmt: skip
+    yield ["annotate", str(path), *flags(), "--force", "-o", str(folder / pick("a.json", "a.json.gz"))]
+    yield ["parse", str(path), *flags(), *peak(), "--force", "-o", str(folder / "tables")]
+    chosen = [arg for kind in rng.sample(kinds, rng.randint(1, 3)) for arg in ("--kind", kind)]
+    yield ["plot", str(path), *flags(), *peak(), *chosen, "--format", pick("png", "svg"), "--dpi",
+           pick("20", "40", "19", "1001"), "--force", "-o", str(folder / "plots")]  # fmt: skip
+    if other is not None:
+        yield [
+            "diff", str(other), str(path), *flags(), "--format", pick("text", "json", "markdown"),
+            *(["--top", rng.choice(TOPS)] if rng.random() < 0.5 else []),
+            *(["--per-step"] if rng.random() < 0.5 else []),
+        ]  # fmt: skip
+
+
+def check_options(name: str, path: Path, folder: Path, other: Path | None, rng: random.Random) -> list[str]:
+    """Every verb on ``path`` with random options: one line per verb that failed. An out-of-range value may be
+    refused (exit 2); a JSON answer must parse."""
+    failures = []
+    for argv in random_options(path, folder, other, rng):
+        code, out = run(argv)
+        odd = any(value in argv for value in ("-5", "nan", "inf", "1e400", "x", "-1", "19", "1001", "0"))
+        if code not in OK and not (code == USAGE and odd):
+            failures.append(f"{name}: {' '.join([argv[0], *argv[2:]])}: {code}")
+        elif code == 0 and "--format" in argv and argv[argv.index("--format") + 1] == "json":
+            try:
+                json.loads(out)
+            except ValueError as exc:
+                failures.append(f"{name}: {' '.join([argv[0], *argv[2:]])}: not JSON ({exc})")
+    return failures
 
 
 def check(name: str, path: Path, folder: Path, other: Path | None = None, cache_check: bool = False) -> list[str]:
@@ -125,9 +183,18 @@ def parts_cases(folder: Path, seed: int) -> Iterator[tuple[str, Path, Path | Non
             yield f"{source.name} {what}", path, source
 
 
+def options_cases(first: int, count: int, folder: Path) -> Iterator[tuple[str, Path, Path | None]]:
+    """The random traces of ``random``, then each sample trace (against the one before)."""
+    yield from random_cases(first, count, folder, cut=False)
+    previous = None
+    for source in GPU_TRACES:
+        yield source.name, source, previous
+        previous = source
+
+
 def main_() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("source", choices=["random", "cut", "parts"])
+    ap.add_argument("source", choices=["random", "cut", "parts", "options"])
     ap.add_argument("--first", type=int, default=0, help="first seed")
     ap.add_argument("--count", type=int, default=100, help="how many seeds (random, cut)")
     args = ap.parse_args()
@@ -138,11 +205,17 @@ def main_() -> int:
         os.environ["PROFPARSE_CACHE_DIR"] = str(folder / "cache")
         if args.source == "parts":
             found = parts_cases(folder, args.first)
+        elif args.source == "options":
+            found = options_cases(args.first, args.count, folder)
         else:
             found = random_cases(args.first, args.count, folder, cut=args.source == "cut")
         for name, path, other in found:
             cases += 1
-            for line in check(name, path, folder, other, cache_check=args.source == "random"):
+            if args.source == "options":
+                lines = check_options(name, path, folder, other, random.Random(f"{name} {args.first}"))
+            else:
+                lines = check(name, path, folder, other, cache_check=args.source == "random")
+            for line in lines:
                 print(line, flush=True)
                 failures.append(line)
     print(f"{cases} cases, {len(failures)} failures")
