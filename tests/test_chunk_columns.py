@@ -180,6 +180,17 @@ def test_timestamps_exact_with_and_without_ints(tmp_path, mixed):
     assert table["dur_ns"].tolist() == [1500 if i % 2 else 2000 for i in range(40)]
 
 
+def test_timestamps_exact_where_no_float_shows_a_fraction(tmp_path):
+    """Epoch microseconds round to quarters in float64: where every fraction of a chunk rounds away (.900-.939),
+    the floats look whole, yet the text has nanoseconds (they were lost: up to 125 ns per ts)."""
+    written = [f"{1700000000000000 + 5 * i}.{900 + i:03d}" for i in range(40)]
+    body = ",".join(f'{{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":{t},"dur":1}}' for t in written)
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents":[' + body + "]}")
+    table = read_trace(path, workers=1).events
+    assert table["ts_ns"].tolist() == [int(Decimal(t) * 1000) for t in written]
+
+
 def test_missing_cat_is_the_empty_category(tmp_path):
     cats = [None, "cpu_op", "", None, "kernel"]
     for chunk in (cats, cats[1:3]):

@@ -16,6 +16,8 @@ from profparse.trace.schema import Event, FastChunk, FastEvent
 _EXACT_TS_LIMIT_US = float(2**42)  # beyond this a float64 of microseconds cannot hold whole nanoseconds
 _MAX_ABS_TS_US = 9.2e15  # int64 nanoseconds end near 9.22e18
 _MAX_DUR_US = 1e12  # 11.6 days
+_NOT_WHOLE = np.zeros(256, dtype=bool)  # bytes of a JSON number's text that a whole number has not
+_NOT_WHOLE[list(b".eE")] = True
 
 
 class _TsText(msgspec.Struct):
@@ -180,6 +182,20 @@ def _decimal_ns(text: str) -> int:
     return int(value) if value.is_finite() and abs(value) <= _INT64_MAX else 0
 
 
+def _fraction_lost(events: list[Event] | list[FastEvent], ts: np.ndarray) -> bool:
+    """Whether the chunk's float64 microseconds may have lost nanoseconds of its ``ts`` text: a value at or beyond
+    :data:`_EXACT_TS_LIMIT_US` and one with a fraction. The text tells where the chunk has it (every value a
+    number, the way Kineto writes them): from 2**50 us (epoch microseconds) a float64 rounds to 0.25 us, so
+    ``1700000000000085.896`` reads as a whole number and a test of the floats' fractions missed a chunk whose every
+    fraction rounded away. Otherwise the floats' fractions decide."""
+    big = np.abs(ts).max(initial=0.0)
+    if big < _EXACT_TS_LIMIT_US:
+        return False
+    if isinstance(events, FastChunk):
+        return bool(_NOT_WHOLE[np.frombuffer(events.ts_data, dtype=np.uint8)].any())
+    return bool((ts % 1).any())
+
+
 def time_columns(
     events: list[Event] | list[FastEvent],
     ts_values: tuple[Any, ...],
@@ -202,7 +218,7 @@ def time_columns(
     absurd |= ~np.isfinite(dur) | (np.abs(dur) > _MAX_DUR_US)
     ts[missing_ts | absurd] = 0.0
     dur[absurd] = 0.0
-    if raw_chunk is not None and np.abs(ts).max(initial=0.0) >= _EXACT_TS_LIMIT_US and (ts % 1).any():
+    if raw_chunk is not None and _fraction_lost(events, ts):
         if not isinstance(events, FastChunk):  # floats were parsed: read the timestamps' text again
             ts_values = [t.ts for t in _TS_TEXT.decode(raw_chunk)]
             text = None
