@@ -63,7 +63,7 @@ def _stream_overlaps(events: pd.DataFrame, activity: np.ndarray) -> tuple[int, i
     ts = events["ts_ns"].to_numpy()[rows]
     end = ts + events["dur_ns"].to_numpy()[rows]
     key = events["pid"].to_numpy()[rows] * 1_000_003 + events["tid"].to_numpy()[rows]
-    order = np.lexsort((ts, key))
+    order = np.lexsort((end, ts, key))  # at one start, the shorter first: the same answer in any file order
     key, ts, end = key[order], ts[order], end[order]
     same = key[1:] == key[:-1]
     reach = end[:-1]
@@ -207,7 +207,9 @@ def _in_step_calls(parsed: ParsedTrace, call_class: str) -> tuple[int, int, floa
         return 0, 0, 0.0, ""
     steps = parsed.steps
     wall = int((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else 0
-    by_name = calls.groupby("name", observed=True)["count"].sum().sort_values(ascending=False, kind="stable")
+    by_name = calls.groupby("name", observed=True)["count"].sum()
+    by_name = by_name.iloc[np.argsort(by_name.index.astype(object).to_numpy(dtype=object), kind="stable")]
+    by_name = by_name.sort_values(ascending=False, kind="stable")  # equal counts by name, in any file order
     names = ", ".join(f"{name} x{int(n)}" for name, n in by_name.head(3).items())
     total = int(calls["total_ns"].sum())
     return int(calls["count"].sum()), total, (total / wall if wall else 0.0), names

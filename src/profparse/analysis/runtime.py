@@ -99,5 +99,9 @@ def runtime_calls(
         result["name"] = pd.Categorical([], dtype=events["name"].dtype)
         result["call_class"] = pd.Categorical([], categories=list(CLASSES))
     scope_order = scope_rank(result["scope"])
-    order = np.lexsort((-result["total_ns"].to_numpy(), result["stage"].cat.codes, result["step"], scope_order))
+    # equal times by name: the same order whatever order the file wrote the calls in
+    by_name = np.unique(result["name"].astype(object).to_numpy(dtype=object), return_inverse=True)[1].ravel()
+    order = np.lexsort(
+        (by_name, -result["total_ns"].to_numpy(), result["stage"].cat.codes, result["step"], scope_order)
+    )
     return result.iloc[order].reset_index(drop=True)[list(COLUMNS)]

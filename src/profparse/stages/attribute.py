@@ -51,12 +51,15 @@ class Attribution:
 
 def _main_thread(events: pd.DataFrame, links: Links, step_rows: np.ndarray, optimizer: np.ndarray) -> int:
     """The thread that drives training: holder of ProfilerStep, else of Optimizer.step (``optimizer``: the host
-    rows named so), else the busiest."""
-    if len(step_rows):
-        return int(links.thread[step_rows[0]])
-    opt_rows = np.flatnonzero(optimizer)
-    if len(opt_rows):
-        return int(links.thread[opt_rows[0]])
+    rows named so), else the busiest. Where several threads hold them, the one with the most, then the earliest:
+    not the first in the file, which a trace need not write in time order."""
+    ts = events["ts_ns"].to_numpy()
+    for rows in (step_rows, np.flatnonzero(optimizer)):
+        if len(rows):
+            thread = links.thread[rows].astype(np.int64)
+            count = np.bincount(thread)[thread]
+            best = np.lexsort((thread, ts[rows], -count))[0]  # most ranges, then earliest, then lowest thread
+            return int(thread[best])
     ops = kind_mask(events, {"cpu_op"}) & links.host
     if not ops.any():
         return -1
@@ -227,8 +230,10 @@ def _step_windows(
     end = ts + events["dur_ns"].to_numpy()
     if len(step_rows):
         step_rows = step_rows[links.thread[step_rows] == main]
-        step_rows = step_rows[np.argsort(ts[step_rows], kind="stable")]
         step_names = [str(n) for n in events["name"].iloc[step_rows].to_numpy()]
+        # by start, then end, then name: ranges that start together are kept and numbered alike in any file order
+        order = sorted(range(len(step_rows)), key=lambda i: (ts[step_rows[i]], end[step_rows[i]], step_names[i]))
+        step_rows, step_names = step_rows[order], [step_names[i] for i in order]
         kept, numbers, step_notes = _unique_steps(step_names, ts[step_rows], end[step_rows])
         if notes is not None:
             notes.extend(step_notes)

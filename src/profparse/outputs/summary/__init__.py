@@ -76,12 +76,10 @@ def _top(frame: pd.DataFrame, value: str, n: int, kernel: bool) -> dict[str, lis
     out: dict[str, list[dict[str, Any]]] = {}
     if frame.empty:
         return {s: [] for s in STAGES}
-    grouped = (
-        frame.groupby(["stage", "name"], observed=True)[value]
-        .agg(["sum", "count"])
-        .reset_index()
-        .sort_values(["stage", "sum"], ascending=[True, False], kind="stable")
-    )
+    grouped = frame.groupby(["stage", "name"], observed=True)[value].agg(["sum", "count"]).reset_index()
+    # equal sums by name (stable sorts after one by name): the same order whatever order the file wrote them in
+    grouped = grouped.iloc[np.argsort(grouped["name"].astype(object).to_numpy(dtype=object), kind="stable")]
+    grouped = grouped.sort_values(["stage", "sum"], ascending=[True, False], kind="stable")
     # each stage's rows split once (a filter per stage was a pass over the rows each)
     first = grouped.groupby("stage", observed=True, sort=False).head(n)
     parts = dict(list(first.groupby("stage", observed=True, sort=False)))
