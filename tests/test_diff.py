@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,8 @@ def test_longer_forward_kernels_show_as_positive_forward_gpu_change(tmp_path):
     rows = {(r["stage"], r["level"]): r for r in data["stages"]}
     fwd = rows[("forward", "GPU time")]
     assert fwd["a"] == 30_000 and fwd["b"] == 90_000  # 3 steps x 10 us -> 3 x 30 us, in ns
-    assert fwd["delta"] == 60_000 and fwd["pct"] == pytest.approx(2.0)
+    assert fwd["delta"] == 60_000 and fwd["pct"] == pytest.approx(200.0)  # percent, as every _pct value
+    assert re.search(r"forward\s+GPU time\s+0\.03\s+0\.09\s+\+0\.06\s+\+200\.0%", render(data))
     assert rows[("backward", "GPU time")]["delta"] == 0
     assert rows[("all", "GPU time")]["delta"] == 60_000
     top = data["kernels"][0]
@@ -164,7 +166,7 @@ def test_two_different_traces_known_op_changes(tmp_path, capsys):
         320_000,
         120_000,
     )
-    assert moved["aten::mm"]["pct"] == pytest.approx(0.6)
+    assert moved["aten::mm"]["pct"] == pytest.approx(60.0)
     assert (moved["aten::gone"]["b_count"], moved["aten::gone"]["delta_ns"]) == (0, -100_000)
     assert (moved["aten::new"]["a_count"], moved["aten::new"]["delta_ns"], moved["aten::new"]["pct"]) == (
         0,

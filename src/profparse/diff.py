@@ -82,12 +82,18 @@ def _stage_values(parsed: ParsedTrace, per_step: bool) -> tuple[dict[str, dict[s
 
 
 def _change(a: float, b: float) -> dict[str, Any]:
+    """A's and B's value, the change and the change in percent of A (``pct``, as every ``_pct`` value of
+    profparse: 100 x delta / a; None where A is 0)."""
     delta = b - a
-    return {"a": a, "b": b, "delta": delta, "pct": (delta / a) if a else None}
+    return {"a": a, "b": b, "delta": delta, "pct": _percent(delta, a)}
+
+
+def _percent(delta: float, a: float) -> float | None:
+    return 100 * delta / a if a else None
 
 
 def _change_in(a: int, b: int, unit: str) -> dict[str, Any]:
-    """A's and B's value, the change and its share of A (None where A is 0), keyed ``a_<unit>`` and so on."""
+    """A's and B's value, the change and its percent of A (None where A is 0), keyed ``a_<unit>`` and so on."""
     change = _change(a, b)
     return {f"a_{unit}": a, f"b_{unit}": b, f"delta_{unit}": change["delta"], "pct": change["pct"]}
 
@@ -139,7 +145,7 @@ def moved_totals(a: pd.DataFrame, b: pd.DataFrame, top: int) -> list[dict]:
                 "a_ns": r.total_a,
                 "b_ns": r.total_b,
                 "delta_ns": r.delta,
-                "pct": (r.delta / r.total_a) if r.total_a else None,
+                "pct": _percent(r.delta, r.total_a),
                 "a_count": r.count_a,
                 "b_count": r.count_b,
             }
@@ -353,7 +359,7 @@ def _delta(column: str, v: float) -> str:
 
 
 def _pct(p: float | None) -> str:
-    return "new" if p is None else f"{p:+.1%}"
+    return "new" if p is None else f"{p / 100:+.1%}"
 
 
 def _table(headers: list[str], rows: list[list[str]], left: int = 2) -> str:
