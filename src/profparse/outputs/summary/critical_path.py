@@ -67,23 +67,27 @@ def _longest(path: pd.DataFrame, ns: np.ndarray, top: int) -> list[dict[str, Any
         return []
     on_path_index = index[on_path]
     totals = np.bincount(on_path_index, weights=ns[on_path])
+    first = np.full(len(totals), np.iinfo(np.int64).max)  # each event's first time on the path
+    np.minimum.at(first, on_path_index, path["start_ns"].to_numpy()[on_path])
     present = np.zeros(len(totals), dtype=bool)
     present[on_path_index] = True
     del on_path_index
     keys = np.flatnonzero(present)
-    totals = totals[keys]
-    chosen_keys = keys[np.lexsort((keys, -totals))[:top]]  # ties: the earlier event
-    del on_path, totals, present, keys
+    totals, first = totals[keys], first[keys]
+    # ties: the earlier event in time, then in the file (a trace need not write events in time order)
+    chosen_keys = keys[np.lexsort((keys, first, -totals))[:top]]
+    del on_path, totals, first, present, keys
     picked = np.flatnonzero(np.isin(index, chosen_keys))
-    events = path.iloc[picked][["trace_index", "name", "step", "stage", "bound"]].assign(ns=ns[picked])
+    events = path.iloc[picked][["trace_index", "name", "step", "stage", "bound", "start_ns"]].assign(ns=ns[picked])
     grouped = events.groupby("trace_index", sort=False).agg(
         ns=("ns", "sum"),
+        first=("start_ns", "min"),
         name=("name", "first"),
         step=("step", "first"),
         stage=("stage", "first"),
         bound=("bound", "first"),
     )
-    order = np.lexsort((grouped.index.to_numpy(), -grouped["ns"].to_numpy()))[:top]  # ties: the earlier event
+    order = np.lexsort((grouped.index.to_numpy(), grouped["first"].to_numpy(), -grouped["ns"].to_numpy()))[:top]
     chosen = grouped.iloc[order]
     return [
         {
