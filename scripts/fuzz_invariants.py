@@ -1,0 +1,196 @@
+"""Check that profparse's answers keep what must not change when a trace changes in ways that change no time: how
+the faults in CHANGELOG's "Results that do not move with the trace's clock, its event order or the cache" were found.
+
+    python scripts/fuzz_invariants.py clock --first 0 --count 100     # every ts moved to epoch microseconds
+    python scripts/fuzz_invariants.py shuffle --first 0 --count 100   # the events in another order in the file
+    python scripts/fuzz_invariants.py threads --first 0 --count 100   # every thread id renumbered
+    python scripts/fuzz_invariants.py tables --first 0 --count 40     # tables in shuffled orders, from the cache
+    python scripts/fuzz_invariants.py diff --first 0 --count 40       # diff(A, B) = -diff(B, A), diff(A, A) = 0
+
+Sources: the seeded random traces of ``tests/random_gpu_traces.py`` and the repo's sample traces. ``clock``, ``shuffle``
+and ``threads`` compare ``summarize`` and ``advise --format json`` of the two traces (``clock``: times that moved by
+exactly the shift are equal; ``shuffle``: ``trace_index``, the place in the file, is left out). Known and left: where
+two host events have the same start and end on one thread, which one nests in the other follows the file (seed 89
+of ``shuffle``). Prints one line per case that differs and ``N cases, M failures``; exit 1 if any. Slow by design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from random_gpu_traces import random_gpu_trace  # noqa: E402
+
+import profparse  # noqa: E402
+from profparse.cli.main import main  # noqa: E402
+from profparse.tables.registry import public_tables  # noqa: E402
+
+SAMPLES = sorted((REPO / "sample_traces").rglob("*.json.gz"))
+SHIFT_US = 1_700_000_000_000_000  # to epoch microseconds (2023), where float64 rounds to a quarter of a microsecond
+
+
+def run(argv: list[str]) -> tuple[Any, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def differences(x: Any, y: Any, same: Any, path: str = "") -> list[tuple]:
+    """Where two JSON answers differ, unless ``same(key, x, y)`` says the values are equivalent."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        if x.keys() != y.keys():
+            return [(path, "keys", sorted(set(x) ^ set(y)))]
+        return [d for k in x for d in differences(x[k], y[k], same, f"{path}.{k}")]
+    if isinstance(x, list) and isinstance(y, list):
+        if len(x) != len(y):
+            return [(path, "length", len(x), len(y))]
+        return [d for i, (p, q) in enumerate(zip(x, y, strict=True)) for d in differences(p, q, same, f"{path}[{i}]")]
+    return [] if x == y or same(path.rsplit(".", 1)[-1], x, y) else [(path, x, y)]
+
+
+def shifted(doc: dict, shift_us: int) -> str:
+    """The trace's JSON with every ``ts`` later by ``shift_us``, exactly (decimal text, not float64 sums)."""
+    texts: list[str] = []
+
+    def moved(event: dict) -> dict:
+        ts = event.get("ts")
+        if not isinstance(ts, int | float) or isinstance(ts, bool):
+            return event
+        texts.append(str(Decimal(repr(ts)) + shift_us))
+        return {**event, "ts": f"@ts{len(texts) - 1}@"}
+
+    text = json.dumps({**doc, "traceEvents": [moved(e) for e in doc["traceEvents"]]})
+    return re.sub(r'"@ts(\d+)@"', lambda m: texts[int(m.group(1))], text)
+
+
+def variant(mode: str, doc: dict, rng: random.Random) -> str:
+    events = list(doc["traceEvents"])
+    if mode == "clock":
+        return shifted(doc, SHIFT_US)
+    if mode == "shuffle":
+        rng.shuffle(events)
+    else:  # threads
+        events = [{**e, "tid": e["tid"] + 7919} if type(e.get("tid")) is int else e for e in events]
+    return json.dumps({**doc, "traceEvents": events})
+
+
+def same_for(mode: str, a: Path, b: Path) -> Any:
+    def same(key: str, x: Any, y: Any) -> bool:
+        if isinstance(x, str) and isinstance(y, str):
+            return x.replace(str(a), "<trace>") == y.replace(str(b), "<trace>")
+        if mode == "clock" and type(x) is int and type(y) is int:
+            return y - x == SHIFT_US * 1000  # an absolute time
+        return mode == "shuffle" and key == "trace_index"
+
+    return same
+
+
+def answers_agree(mode: str, name: str, doc: dict, folder: Path) -> list[str]:
+    a, b = folder / "a.json", folder / "b.json"
+    a.write_text(json.dumps(doc))
+    b.write_text(variant(mode, doc, random.Random(name)))
+    failures = []
+    for verb in ("summarize", "advise"):
+        (code_a, out_a), (code_b, out_b) = (run([verb, str(p), "--format", "json", "--no-cache"]) for p in (a, b))
+        if (code_a, code_b) != (0, 0):
+            failures.append(f"{name}: {verb}: exit {code_a} and {code_b}")
+            continue
+        found = differences(json.loads(out_a), json.loads(out_b), same_for(mode, a, b))
+        if found:
+            failures.append(f"{name}: {verb}: {found[:3]}"[:600])
+    return failures
+
+
+def tables_agree(name: str, doc: dict, folder: Path) -> list[str]:
+    """Every public table the same in the registry's order, in a shuffled one, and read back from the cache."""
+    path = folder / "t.json"
+    path.write_text(json.dumps(doc))
+    names = [spec.name for spec in public_tables()]
+    expected = {n: getattr(profparse.load(path, cache=False), n) for n in names}
+    random.Random(name).shuffle(names)
+    os.environ["PROFPARSE_CACHE_DIR"] = str(folder / "tables-cache")
+    failures = []
+    for source in ("shuffled", "cache"):
+        parsed = profparse.load(path, cache=True)
+        for n in names:
+            try:
+                pd.testing.assert_frame_equal(getattr(parsed, n), expected[n], obj=n)
+            except AssertionError as exc:
+                failures.append(f"{name}: {n} ({source}): {' '.join(str(exc).split())[:300]}")
+    return failures
+
+
+def diff_agrees(name: str, doc: dict, other: dict, folder: Path) -> list[str]:
+    a, b = folder / "a.json", folder / "b.json"
+    a.write_text(json.dumps(doc))
+    b.write_text(json.dumps(other))
+    failures = []
+    for extra in ([], ["--per-step"]):
+        ab, ba, aa = (
+            json.loads(run(["diff", str(x), str(y), "--format", "json", "--top", "1000", *extra])[1])
+            for x, y in ((a, b), (b, a), (a, a))
+        )
+        for section in ("step", "stages", "critical_path"):
+            key = lambda r: (r.get("key"), r.get("stage"), r.get("level"), r.get("bound"))  # noqa: E731
+            back = {key(r): r.get("delta", r.get("delta_ns")) for r in ba[section]}
+            for r in ab[section]:
+                if back.get(key(r)) != -r.get("delta", r.get("delta_ns")):
+                    failures.append(f"{name} {extra}: {section} {key(r)}: not the opposite of B against A")
+            if any(r.get("delta", r.get("delta_ns")) for r in aa[section]):
+                failures.append(f"{name} {extra}: {section}: a trace against itself changed")
+    return failures
+
+
+def traces(first: int, count: int) -> Iterator[tuple[str, dict]]:
+    for seed in range(first, first + count):
+        yield f"seed {seed}", random_gpu_trace(seed)
+    for path in SAMPLES:
+        yield path.name, json.loads(gzip.decompress(path.read_bytes()))
+
+
+def main_() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["clock", "shuffle", "threads", "tables", "diff"])
+    ap.add_argument("--first", type=int, default=0, help="first seed")
+    ap.add_argument("--count", type=int, default=40, help="how many seeds (then the sample traces)")
+    args = ap.parse_args()
+    os.environ.pop("PROFPARSE_DEBUG", None)
+    failures, cases, previous = [], 0, None
+    with tempfile.TemporaryDirectory(prefix="profparse-invariants-") as tmp:
+        folder = Path(tmp)
+        os.environ["PROFPARSE_CACHE_DIR"] = str(folder / "cache")
+        for name, doc in traces(args.first, args.count):
+            cases += 1
+            if args.mode == "tables":
+                lines = tables_agree(name, doc, folder)
+            elif args.mode == "diff":
+                lines = diff_agrees(name, doc, previous, folder) if previous is not None else []
+            else:
+                lines = answers_agree(args.mode, name, doc, folder)
+            previous = doc
+            for line in lines:
+                print(line, flush=True)
+            failures += lines
+    print(f"{cases} cases, {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
