@@ -23,11 +23,9 @@ import io
 import json
 import os
 import random
-import re
 import sys
 import tempfile
 from collections.abc import Iterator
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from random_gpu_traces import random_gpu_trace  # noqa: E402
+from random_gpu_traces import random_gpu_trace, shifted  # noqa: E402
 
 import profparse  # noqa: E402
 from profparse.cli.main import main  # noqa: E402
@@ -63,21 +61,6 @@ def differences(x: Any, y: Any, same: Any, path: str = "") -> list[tuple]:
             return [(path, "length", len(x), len(y))]
         return [d for i, (p, q) in enumerate(zip(x, y, strict=True)) for d in differences(p, q, same, f"{path}[{i}]")]
     return [] if x == y or same(path.rsplit(".", 1)[-1], x, y) else [(path, x, y)]
-
-
-def shifted(doc: dict, shift_us: int) -> str:
-    """The trace's JSON with every ``ts`` later by ``shift_us``, exactly (decimal text, not float64 sums)."""
-    texts: list[str] = []
-
-    def moved(event: dict) -> dict:
-        ts = event.get("ts")
-        if not isinstance(ts, int | float) or isinstance(ts, bool):
-            return event
-        texts.append(str(Decimal(repr(ts)) + shift_us))
-        return {**event, "ts": f"@ts{len(texts) - 1}@"}
-
-    text = json.dumps({**doc, "traceEvents": [moved(e) for e in doc["traceEvents"]]})
-    return re.sub(r'"@ts(\d+)@"', lambda m: texts[int(m.group(1))], text)
 
 
 def variant(mode: str, doc: dict, rng: random.Random) -> str:

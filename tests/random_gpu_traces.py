@@ -4,7 +4,10 @@ work outside the steps. Seeded (``random.Random``): a seed is the same trace on 
 
 from __future__ import annotations
 
+import json
 import random
+import re
+from decimal import Decimal
 from typing import Any
 
 from tracebuilder import AUTOGRAD, GPU_PID, MAIN, TraceBuilder
@@ -146,3 +149,18 @@ def random_gpu_trace(seed: int) -> dict[str, Any]:
         _segment(b, rng, kind, at, rng.choice([MAIN, AUTOGRAD, OTHER_THREAD]))
     rng.shuffle(b.events)
     return b.document()
+
+
+def shifted(doc: dict, shift_us: int) -> str:
+    """The trace's JSON with every ``ts`` later by ``shift_us``, exactly (decimal text, not float64 sums)."""
+    texts: list[str] = []
+
+    def moved(event: dict) -> dict:
+        ts = event.get("ts")
+        if not isinstance(ts, int | float) or isinstance(ts, bool):
+            return event
+        texts.append(str(Decimal(repr(ts)) + shift_us))
+        return {**event, "ts": f"@ts{len(texts) - 1}@"}
+
+    text = json.dumps({**doc, "traceEvents": [moved(e) for e in doc["traceEvents"]]})
+    return re.sub(r'"@ts(\d+)@"', lambda m: texts[int(m.group(1))], text)

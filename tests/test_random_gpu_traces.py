@@ -11,12 +11,11 @@ import json
 import random
 import re
 from collections import defaultdict
-from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from random_gpu_traces import random_gpu_trace
+from random_gpu_traces import random_gpu_trace, shifted
 
 import profparse
 from profparse.cli.main import main
@@ -88,21 +87,6 @@ def test_every_table_is_the_same_in_any_order_and_from_the_cache(tmp_path, monke
         pd.testing.assert_frame_equal(getattr(shuffled, name), expected[name], obj=name)
     for name in names:
         pd.testing.assert_frame_equal(getattr(stored, name), expected[name], obj=f"{name} from the cache")
-
-
-def shifted(doc: dict, shift_us: int) -> str:
-    """The trace's JSON with every ``ts`` later by ``shift_us``, exactly (decimal text, not float64 sums)."""
-    texts: list[str] = []
-
-    def moved(event: dict) -> dict:
-        ts = event.get("ts")
-        if not isinstance(ts, int | float) or isinstance(ts, bool):
-            return event
-        texts.append(str(Decimal(repr(ts)) + shift_us))
-        return {**event, "ts": f"@ts{len(texts) - 1}@"}
-
-    text = json.dumps({**doc, "traceEvents": [moved(e) for e in doc["traceEvents"]]})
-    return re.sub(r'"@ts(\d+)@"', lambda m: texts[int(m.group(1))], text)
 
 
 @pytest.mark.parametrize("seed", [8, 11])
