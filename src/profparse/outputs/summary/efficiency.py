@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from profparse.analysis.flop_counts import STATUS
@@ -30,7 +31,9 @@ def efficiency_data(parsed: ParsedTrace, top: int = 5) -> dict[str, Any]:
     on_gpu = bool((flops["gpu_ns"] > 0).any())
     uncounted = flops[flops["status"].isin(STATUS[2:4])]  # no formula, no shapes (not the wrappers around ops)
     time = "gpu_ns" if on_gpu else "host_ns"
-    worst = uncounted.groupby("name", observed=True)[time].agg(["sum", "size"]).sort_values("sum", ascending=False)
+    worst = uncounted.groupby("name", observed=True)[time].agg(["sum", "size"])
+    worst = worst.iloc[np.argsort(worst.index.astype(object).to_numpy(dtype=object), kind="stable")]
+    worst = worst.sort_values("sum", ascending=False, kind="stable")  # equal times by name, in any file order
     return {
         "peak": {
             "tflops": num(peak.tflops),
