@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import parsed
 
-from profparse.base.arrays import factorize_rows
+from profparse.base.arrays import factorize_rows, text_order
 from profparse.trace.kinds import NULL
 
 
@@ -51,3 +51,16 @@ def test_sparse_columns_are_the_same_with_or_without_from_indices(monkeypatch, s
         fast = table.sparse_column(values, NULL)
         assert fast.dtype == dense_built.dtype and fast.sp_index.equals(dense_built.sp_index)
         assert np.array_equal(fast.sp_values, dense_built.sp_values)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pd.Series(pd.Categorical(["b", "a", "c", "a"], categories=["c", "b", "a", "x"])),  # codes not in text order
+        pd.Series(["b", "a", "c", "a"], dtype=object),
+        pd.Index(pd.Categorical(["b", "a", "c", "a"])),
+    ],
+)
+def test_text_order_ranks_rows_by_their_text(column):
+    """Equal texts rank alike, whatever the categories' order: the tie key of the summary's sorts."""
+    assert text_order(column).tolist() == [1, 0, 2, 0]

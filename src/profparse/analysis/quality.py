@@ -16,7 +16,7 @@ import pandas as pd
 
 from profparse.analysis.critical_path import blocking_calls
 from profparse.analysis.profiler_cost import CALIBRATION_KEY
-from profparse.base.arrays import as_text
+from profparse.base.arrays import as_text, text_order
 from profparse.base.errors import ProfparseError
 from profparse.base.formats import count_text
 from profparse.base.marks import STAGES
@@ -208,8 +208,7 @@ def _in_step_calls(parsed: ParsedTrace, call_class: str) -> tuple[int, int, floa
     steps = parsed.steps
     wall = int((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else 0
     by_name = calls.groupby("name", observed=True)["count"].sum()
-    by_name = by_name.iloc[np.argsort(by_name.index.astype(object).to_numpy(dtype=object), kind="stable")]
-    by_name = by_name.sort_values(ascending=False, kind="stable")  # equal counts by name, in any file order
+    by_name = by_name.iloc[np.lexsort((text_order(by_name.index), -by_name.to_numpy()))]  # equal counts by name
     names = ", ".join(f"{name} x{int(n)}" for name, n in by_name.head(3).items())
     total = int(calls["total_ns"].sum())
     return int(calls["count"].sum()), total, (total / wall if wall else 0.0), names

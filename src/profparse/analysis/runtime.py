@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import text_order
 from profparse.stages.attribute import Attribution
 from profparse.tables.host_time import SYNC_NAME
 from profparse.tables.rows import stage_categorical
@@ -100,7 +101,7 @@ def runtime_calls(
         result["call_class"] = pd.Categorical([], categories=list(CLASSES))
     scope_order = scope_rank(result["scope"])
     # equal times by name: the same order whatever order the file wrote the calls in
-    by_name = np.unique(result["name"].astype(object).to_numpy(dtype=object), return_inverse=True)[1].ravel()
+    by_name = text_order(result["name"])
     order = np.lexsort(
         (by_name, -result["total_ns"].to_numpy(), result["stage"].cat.codes, result["step"], scope_order)
     )

@@ -41,6 +41,16 @@ def category_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return text_codes(column)
 
 
+def text_order(column: pd.Series | pd.Index) -> np.ndarray:
+    """A rank per row by its text (equal texts, equal rank; missing as "nan"): the last key of a sort whose ties
+    must come out in the same order whatever order the rows came in (a trace's file need not be in time order).
+    One comparison per distinct text, not per row."""
+    codes, texts = category_codes(pd.Series(column, copy=False))
+    rank = np.empty(len(texts), dtype=np.int64)
+    rank[np.argsort(texts, kind="stable")] = np.arange(len(texts))
+    return rank[codes]
+
+
 def pack_codes(*columns: np.ndarray, sort: bool = False) -> tuple[np.ndarray, list[np.ndarray]] | None:
     """One int64 key per row, equal exactly for rows with equal tuples of ``columns``, and each column's distinct
     values; None when the key would not fit an int64. ``key = (c0 * n1 + c1) * n2 + c2 ...`` where ``ci`` is the

@@ -24,6 +24,7 @@ from profparse.analysis.profiler_cost import (
     without_profiler_text,
 )
 from profparse.analysis.quality import gpu_devices
+from profparse.base.arrays import text_order
 from profparse.base.formats import (
     STEP_ROWS,
     Column,
@@ -77,9 +78,9 @@ def _top(frame: pd.DataFrame, value: str, n: int, kernel: bool) -> dict[str, lis
     if frame.empty:
         return {s: [] for s in STAGES}
     grouped = frame.groupby(["stage", "name"], observed=True)[value].agg(["sum", "count"]).reset_index()
-    # equal sums by name (stable sorts after one by name): the same order whatever order the file wrote them in
-    grouped = grouped.iloc[np.argsort(grouped["name"].astype(object).to_numpy(dtype=object), kind="stable")]
-    grouped = grouped.sort_values(["stage", "sum"], ascending=[True, False], kind="stable")
+    # by stage, the most first, equal sums by name: the same order whatever order the file wrote them in
+    keys = (text_order(grouped["name"]), -grouped["sum"].to_numpy(), grouped["stage"].cat.codes.to_numpy())
+    grouped = grouped.iloc[np.lexsort(keys)]
     # each stage's rows split once (a filter per stage was a pass over the rows each)
     first = grouped.groupby("stage", observed=True, sort=False).head(n)
     parts = dict(list(first.groupby("stage", observed=True, sort=False)))

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.flop_counts import STATUS
+from profparse.base.arrays import text_order
 from profparse.base.formats import STEP_ROWS, Column, Table, ms_text, utilisation_text
 
 if TYPE_CHECKING:
@@ -32,8 +33,7 @@ def efficiency_data(parsed: ParsedTrace, top: int = 5) -> dict[str, Any]:
     uncounted = flops[flops["status"].isin(STATUS[2:4])]  # no formula, no shapes (not the wrappers around ops)
     time = "gpu_ns" if on_gpu else "host_ns"
     worst = uncounted.groupby("name", observed=True)[time].agg(["sum", "size"])
-    worst = worst.iloc[np.argsort(worst.index.astype(object).to_numpy(dtype=object), kind="stable")]
-    worst = worst.sort_values("sum", ascending=False, kind="stable")  # equal times by name, in any file order
+    worst = worst.iloc[np.lexsort((text_order(worst.index), -worst["sum"].to_numpy()))]  # equal times by name
     return {
         "peak": {
             "tflops": num(peak.tflops),
