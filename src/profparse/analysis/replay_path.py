@@ -40,11 +40,14 @@ def host_labels(events: pd.DataFrame, links: Links, attribution: Attribution, mo
     knots = model.host.knots
     rows = model.host_rows[events["kind"].cat.codes.to_numpy()[model.host_rows] != KIND_CODE["memory"]]
     ts = events["ts_ns"].to_numpy()[rows] - model.base
-    end = np.minimum(ts + events["dur_ns"].to_numpy()[rows], knots[-1])
-    order = np.lexsort((-end, ts))  # by start, an outer event before the inner one it holds
+    end = ts + events["dur_ns"].to_numpy()[rows]
+    # by start, an outer event before the inner one it holds: by the whole span, then the tree's depth (events of
+    # one span nest as the tree says; cut at the last knot first, an event that holds the step's end tied with the
+    # step and the file's order chose)
+    order = np.lexsort((links.depth[rows], -end, ts))
     first = np.searchsorted(knots, ts[order], side="left")
     del ts  # each temporary given back as soon as it is read: this is the replayed path's peak on a big trace
-    last = np.searchsorted(knots, end[order], side="left")
+    last = np.searchsorted(knots, np.minimum(end[order], knots[-1]), side="left")
     del end
     rows = rows[order]
     del order
