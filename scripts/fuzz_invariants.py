@@ -4,14 +4,16 @@ the faults in CHANGELOG's "Results that do not move with the trace's clock, its 
     python scripts/fuzz_invariants.py clock --first 0 --count 100     # every ts moved to epoch microseconds
     python scripts/fuzz_invariants.py shuffle --first 0 --count 100   # the events in another order in the file
     python scripts/fuzz_invariants.py threads --first 0 --count 100   # every thread id renumbered
+    python scripts/fuzz_invariants.py format --first 0 --count 100    # keys reordered, 5.0 as 5, indented
     python scripts/fuzz_invariants.py tables --first 0 --count 40     # tables in shuffled orders, from the cache
     python scripts/fuzz_invariants.py diff --first 0 --count 40       # diff(A, B) = -diff(B, A), diff(A, A) = 0
 
-Sources: the seeded random traces of ``tests/random_gpu_traces.py`` and the repo's sample traces. ``clock``, ``shuffle``
-and ``threads`` compare ``summarize`` and ``advise --format json`` of the two traces (``clock``: times that moved by
-exactly the shift are equal; ``shuffle``: ``trace_index``, the place in the file, is left out). Known and left: where
-two host events have the same start and end on one thread, which one nests in the other follows the file (seed 89
-of ``shuffle``). Prints one line per case that differs and ``N cases, M failures``; exit 1 if any. Slow by design.
+Sources: the seeded random traces of ``tests/random_gpu_traces.py`` and the repo's sample traces. ``clock``,
+``shuffle``, ``threads`` and ``format`` compare ``summarize`` and ``advise --format json`` of the two traces (``clock``:
+times that moved by exactly the shift are equal; ``shuffle``: ``trace_index``, the place in the file, is left out).
+Known and left: where two host events have the same start and end on one thread, which one nests in the other
+follows the file (seed 89 of ``shuffle``). Prints one line per case that differs and ``N cases, M failures``; exit 1
+if any. Slow by design.
 """
 
 from __future__ import annotations
@@ -69,9 +71,23 @@ def variant(mode: str, doc: dict, rng: random.Random) -> str:
         return shifted(doc, SHIFT_US)
     if mode == "shuffle":
         rng.shuffle(events)
+    elif mode == "format":  # each event's keys (and its args') in another order, whole floats as ints, indented
+        events = [_keys_shuffled(e, rng) for e in events]
+        return json.dumps({**doc, "traceEvents": events}, indent=rng.choice([1, 2, 4]))
     else:  # threads
         events = [{**e, "tid": e["tid"] + 7919} if type(e.get("tid")) is int else e for e in events]
     return json.dumps({**doc, "traceEvents": events})
+
+
+def _keys_shuffled(value: Any, rng: random.Random) -> Any:
+    """``value`` with its keys (and those of the dicts in it) in another order, and some whole floats as ints."""
+    if isinstance(value, float) and value.is_integer() and rng.random() < 0.5:
+        return int(value)
+    if not isinstance(value, dict):
+        return value
+    keys = list(value)
+    rng.shuffle(keys)
+    return {k: _keys_shuffled(value[k], rng) for k in keys}
 
 
 def same_for(mode: str, a: Path, b: Path) -> Any:
@@ -141,25 +157,27 @@ def diff_agrees(name: str, doc: dict, other: dict, folder: Path) -> list[str]:
     return failures
 
 
-def traces(first: int, count: int) -> Iterator[tuple[str, dict]]:
+def traces(first: int, count: int, more: list[Path]) -> Iterator[tuple[str, dict]]:
     for seed in range(first, first + count):
         yield f"seed {seed}", random_gpu_trace(seed)
-    for path in SAMPLES:
-        yield path.name, json.loads(gzip.decompress(path.read_bytes()))
+    for path in [*SAMPLES, *more]:
+        data = path.read_bytes()
+        yield path.name, json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
 
 
 def main_() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["clock", "shuffle", "threads", "tables", "diff"])
+    ap.add_argument("mode", choices=["clock", "shuffle", "threads", "format", "tables", "diff"])
     ap.add_argument("--first", type=int, default=0, help="first seed")
     ap.add_argument("--count", type=int, default=40, help="how many seeds (then the sample traces)")
+    ap.add_argument("traces", nargs="*", type=Path, help="more traces (.json or .json.gz) after the samples")
     args = ap.parse_args()
     os.environ.pop("PROFPARSE_DEBUG", None)
     failures, cases, previous = [], 0, None
     with tempfile.TemporaryDirectory(prefix="profparse-invariants-") as tmp:
         folder = Path(tmp)
         os.environ["PROFPARSE_CACHE_DIR"] = str(folder / "cache")
-        for name, doc in traces(args.first, args.count):
+        for name, doc in traces(args.first, args.count, args.traces):
             cases += 1
             if args.mode == "tables":
                 lines = tables_agree(name, doc, folder)
