@@ -4,7 +4,7 @@ the faults in CHANGELOG's "Results that do not move with the trace's clock, its 
     python scripts/fuzz_invariants.py clock --first 0 --count 100     # every ts moved to epoch microseconds
     python scripts/fuzz_invariants.py shuffle --first 0 --count 100   # the events in another order in the file
     python scripts/fuzz_invariants.py threads --first 0 --count 100   # every thread id renumbered
-    python scripts/fuzz_invariants.py format --first 0 --count 100    # keys reordered, 5.0 as 5, indented
+    python scripts/fuzz_invariants.py format --first 0 --count 100    # keys reordered, 5.0 as 5, indented, gzipped
     python scripts/fuzz_invariants.py tables --first 0 --count 40     # tables in shuffled orders, from the cache
     python scripts/fuzz_invariants.py diff --first 0 --count 40       # diff(A, B) = -diff(B, A), diff(A, A) = 0
 
@@ -71,7 +71,7 @@ def variant(mode: str, doc: dict, rng: random.Random) -> str:
         return shifted(doc, SHIFT_US)
     if mode == "shuffle":
         rng.shuffle(events)
-    elif mode == "format":  # each event's keys (and its args') in another order, whole floats as ints, indented
+    elif mode == "format":  # keys in another order, whole floats as ints, indented (and gzipped: answers_agree)
         events = [_keys_shuffled(e, rng) for e in events]
         return json.dumps({**doc, "traceEvents": events}, indent=rng.choice([1, 2, 4]))
     else:  # threads
@@ -102,9 +102,10 @@ def same_for(mode: str, a: Path, b: Path) -> Any:
 
 
 def answers_agree(mode: str, name: str, doc: dict, folder: Path) -> list[str]:
-    a, b = folder / "a.json", folder / "b.json"
+    a, b = folder / "a.json", folder / ("b.json.gz" if mode == "format" else "b.json")
     a.write_text(json.dumps(doc))
-    b.write_text(variant(mode, doc, random.Random(name)))
+    text = variant(mode, doc, random.Random(name)).encode()
+    b.write_bytes(gzip.compress(text, mtime=0) if b.suffix == ".gz" else text)
     failures = []
     for verb in ("summarize", "advise"):
         (code_a, out_a), (code_b, out_b) = (run([verb, str(p), "--format", "json", "--no-cache"]) for p in (a, b))
@@ -171,7 +172,7 @@ def main_() -> int:
     ap.add_argument("--first", type=int, default=0, help="first seed")
     ap.add_argument("--count", type=int, default=40, help="how many seeds (then the sample traces)")
     ap.add_argument("traces", nargs="*", type=Path, help="more traces (.json or .json.gz) after the samples")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     os.environ.pop("PROFPARSE_DEBUG", None)
     failures, cases, previous = [], 0, None
     with tempfile.TemporaryDirectory(prefix="profparse-invariants-") as tmp:
