@@ -5,6 +5,8 @@ the faults in CHANGELOG's "Results that do not move with the trace's clock, its 
     python scripts/fuzz_invariants.py shuffle --first 0 --count 100   # the events in another order in the file
     python scripts/fuzz_invariants.py threads --first 0 --count 100   # every thread id renumbered
     python scripts/fuzz_invariants.py format --first 0 --count 100    # keys reordered, 5.0 as 5, indented, gzipped
+    python scripts/fuzz_invariants.py prefix --first 0 --count 100    # host work added before the first step
+    python scripts/fuzz_invariants.py chunks --first 0 --count 100    # read in small chunks, by 1 and 2 processes
     python scripts/fuzz_invariants.py tables --first 0 --count 40     # tables in shuffled orders, from the cache
     python scripts/fuzz_invariants.py diff --first 0 --count 40       # diff(A, B) = -diff(B, A), diff(A, A) = 0
 
@@ -40,6 +42,7 @@ from random_gpu_traces import random_gpu_trace, shifted  # noqa: E402
 import profparse  # noqa: E402
 from profparse.cli.main import main  # noqa: E402
 from profparse.tables.registry import public_tables  # noqa: E402
+from profparse.trace.events import read_trace  # noqa: E402
 
 SAMPLES = sorted((REPO / "sample_traces").rglob("*.json.gz"))
 SHIFT_US = 1_700_000_000_000_000  # to epoch microseconds (2023), where float64 rounds to a quarter of a microsecond
@@ -137,6 +140,69 @@ def tables_agree(name: str, doc: dict, folder: Path) -> list[str]:
     return failures
 
 
+#: the summary's parts that speak of the steps alone: events long before the first step leave them as they are
+STEP_PARTS = ("per_step", "step_totals", "steady_totals", "critical_path", "without_profiler", "findings")
+
+
+def with_prefix(doc: dict) -> dict | None:
+    """``doc`` with a loading-like block of host events (a Python frame holding two ops) ending 1 ms before the
+    first ``ProfilerStep`` starts, on that step's thread; None without such a step."""
+    events = doc["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and "ts" in e]
+    if not steps:
+        return None
+    first = min(steps, key=lambda e: e["ts"])
+    start = first["ts"] - 5000
+    where = {"pid": first.get("pid", 0), "tid": first.get("tid", 0)}
+    block = [
+        {"ph": "X", "cat": "python_function", "name": "modeling_utils.py(4000): from_pretrained", "ts": start,
+         "dur": 4000, **where, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": start + 100, "dur": 300, **where, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": start + 1000, "dur": 2000, **where, "args": {}},
+    ]  # fmt: skip
+    return {**doc, "traceEvents": block + list(events)}
+
+
+def prefix_agrees(name: str, doc: dict, folder: Path) -> list[str]:
+    """The summary's step parts (:data:`STEP_PARTS`) the same with host work added long before the first step."""
+    longer = with_prefix(doc)
+    if longer is None:
+        return []
+    answers = []
+    for label, listed in (("a", doc), ("b", longer)):
+        path = folder / f"{label}.json"
+        path.write_text(json.dumps(listed))
+        code, out = run(["summarize", str(path), "--format", "json", "--no-cache"])
+        if code != 0:
+            return [f"{name}: exit {code}"]
+        answers.append(json.loads(out))
+    a, b = ({k: answer.get(k) for k in STEP_PARTS} for answer in answers)
+    found = differences(a, b, lambda key, x, y: key == "trace_index")
+    return [f"{name}: {found[:3]}"[:600]] if found else []
+
+
+def chunks_agree(name: str, doc: dict, folder: Path) -> list[str]:
+    """The event table read in small chunks of random sizes, by one process and by two, equals the default read,
+    from the plain file and from a gzipped one."""
+    rng = random.Random(name)
+    text = json.dumps(doc, indent=rng.choice([None, 1])).encode()
+    failures = []
+    for path, data in ((folder / "c.json", text), (folder / "c.json.gz", gzip.compress(text, mtime=0))):
+        path.write_bytes(data)
+        expected = read_trace(path)
+        for workers in (1, 2):
+            size = rng.randrange(64, 6000)
+            raw = read_trace(path, workers=workers, chunk_bytes=size)
+            try:
+                pd.testing.assert_frame_equal(raw.events, expected.events, obj="events")
+                for part in ("header", "report", "process_names", "thread_names", "pid_labels", "tid_labels"):
+                    assert getattr(raw, part) == getattr(expected, part), part
+            except AssertionError as exc:
+                message = " ".join(str(exc).split())[:300]
+                failures.append(f"{name}: {path.name} workers={workers} chunk_bytes={size}: {message}")
+    return failures
+
+
 def diff_agrees(name: str, doc: dict, other: dict, folder: Path) -> list[str]:
     a, b = folder / "a.json", folder / "b.json"
     a.write_text(json.dumps(doc))
@@ -168,7 +234,7 @@ def traces(first: int, count: int, more: list[Path]) -> Iterator[tuple[str, dict
 
 def main_() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["clock", "shuffle", "threads", "format", "tables", "diff"])
+    ap.add_argument("mode", choices=["clock", "shuffle", "threads", "format", "prefix", "chunks", "tables", "diff"])
     ap.add_argument("--first", type=int, default=0, help="first seed")
     ap.add_argument("--count", type=int, default=40, help="how many seeds (then the sample traces)")
     ap.add_argument("traces", nargs="*", type=Path, help="more traces (.json or .json.gz) after the samples")
@@ -182,6 +248,10 @@ def main_() -> int:
             cases += 1
             if args.mode == "tables":
                 lines = tables_agree(name, doc, folder)
+            elif args.mode == "prefix":
+                lines = prefix_agrees(name, doc, folder)
+            elif args.mode == "chunks":
+                lines = chunks_agree(name, doc, folder)
             elif args.mode == "diff":
                 lines = diff_agrees(name, doc, previous, folder) if previous is not None else []
             else:

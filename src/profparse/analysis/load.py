@@ -46,11 +46,11 @@ class LoadSubsteps:
     rule_names: list[str]
     active: bool  # the load stage has Python frames, so a breakdown is meaningful
 
-    def substage_column(self) -> pd.Categorical:
-        return pd.Categorical.from_codes(self.substep, categories=list(SUBSTEPS))
+    def substage_column(self, rows: slice | np.ndarray = slice(None)) -> pd.Categorical:
+        return pd.Categorical.from_codes(self.substep[rows], categories=list(SUBSTEPS))
 
-    def rule_column(self) -> pd.Categorical:
-        return pd.Categorical.from_codes(self.rule, categories=self.rule_names)
+    def rule_column(self, rows: slice | np.ndarray = slice(None)) -> pd.Categorical:
+        return pd.Categorical.from_codes(self.rule[rows], categories=self.rule_names)
 
 
 def load_substeps(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -12,12 +13,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pandas.arrays import SparseArray
 
 from profparse.base import phase_clock
 from profparse.base.files import atomic_dir
 from profparse.base.formats import path_text
 from profparse.tables.parsed import ParsedTrace
-from profparse.tables.registry import TableSpec, inputs_of, written
+from profparse.tables.registry import TableSpec, inputs_of, resolve, written
 from profparse.trace.budget import release_memory
 from profparse.trace.kinds import NULL
 
@@ -38,32 +40,47 @@ def _with_nulls(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> p
 
 def to_arrow(frame: pd.DataFrame) -> pa.Table:
     """DataFrame with internal NULL-sentinel int64 columns -> Arrow table with real nulls."""
-    columns = {}
-    for name in frame.columns:
-        series = frame[name]
-        if series.dtype == np.int64 or isinstance(series.dtype, pd.SparseDtype):  # sparse args: dense int64 here
-            values = series.to_numpy(dtype=np.int64)
-            columns[name] = _with_nulls(values, values == NULL, pa.int64())
-        elif isinstance(series.dtype, pd.CategoricalDtype):
-            codes = series.cat.codes.to_numpy().astype(np.int32)
-            columns[name] = pa.DictionaryArray.from_arrays(
-                _with_nulls(codes, codes < 0, pa.int32()),
-                pa.array(series.cat.categories.astype(str).to_numpy(dtype=object), pa.string()),
-            )
-        else:
-            columns[name] = pa.array(series.to_numpy(), from_pandas=True)
-    return pa.table(columns)
+    return pa.table({name: arrow_column(frame[name]) for name in frame.columns})
+
+
+def arrow_column(values: pd.Series | np.ndarray | pd.Categorical | SparseArray) -> pa.Array:
+    """One column (a Series, or an array as :func:`~profparse.tables.parsed.event_columns` gives) -> Arrow: int64
+    with NULL sentinels (sparse ones as dense) with real nulls, a categorical as a dictionary array."""
+    dtype = values.dtype
+    if dtype == np.int64 or isinstance(dtype, pd.SparseDtype):
+        ints = values if isinstance(values, np.ndarray) else values.to_numpy(dtype=np.int64)
+        return _with_nulls(ints, ints == NULL, pa.int64())
+    if isinstance(dtype, pd.CategoricalDtype):
+        categorical = values.array if isinstance(values, pd.Series) else values
+        codes = categorical.codes.astype(np.int32)
+        return pa.DictionaryArray.from_arrays(
+            _with_nulls(codes, codes < 0, pa.int32()),
+            pa.array(categorical.categories.astype(str).to_numpy(dtype=object), pa.string()),
+        )
+    return pa.array(values if isinstance(values, np.ndarray) else values.to_numpy(), from_pandas=True)
 
 
 class RowSlices:
     """A long table made one slice of rows at a time, so that writing it never holds all of it at once."""
 
-    def __init__(self, rows: int, make: Callable[[int, int], pd.DataFrame]) -> None:
+    def __init__(
+        self,
+        rows: int,
+        make: Callable[[int, int], pd.DataFrame],
+        columns: Callable[[int, int], dict[str, Any]] | None = None,
+    ) -> None:
         self.rows = rows
         self.make = make  # (start, stop) -> the table's rows start:stop
+        self.columns = columns  # (start, stop) -> the same rows as columns (:func:`arrow_column` takes each)
 
     def frame(self) -> pd.DataFrame:
         return self.make(0, self.rows)
+
+    def arrow(self, start: int, stop: int) -> pa.Table:
+        """Rows ``start:stop`` as Arrow (from the columns where given: no DataFrame of them is made)."""
+        if self.columns is None:
+            return to_arrow(self.make(start, stop))
+        return pa.table({name: arrow_column(values) for name, values in self.columns(start, stop).items()})
 
 
 Table = pd.DataFrame | RowSlices
@@ -79,8 +96,12 @@ def table_makers(parsed: ParsedTrace, release: bool = False) -> dict[str, Callab
     makers: dict[str, Callable[[], Table]] = {}
     for position, spec in enumerate(specs):
         if spec.sliced:
-            rows = spec.function()
-            makers[spec.name] = lambda rows=rows: RowSlices(len(parsed.raw.events), lambda a, b: rows(parsed, a, b))
+            rows, columns = spec.function(), resolve(spec.slice_columns) if spec.slice_columns else None
+            makers[spec.name] = lambda rows=rows, columns=columns: RowSlices(
+                len(parsed.raw.events),
+                lambda a, b: rows(parsed, a, b),
+                None if columns is None else lambda a, b: columns(parsed, a, b),
+            )
             continue
         done = [name for name, at in last.items() if at == position and name not in held] if release else []
 
@@ -131,7 +152,10 @@ ROW_GROUP = 1 << 15
 
 
 def _arrow(frame: pd.DataFrame, metadata: dict[str, str] | None) -> pa.Table:
-    table = to_arrow(frame)
+    return _with_metadata(to_arrow(frame), metadata)
+
+
+def _with_metadata(table: pa.Table, metadata: dict[str, str] | None) -> pa.Table:
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     return table
@@ -166,15 +190,16 @@ def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
         return
     t0, making = time.perf_counter(), [0.0]
     if isinstance(table, RowSlices):
-        make = table.make
+        arrow = table.arrow
 
-        def timed(start: int, stop: int) -> pd.DataFrame:
+        def timed(start: int, stop: int) -> pa.Table:  # making a slice and converting it to Arrow
             t = time.perf_counter()
-            frame = make(start, stop)
+            part = arrow(start, stop)
             making[0] += time.perf_counter() - t
-            return frame
+            return part
 
-        table = RowSlices(table.rows, timed)
+        table = copy.copy(table)
+        table.arrow = timed  # type: ignore[method-assign]
     _encode(table, path, metadata)
     _CLOCK.add("tables", making[0])
     _CLOCK.add("parquet", time.perf_counter() - t0 - making[0])
@@ -183,8 +208,9 @@ def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
 def _encode(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
     """Encode one table to ``path``: a long table of fixed-width columns is converted (and for :class:`RowSlices`
     made) one row group at a time, so only one row group's data exists at once."""
+    part: Callable[[int, int], pa.Table]
     if isinstance(table, RowSlices):
-        rows, part = table.rows, table.make
+        rows, part = table.rows, table.arrow
     else:
         sliceable = all(
             isinstance(dtype, pd.CategoricalDtype) or (isinstance(dtype, np.dtype) and dtype.kind in "iufb")
@@ -194,13 +220,15 @@ def _encode(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
             arrow = _arrow(table, metadata)
             pq.write_table(arrow, path, row_group_size=ROW_GROUP, **_options(arrow.schema))
             return
-        rows, part = len(table), lambda start, stop: table.iloc[start:stop]
-    first = _arrow(part(0, min(ROW_GROUP, rows)), metadata)
+        rows, part = len(table), lambda start, stop: to_arrow(table.iloc[start:stop])
+    first = _with_metadata(part(0, min(ROW_GROUP, rows)), metadata)
     with pq.ParquetWriter(path, first.schema, **_options(first.schema)) as out:
         out.write_table(first, row_group_size=ROW_GROUP)
         del first
         for start in range(ROW_GROUP, rows, ROW_GROUP):
-            out.write_table(_arrow(part(start, min(start + ROW_GROUP, rows)), metadata), row_group_size=ROW_GROUP)
+            piece = _with_metadata(part(start, min(start + ROW_GROUP, rows)), metadata)
+            out.write_table(piece, row_group_size=ROW_GROUP)
+            del piece
 
 
 def write_tables(

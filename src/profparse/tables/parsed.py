@@ -12,7 +12,7 @@ import pandas as pd
 
 from profparse.stages.attribute import Attribution
 from profparse.tables.registry import TABLES, VALUES, TableSpec, needed, public_tables, resolve
-from profparse.tables.rows import event_table, nullable
+from profparse.tables.rows import event_links, event_table, nullable
 from profparse.trace.budget import release_memory
 from profparse.trace.events import RawTrace
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
@@ -189,14 +189,13 @@ class ParsedTrace:
         """``events`` (rows of the event table, in order) with the loading ``substage`` and ``substage_rule``."""
         substeps = self.value("substeps")
         out = events.copy(deep=False)
-        substage, rule = substeps.substage_column(), substeps.rule_column()
         raw_index = self.raw.events["trace_index"].to_numpy()
         index = out["trace_index"].to_numpy()
+        rows: slice | np.ndarray = slice(None)
         if len(index) != len(raw_index) or not np.array_equal(index, raw_index):
-            pos = np.searchsorted(raw_index, index)
-            substage, rule = substage[pos], rule[pos]
-        out["substage"] = substage
-        out["substage_rule"] = rule
+            rows = np.searchsorted(raw_index, index)
+        out["substage"] = substeps.substage_column(rows)
+        out["substage_rule"] = substeps.rule_column(rows)
         return out
 
     @property
@@ -278,6 +277,22 @@ def nullable_columns(frame: pd.DataFrame) -> pd.DataFrame:
 def event_rows(parsed: ParsedTrace, start: int = 0, stop: int | None = None) -> pd.DataFrame:
     """Rows ``start:stop`` of the event table (every row by default), with the loading sub-steps."""
     return parsed.with_substage(event_table(parsed.raw.events, parsed.links, parsed.attribution, start, stop))
+
+
+def event_columns(parsed: ParsedTrace, start: int, stop: int) -> dict[str, Any]:
+    """Rows ``start:stop`` of :func:`event_rows` as its columns (name -> NumPy array, Categorical or SparseArray),
+    in its order, without a DataFrame: the Parquet writer converts them to Arrow one slice at a time."""
+    events = parsed.raw.events
+    rows = slice(start, stop)
+    columns: dict[str, Any] = {}
+    for name in events.columns:
+        series = events[name]  # a NumPy column as its array; Categorical, SparseArray as they are
+        columns[name] = series.to_numpy()[rows] if isinstance(series.dtype, np.dtype) else series.array[rows]
+    columns.update(event_links(events, parsed.links, parsed.attribution, start, stop))
+    substeps = parsed.value("substeps")
+    columns["substage"] = substeps.substage_column(rows)
+    columns["substage_rule"] = substeps.rule_column(rows)
+    return columns
 
 
 def step_windows(attribution: Attribution) -> pd.DataFrame:

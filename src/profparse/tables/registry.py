@@ -43,6 +43,9 @@ class TableSpec:
     written: bool = True  # a Parquet file of `profparse parse` (and of each rank in a rank dataset)
     stored: bool = True  # kept in the trace's cache entry once computed
     sliced: bool = False  # long: computed and written a slice of rows at a time (compute takes start, stop)
+    # with ``sliced``: "module:function" (parsed, start, stop) -> the same rows as columns, which the Parquet
+    # writer converts to Arrow without making a DataFrame of them
+    slice_columns: str | None = None
     # tables and values read through ``parsed`` (when it is a need): a writer keeps them until this table is made
     reads: tuple[str, ...] = ()
 
@@ -105,6 +108,7 @@ TABLES: dict[str, TableSpec] = {
             reads=("substeps",),
             stored=False,  # the cache keeps the columns it is made from
             sliced=True,
+            slice_columns="profparse.tables.parsed:event_columns",
         ),
         TableSpec(
             "kernels",

@@ -48,18 +48,28 @@ def event_table(
 
     ``start``/``stop``: only those rows (a writer can then hold one slice at a time); the default is all rows.
     """
-    rows = slice(start, stop)
-    out = events.iloc[rows].copy(deep=False) if start or stop is not None else events.copy(deep=False)
-    trace_index = events["trace_index"].to_numpy()
-    out["parent_trace_index"] = row_ref(links.parent[rows], trace_index)
-    out["depth"] = links.depth[rows]
-    out["self_ns"] = links.self_ns[rows]
-    out["launch_trace_index"] = row_ref(links.launch[rows], trace_index)
-    out["launch_op_trace_index"] = row_ref(links.launch_op[rows], trace_index)
-    out["stage"] = stage_categorical(attribution.stage[rows])
-    out["stage_rule"] = pd.Categorical.from_codes(attribution.rule[rows], categories=attribution.rule_names)
-    out["step"] = attribution.step[rows]
+    out = events.iloc[start:stop].copy(deep=False) if start or stop is not None else events.copy(deep=False)
+    for name, values in event_links(events, links, attribution, start, stop).items():
+        out[name] = values
     return out
+
+
+def event_links(
+    events: pd.DataFrame, links: Links, attribution: Attribution, start: int = 0, stop: int | None = None
+) -> dict[str, np.ndarray | pd.Categorical]:
+    """The columns :func:`event_table` adds to the raw events' rows ``start:stop``."""
+    rows = slice(start, stop)
+    trace_index = events["trace_index"].to_numpy()
+    return {
+        "parent_trace_index": row_ref(links.parent[rows], trace_index),
+        "depth": links.depth[rows],
+        "self_ns": links.self_ns[rows],
+        "launch_trace_index": row_ref(links.launch[rows], trace_index),
+        "launch_op_trace_index": row_ref(links.launch_op[rows], trace_index),
+        "stage": stage_categorical(attribution.stage[rows]),
+        "stage_rule": pd.Categorical.from_codes(attribution.rule[rows], categories=attribution.rule_names),
+        "step": attribution.step[rows],
+    }
 
 
 def kernel_table(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
