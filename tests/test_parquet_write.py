@@ -110,3 +110,23 @@ def test_release_computes_each_table_once_and_writes_the_same(tmp_path, monkeypa
     assert sorted(kept) == sorted(released)
     for name, frame in kept.items():
         assert_same_frame(released[name], frame, obj=name)
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen2_tiny_cpu_marks.json.gz", "gpu/a100_ddp_rank0_nccl.json.gz", "gpu/mi250_minitoy.json.gz"]
+)
+def test_event_slices_from_columns_equal_the_event_table(name):
+    """The writer converts each slice of the events table to Arrow from its columns (no DataFrame): on real traces
+    (loading sub-steps, sparse args, GPU links) every slice equals the event table's rows converted as a frame."""
+    from conftest import SAMPLE_TRACES
+
+    from profparse.tables.parsed import event_columns, event_rows
+
+    p = profparse.load(SAMPLE_TRACES / name, cache=False)
+    n = len(p.raw.events)
+    for start, stop in ((0, n), (0, 1), (n // 3, 2 * n // 3 + 1), (n - 5, n)):
+        expected = to_arrow(event_rows(p, start, stop))
+        made = parquet.RowSlices(n, lambda a, b: event_rows(p, a, b), lambda a, b: event_columns(p, a, b))
+        got = made.arrow(start, stop)
+        assert got.schema == expected.schema and got.equals(expected), (start, stop)
+    assert event_rows(p, 0, n)["substage"].notna().any() or "cpu" not in name  # the CPU capture loads a model
