@@ -13,9 +13,9 @@ the faults in CHANGELOG's "Results that do not move with the trace's clock, its 
 Sources: the seeded random traces of ``tests/random_gpu_traces.py`` and the repo's sample traces. ``clock``,
 ``shuffle``, ``threads`` and ``format`` compare ``summarize`` and ``advise --format json`` of the two traces (``clock``:
 times that moved by exactly the shift are equal; ``shuffle``: ``trace_index``, the place in the file, is left out).
-Known and left: where two host events have the same start and end on one thread, which one nests in the other
-follows the file (seed 89 of ``shuffle``). Prints one line per case that differs and ``N cases, M failures``; exit 1
-if any. Slow by design.
+Known and left: where two host events of one kind have the same start and end on one thread, which one nests in
+the other follows the file (of two kinds, the kind decides: ``profparse.trace.link.span_rank``). Prints one line per
+case that differs and ``N cases, M failures``; exit 1 if any. Slow by design.
 """
 
 from __future__ import annotations

@@ -61,3 +61,34 @@ def test_first_row_of_equals_the_pandas_lookup() -> None:
         expected = by_key.reindex(wanted).fillna(-1).to_numpy().astype(np.int64)
         assert np.array_equal(first_row_of(keys, rows, wanted), expected)
     assert first_row_of(np.array([4, 4, 9]), np.array([10, 11, 12]), np.array([4, 9, 5])).tolist() == [10, 12, -1]
+
+
+def test_events_of_one_span_nest_by_kind_not_by_file_order(tmp_path) -> None:
+    """Two host events with the same start and end on a thread: the step range holds a user range, a user range
+    a Python frame, a frame an op, an op a runtime call, in either order of the file; of one kind, the file's
+    order decides (the first holds the second)."""
+    import json
+
+    import profparse
+
+    spans = [  # (name, cat), outermost first
+        ("ProfilerStep#1", "user_annotation"),
+        ("Optimizer.zero_grad#SGD.zero_grad", "user_annotation"),
+        ("train.py(10): step", "python_function"),
+        ("aten::zero_", "cpu_op"),
+        ("cudaMemsetAsync", "cuda_runtime"),
+    ]
+    base = {"ph": "X", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0, "args": {}}
+    for listed in (spans, spans[::-1], [spans[2], spans[0], spans[4], spans[1], spans[3]]):
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"traceEvents": [{**base, "name": n, "cat": c} for n, c in listed]}))
+        p = profparse.load(path, cache=False)
+        names = p.raw.events["name"].astype(str).tolist()
+        parent = {names[i]: names[j] if j >= 0 else None for i, j in enumerate(p.links.parent.tolist())}
+        assert [parent[n] for n, _ in spans] == [None] + [n for n, _ in spans[:-1]], listed
+    same = [("aten::a", "cpu_op"), ("aten::b", "cpu_op")]
+    for first, second in (same, same[::-1]):
+        path.write_text(json.dumps({"traceEvents": [{**base, "name": n, "cat": c} for n, c in (first, second)]}))
+        p = profparse.load(path, cache=False)
+        names = p.raw.events["name"].astype(str).tolist()
+        assert names[p.links.parent[names.index(second[0])]] == first[0]

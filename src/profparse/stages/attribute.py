@@ -18,11 +18,10 @@ from profparse.stages.graph_launch import GRAPH_RULE_NAMES, stage_graph_kernels
 from profparse.stages.phases import PHASE_CONDITIONS, phase_conditions
 from profparse.stages.rules import GPU_UNLINKED, NOT_ACTIVITY, UNCLASSIFIED, StageRule, rules_table
 from profparse.trace.ancestors import depth_order
-from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, KIND_CODE, NULL, STEP_NAME
 from profparse.trace.link import Links, first_row_of, kind_mask, name_mask
 
 STAGE_CODE = {s: i for i, s in enumerate(STAGES)}
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")  # the profiler's step ranges
 # Step numbers are kept exact wherever they go: int64 columns, JSON outputs and the report's JavaScript (a double).
 MAX_STEP_NUMBER = (1 << 53) - 1
 _MAX_STEP_DIGITS = len(str(MAX_STEP_NUMBER))  # longer digit strings are never parsed (int() of 5,000 digits raises)

@@ -10,6 +10,7 @@ import numpy as np
 from profparse.trace.schema import TEXT_ARG_FIELDS
 
 NULL = np.iinfo(np.int64).min  # sentinel for a missing integer inside numpy arrays
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")  # the profiler's step ranges
 
 KINDS: tuple[str, ...] = (
     "cpu_op",

@@ -19,7 +19,7 @@ from profparse.base.arrays import pack_codes, unpack_codes
 from profparse.base.intervals import group_start_order
 from profparse.trace.ancestors import innermost_ancestor_of_kind
 from profparse.trace.budget import release_memory
-from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS
+from profparse.trace.kinds import GPU_ACTIVITY_KINDS, GPU_TRACK_KINDS, KIND_CODE, NULL, RUNTIME_KINDS, STEP_NAME
 
 
 def index_dtype(rows: int) -> type:
@@ -139,11 +139,14 @@ def _thread_order(thread: np.ndarray, ts: np.ndarray, neg_dur: np.ndarray, rows:
     return rows[np.lexsort((rows, neg_dur[rows], t, th))]
 
 
-def nest(thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nest(
+    thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray, rank: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Parent row and depth of each row in ``rows`` by containment on its thread.
 
-    The rule (a stack over rows sorted by thread, start, longest first): a row's parent is the nearest earlier row
-    of its thread that is longer than zero and ends no earlier than it. Zero-length rows never pop a possible
+    The rule (a stack over rows sorted by thread, start, longest first, then by ``rank`` where given: of rows
+    with one span, the lower rank holds the other; then the file's order): a row's parent is the nearest earlier
+    row of its thread that is longer than zero and ends no earlier than it. Zero-length rows never pop a possible
     parent, since they start no later than the row and end where they start. That nearest row is found for all
     rows at once by pointer doubling: each row keeps a candidate such that no row between it and the candidate
     qualifies, and a failing candidate is replaced by the candidate's own candidate. Depth is the number of
@@ -155,7 +158,8 @@ def nest(thread: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: np.ndarray) 
     m = len(rows)
     if m == 0:
         return parent, depth
-    order = _thread_order(thread, ts, ts - end, rows)
+    # rank in the low bits of the (negated) length: durations stay far below 2**59 ns (over 11 days is dropped)
+    order = _thread_order(thread, ts, ts - end if rank is None else (ts - end) * 8 + rank, rows)
     th = thread[order]
     e = end[order]
     can_contain = e > ts[order]
@@ -204,6 +208,22 @@ def first_row_of(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.n
     return np.where(unique_keys[pos] == wanted, unique_rows[pos], -1).astype(np.int64)
 
 
+#: which of two host events with the same start and end on a thread holds the other (lower first; the file's
+#: order within a rank): the step's range, user ranges, Python frames, ops, runtime calls, the rest. Real traces
+#: have no such pairs (nanosecond clocks); written ones would otherwise nest in whatever order the file lists them
+_SPAN_RANK = {"user_annotation": 1, "python_function": 2, "cpu_op": 3, "cuda_runtime": 4, "cuda_driver": 4}
+
+
+def span_rank(events: pd.DataFrame) -> np.ndarray:
+    """Each row's :data:`_SPAN_RANK` (int64; 0 for a ``ProfilerStep#N`` range, 5 for a kind not listed)."""
+    table = np.full(len(KIND_CODE), 5, dtype=np.int64)
+    for kind, rank in _SPAN_RANK.items():
+        table[KIND_CODE[kind]] = rank
+    rank = table[events["kind"].cat.codes.to_numpy()]
+    rank[name_mask(events, STEP_NAME)] = 0
+    return rank
+
+
 def link(events: pd.DataFrame) -> Links:
     """Compute nesting, self time and GPU launch links for an event table."""
     n = len(events)
@@ -221,7 +241,7 @@ def link(events: pd.DataFrame) -> Links:
     thread_pid, thread_tid = unpack_codes(uniques, [pids, tids])
     threads = pd.DataFrame({"pid": thread_pid, "tid": thread_tid})
     host_rows = np.flatnonzero(host)
-    parent, depth = nest(thread, ts, end, host_rows)
+    parent, depth = nest(thread, ts, end, host_rows, span_rank(events))
 
     child_time = np.bincount(parent[parent >= 0], weights=dur[parent >= 0], minlength=n)
     self_ns = np.where(host, dur - child_time.astype(np.int64), 0)
