@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -64,10 +63,7 @@ class RowSlices:
     """A long table made one slice of rows at a time, so that writing it never holds all of it at once."""
 
     def __init__(
-        self,
-        rows: int,
-        make: Callable[[int, int], pd.DataFrame],
-        columns: Callable[[int, int], dict[str, Any]] | None = None,
+        self, rows: int, make: Callable[[int, int], pd.DataFrame], columns: Callable[[int, int], dict[str, Any]]
     ) -> None:
         self.rows = rows
         self.make = make  # (start, stop) -> the table's rows start:stop
@@ -77,9 +73,7 @@ class RowSlices:
         return self.make(0, self.rows)
 
     def arrow(self, start: int, stop: int) -> pa.Table:
-        """Rows ``start:stop`` as Arrow (from the columns where given: no DataFrame of them is made)."""
-        if self.columns is None:
-            return to_arrow(self.make(start, stop))
+        """Rows ``start:stop`` as Arrow, from their columns: no DataFrame of them is made."""
         return pa.table({name: arrow_column(values) for name, values in self.columns(start, stop).items()})
 
 
@@ -95,12 +89,10 @@ def table_makers(parsed: ParsedTrace, release: bool = False) -> dict[str, Callab
     held = parsed.computed()
     makers: dict[str, Callable[[], Table]] = {}
     for position, spec in enumerate(specs):
-        if spec.sliced:
-            rows, columns = spec.function(), resolve(spec.slice_columns) if spec.slice_columns else None
+        if spec.slice_columns is not None:
+            rows, columns = spec.function(), resolve(spec.slice_columns)
             makers[spec.name] = lambda rows=rows, columns=columns: RowSlices(
-                len(parsed.raw.events),
-                lambda a, b: rows(parsed, a, b),
-                None if columns is None else lambda a, b: columns(parsed, a, b),
+                len(parsed.raw.events), lambda a, b: rows(parsed, a, b), lambda a, b: columns(parsed, a, b)
             )
             continue
         done = [name for name, at in last.items() if at == position and name not in held] if release else []
@@ -190,16 +182,15 @@ def _write(table: Table, path: Path, metadata: dict[str, str] | None) -> None:
         return
     t0, making = time.perf_counter(), [0.0]
     if isinstance(table, RowSlices):
-        arrow = table.arrow
+        columns = table.columns
 
-        def timed(start: int, stop: int) -> pa.Table:  # making a slice and converting it to Arrow
+        def timed(start: int, stop: int) -> dict[str, Any]:
             t = time.perf_counter()
-            part = arrow(start, stop)
+            part = columns(start, stop)
             making[0] += time.perf_counter() - t
             return part
 
-        table = copy.copy(table)
-        table.arrow = timed  # type: ignore[method-assign]
+        table = RowSlices(table.rows, table.make, timed)
     _encode(table, path, metadata)
     _CLOCK.add("tables", making[0])
     _CLOCK.add("parquet", time.perf_counter() - t0 - making[0])

@@ -42,12 +42,17 @@ class TableSpec:
     public: bool = True  # an attribute of ParsedTrace, with nullable columns
     written: bool = True  # a Parquet file of `profparse parse` (and of each rank in a rank dataset)
     stored: bool = True  # kept in the trace's cache entry once computed
-    sliced: bool = False  # long: computed and written a slice of rows at a time (compute takes start, stop)
-    # with ``sliced``: "module:function" (parsed, start, stop) -> the same rows as columns, which the Parquet
-    # writer converts to Arrow without making a DataFrame of them
+    # a long table, computed and written a slice of rows at a time (compute takes start, stop): "module:function"
+    # (parsed, start, stop) -> the same rows as columns, which the Parquet writer converts to Arrow without making
+    # a DataFrame of them
     slice_columns: str | None = None
     # tables and values read through ``parsed`` (when it is a need): a writer keeps them until this table is made
     reads: tuple[str, ...] = ()
+
+    @property
+    def sliced(self) -> bool:
+        """Computed and written a slice of rows at a time (:attr:`slice_columns`)."""
+        return self.slice_columns is not None
 
     def function(self) -> Callable[..., Any]:
         return resolve(self.compute)
@@ -107,7 +112,6 @@ TABLES: dict[str, TableSpec] = {
             "one row per trace event, with nesting, launch links, stage, stage_rule, step, substage",
             reads=("substeps",),
             stored=False,  # the cache keeps the columns it is made from
-            sliced=True,
             slice_columns="profparse.tables.parsed:event_columns",
         ),
         TableSpec(
