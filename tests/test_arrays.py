@@ -1,4 +1,5 @@
-"""base/arrays: factorize_rows(sort=True) numbers groups as pandas' sorted MultiIndex factorize does."""
+"""base/arrays: factorize_rows(sort=True) numbers groups as pandas' sorted MultiIndex factorize does; grouped
+reduces as pandas' named aggregation does."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pandas as pd
 import pytest
 from conftest import parsed
 
-from profparse.base.arrays import factorize_rows, text_order
+import profparse.base.arrays as arrays
+from profparse.base.arrays import REDUCERS, factorize_rows, grouped, text_order
 from profparse.trace.kinds import NULL
 
 
@@ -64,3 +66,69 @@ def test_sparse_columns_are_the_same_with_or_without_from_indices(monkeypatch, s
 def test_text_order_ranks_rows_by_their_text(column):
     """Equal texts rank alike, whatever the categories' order: the tie key of the summary's sorts."""
     assert text_order(column).tolist() == [1, 0, 2, 0]
+
+
+def _random_columns(rng: np.random.Generator, rows: int, text: bool) -> tuple[dict, dict]:
+    keys = {"a": rng.integers(-2, 3, rows), "b": rng.integers(0, 2, rows).astype(bool)}
+    if text:
+        keys["c"] = np.array([f"k{i}" for i in rng.integers(0, 3, rows)], dtype=object)
+    values = {
+        "i": rng.integers(-(2**40), 2**40, rows),
+        "f": rng.random(rows),
+        "b": rng.integers(0, 2, rows).astype(bool),
+        "u": rng.integers(0, 5, rows).astype(np.int32),
+        "t": np.array([f"v{i}" for i in rng.integers(0, 4, rows)], dtype=object),
+    }
+    return keys, values
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_grouped_equals_pandas_named_aggregation(seed, monkeypatch):
+    """Every reduction of integers, booleans, floats and text, by integer, boolean and text keys, sorted or in
+    order of first appearance: the same frame (values, dtypes, row order) as pandas gives; and the numpy path is
+    the one taken (a float sum goes to pandas: it sums with compensation, so only without one)."""
+    rng = np.random.default_rng(seed)
+    keys, values = _random_columns(rng, int(rng.integers(1, 40)), text=seed % 3 == 0)
+    aggs = {
+        f"{name}_{how}": (column, how)
+        for name, column in values.items()
+        for how in REDUCERS
+        if (name != "t" or how in ("first", "last", "size")) and not (name == "f" and how == "sum")
+    }
+    reduced = []
+    real = arrays._reduce
+    monkeypatch.setattr(arrays, "_reduce", lambda *a: reduced.append(a[2]) or real(*a))
+    for sort in (True, False):
+        frame = pd.DataFrame({**keys, **{f"_{name}": column for name, (column, _) in aggs.items()}})
+        named = {name: (f"_{name}", how) for name, (_, how) in aggs.items()}
+        expected = frame.groupby(list(keys), sort=sort).agg(**named).reset_index()
+        pd.testing.assert_frame_equal(grouped(keys, aggs, sort=sort), expected, check_exact=True)
+    assert len(reduced) == 2 * len(aggs)
+
+
+@pytest.mark.parametrize("case", ["no rows", "missing value", "missing key", "float sum", "text minimum"])
+def test_grouped_leaves_what_numpy_would_answer_differently_to_pandas(case, monkeypatch):
+    """No rows, a NaN or None (pandas skips them), a float sum, the minimum of text: pandas' own answer."""
+    keys, values = _random_columns(np.random.default_rng(7), 30, text=True)
+    aggs = {"i": (values["i"], "sum"), "f": (values["f"], "min"), "t": (values["t"], "first")}
+    if case == "no rows":
+        keys = {k: v[:0] for k, v in keys.items()}
+        aggs = {name: (column[:0], how) for name, (column, how) in aggs.items()}
+    elif case == "missing value":
+        values["f"][3] = np.nan
+        values["t"][4] = None
+    elif case == "missing key":
+        keys["c"][5] = None
+    elif case == "float sum":
+        aggs["f"] = (values["f"], "sum")
+    else:
+        aggs["t"] = (values["t"], "min")
+    monkeypatch.setattr(arrays, "_reduce", lambda *a: pytest.fail("numpy path taken"))
+    frame = pd.DataFrame({**keys, **{f"_{name}": column for name, (column, _) in aggs.items()}})
+    expected = frame.groupby(list(keys), sort=True).agg(**{n: (f"_{n}", h) for n, (_, h) in aggs.items()})
+    pd.testing.assert_frame_equal(grouped(keys, aggs), expected.reset_index(), check_exact=True)
+
+
+def test_grouped_refuses_an_unknown_reduction():
+    with pytest.raises(ValueError, match="unknown reduction 'median'"):
+        grouped({"a": np.arange(3)}, {"m": (np.arange(3), "median")})

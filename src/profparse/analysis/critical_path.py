@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import grouped
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import STEP_NAME, Attribution
 from profparse.stages.rules import COLLECTIVE_KERNEL
@@ -535,13 +536,12 @@ def thread_joins(events: pd.DataFrame, links: Links, attribution: Attribution, r
     step = attribution.step[rows]
     thread = links.thread[rows].astype(np.int64)
     keep = (stage == STAGES.index("backward")) & (step != NULL) & (thread != attribution.main_thread)
+    keep &= attribution.main_thread >= 0
     ts = events["ts_ns"].to_numpy()[rows][keep]
-    frame = pd.DataFrame(
-        {"thread": thread[keep], "step": step[keep], "first": ts, "last": ts + events["dur_ns"].to_numpy()[rows][keep]}
+    end = ts + events["dur_ns"].to_numpy()[rows][keep]
+    return grouped(
+        {"thread": thread[keep], "step": step[keep]}, {"first": (ts, "min"), "last": (end, "max")}, sort=False
     )
-    if attribution.main_thread < 0:
-        frame = frame.iloc[:0]
-    return frame.groupby(["thread", "step"], sort=False).agg(first=("first", "min"), last=("last", "max")).reset_index()
 
 
 def kernel_bound_codes(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

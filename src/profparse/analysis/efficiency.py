@@ -65,10 +65,10 @@ def efficiency_table(parsed: ParsedTrace, flops: pd.DataFrame, peak: PeakChoice)
     f = _with_modes(flops)
     measures = ("flops", "model", "bytes", "counted_gpu", "uncounted_gpu", "counted_host", "uncounted_host",
                 *MODE_FLOPS, *MODE_MODEL)  # fmt: skip
-    sums = dict.fromkeys(measures, "sum")
-    by_stage = f.groupby(["step", "stage"], observed=False).agg(sums).reset_index()
-    by_step = f.groupby("step").agg(sums).reset_index()
-    by_total = f.groupby("stage", observed=False).agg(sums).reset_index()
+    sums = list(measures)  # one grouped sum of all the columns (``agg`` with a dict makes one per column)
+    by_stage = f.groupby(["step", "stage"], observed=False)[sums].sum().reset_index()
+    by_step = f.groupby("step")[sums].sum().reset_index()
+    by_total = f.groupby("stage", observed=False)[sums].sum().reset_index()
     summary = parsed.table("stage_summary")
     steps = parsed.steps
     busy = summary[summary["scope"] != "total"].groupby(["step", "stage"], observed=False)["gpu_busy_ns"].sum()

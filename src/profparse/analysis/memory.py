@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import grouped
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
@@ -151,39 +152,28 @@ def memory_by_stage(memory: pd.DataFrame) -> pd.DataFrame:
     allocated = t["allocated_bytes"].to_numpy()
     nbytes = counted_bytes(t)
     reserved = t["reserved_bytes"].to_numpy()
-    base = pd.DataFrame(
-        {
-            "device": t["device"].cat.codes.to_numpy(),
-            "stage": t["stage"].cat.codes.to_numpy(),
-            "step": t["step"].to_numpy(),
-            "before": allocated - nbytes,
-            "after": allocated,
-            "reserved": np.where(reserved == NULL, np.iinfo(np.int64).min, reserved),
-            "alloc": np.where(nbytes > 0, nbytes, 0),
-            "freed": np.where(nbytes < 0, -nbytes, 0),
-            "is_alloc": nbytes > 0,
-            "is_free": nbytes < 0,
-            "ts": t["ts_ns"].to_numpy(),
-            "relative": t["relative"].to_numpy(),
-        }
-    )
+    before, after, ts = allocated - nbytes, allocated, t["ts_ns"].to_numpy()
+    reserved = np.where(reserved == NULL, np.iinfo(np.int64).min, reserved)
+    aggs = {
+        "start": (before, "first"),
+        "end": (after, "last"),
+        "peak": (after, "max"),
+        "peak_reserved": (reserved, "max"),
+        "alloc_bytes": (np.where(nbytes > 0, nbytes, 0), "sum"),
+        "freed_bytes": (np.where(nbytes < 0, -nbytes, 0), "sum"),
+        "alloc_count": (nbytes > 0, "sum"),
+        "free_count": (nbytes < 0, "sum"),
+        "first_ts_ns": (ts, "min"),
+        "last_ts_ns": (ts, "max"),
+        "relative": (t["relative"].to_numpy(), "any"),
+    }
+    step = t["step"].to_numpy()
+    keys = {"stage": t["stage"].cat.codes.to_numpy(), "device": t["device"].cat.codes.to_numpy()}
     frames = []
     for scope in ("step", "total"):
-        frame = base if scope == "step" else base.assign(step=NULL)
-        g = frame.groupby(["step", "stage", "device"], sort=True)  # rows are in time order within each device
-        out = g.agg(
-            start=("before", "first"),
-            end=("after", "last"),
-            peak=("after", "max"),
-            peak_reserved=("reserved", "max"),
-            alloc_bytes=("alloc", "sum"),
-            freed_bytes=("freed", "sum"),
-            alloc_count=("is_alloc", "sum"),
-            free_count=("is_free", "sum"),
-            first_ts_ns=("ts", "min"),
-            last_ts_ns=("ts", "max"),
-            relative=("relative", "any"),
-        ).reset_index()
+        # rows are in time order within each device
+        steps = step if scope == "step" else np.full(len(step), NULL, dtype=step.dtype)
+        out = grouped({"step": steps, **keys}, aggs, sort=True)
         out["scope"] = scope
         frames.append(out)
     out = pd.concat(frames, ignore_index=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import grouped
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
@@ -295,20 +296,18 @@ def backward_node_measures(events, links, inner, call_pos, activity, kernels, op
 
 def _aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     """Sum the per-call rows per (module, stage, recompute); keep tree order (first call)."""
-    keys = ["module", "stage", "recompute"]
-    grouped = rows.groupby(keys, sort=False)
-    out = grouped.agg(
-        parent=("parent", "first"),
-        depth=("depth", "min"),
-        calls=("calls", "sum"),
-        backward_nodes=("backward_nodes", "sum"),
-        host_ns=("host_ns", "sum"),
-        host_self_ns=("host_self_ns", "sum"),
-        gpu_ns=("gpu_ns", "sum"),
-        op_count=("op_count", "sum"),
-        kernel_count=("kernel_count", "sum"),
-        first_ts_ns=("ts", "min"),
-    ).reset_index()
+    keys = {name: rows[name].to_numpy() for name in ("module", "stage", "recompute")}
+    sums = ("calls", "backward_nodes", "host_ns", "host_self_ns", "gpu_ns", "op_count", "kernel_count")
+    out = grouped(
+        keys,
+        {
+            "parent": (rows["parent"].to_numpy(), "first"),
+            "depth": (rows["depth"].to_numpy(), "min"),
+            **{name: (rows[name].to_numpy(), "sum") for name in sums},
+            "first_ts_ns": (rows["ts"].to_numpy(), "min"),
+        },
+        sort=False,
+    )
     first = out.groupby("module", sort=False)["first_ts_ns"].transform("min")
     out = out.assign(_first=first).sort_values(["_first", "stage", "recompute"], kind="stable").drop(columns="_first")
     parts = out["module"].str.extract(MODULE_NAME)

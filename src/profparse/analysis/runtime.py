@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse.base.arrays import text_order
+from profparse.base.arrays import grouped, text_order
 from profparse.stages.attribute import Attribution
 from profparse.tables.host_time import SYNC_NAME
 from profparse.tables.rows import stage_categorical
@@ -53,21 +53,17 @@ def runtime_calls(
     """
     rows = np.flatnonzero(kind_mask(events, RUNTIME_KINDS) & links.host)
     names = events["name"].cat.categories
-    base = pd.DataFrame(
-        {
-            "step": attribution.step[rows],
-            "stage_code": attribution.stage[rows].astype(np.int64),
-            "name_code": events["name"].cat.codes.to_numpy()[rows],
-            "dur": events["dur_ns"].to_numpy()[rows],
-        }
-    )
+    step = attribution.step[rows]
+    keys = {
+        "stage_code": attribution.stage[rows].astype(np.int64),
+        "name_code": events["name"].cat.codes.to_numpy()[rows],
+    }
+    dur = events["dur_ns"].to_numpy()[rows]
+    aggs = {"count": (dur, "size"), "total_ns": (dur, "sum"), "max_ns": (dur, "max")}
     frames = []
     for scope in ("step", "total"):
-        frame = base if scope == "step" else base.assign(step=NULL)
-        out = frame.groupby(["step", "stage_code", "name_code"], sort=False).agg(
-            count=("dur", "size"), total_ns=("dur", "sum"), max_ns=("dur", "max")
-        )
-        out = out.reset_index()
+        steps = step if scope == "step" else np.full(len(step), NULL, dtype=np.int64)
+        out = grouped({"step": steps, **keys}, aggs, sort=False)
         out["scope"] = scope
         frames.append(out)
     out = pd.concat(frames, ignore_index=True)

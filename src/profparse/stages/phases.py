@@ -22,6 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from profparse.base.arrays import grouped
 from profparse.trace.link import Links, kind_mask
 
 SPANS = ("cpu_op", "user_annotation", "python_function")
@@ -105,11 +106,9 @@ def find_runs(
     w, lab = window[rows], label[rows]
     new = np.concatenate([[True], (w[1:] != w[:-1]) | (lab[1:] != lab[:-1])])
     run = np.cumsum(new) - 1
-    runs = pd.DataFrame({"window": w, "stage": lab, "start_ns": ts[rows], "end_ns": end[rows], "run": run})
-    runs = runs.groupby("run", sort=True).agg(
-        window=("window", "first"), stage=("stage", "first"), start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
-    )
-    runs = runs.reset_index(drop=True)
+    firsts = {"window": (w, "first"), "stage": (lab, "first")}
+    spans = {"start_ns": (ts[rows], "min"), "end_ns": (end[rows], "max")}
+    runs = grouped({"run": run}, {**firsts, **spans}, sort=True).drop(columns="run")
     # backward evidence from another thread may outlast the next main-thread run: a run ends where the next starts
     ends = runs["end_ns"].to_numpy().copy()
     ends[:-1] = np.minimum(ends[:-1], runs["start_ns"].to_numpy()[1:])

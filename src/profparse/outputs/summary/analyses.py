@@ -98,18 +98,20 @@ def _modules_by_class(modules: pd.DataFrame) -> list[dict[str, Any]]:
         # depth is not the class's place in the model
         model_depth=modules["depth"].where(~modules["recompute"].astype(bool)),
     )
-    grouped = m.groupby("class", sort=False).agg(
-        depth=("depth", "min"),
-        model_depth=("model_depth", "min"),
-        instances=("module", "nunique"),
-        calls=("fwd_calls", "sum"),
-        forward_host_ns=("fwd_host", "sum"),
-        forward_gpu_ns=("fwd_gpu", "sum"),
-        backward_host_ns=("bwd_host", "sum"),
-        backward_gpu_ns=("bwd_gpu", "sum"),
-        recompute_host_ns=("recompute_host", "sum"),
-        first=("first_ts_ns", "min"),
-    )
+    # a few grouped reductions of several columns each (``agg`` by name makes one per column)
+    by_class = m.groupby("class", sort=False)
+    sums = {
+        "fwd_calls": "calls",
+        "fwd_host": "forward_host_ns",
+        "fwd_gpu": "forward_gpu_ns",
+        "bwd_host": "backward_host_ns",
+        "bwd_gpu": "backward_gpu_ns",
+        "recompute_host": "recompute_host_ns",
+    }
+    lows = by_class[["depth", "model_depth", "first_ts_ns"]].min().rename(columns={"first_ts_ns": "first"})
+    instances = by_class["module"].nunique().rename("instances")
+    parts = [lows[["depth", "model_depth"]], instances, by_class[list(sums)].sum().rename(columns=sums), lows["first"]]
+    grouped = pd.concat(parts, axis=1)
     grouped["depth"] = grouped.pop("model_depth").fillna(grouped["depth"]).astype(np.int64)  # recomputed only: its own
     grouped = grouped.reset_index().sort_values(["depth", "first"], kind="stable").drop(columns="first")
     return [{k: plain(v) for k, v in r.items()} for r in grouped.to_dict("records")]

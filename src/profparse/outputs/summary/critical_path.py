@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from profparse.analysis.critical_path import BOUNDS
+from profparse.base.arrays import grouped
 from profparse.base.formats import Column, Table, ms_text, share_text
 from profparse.base.marks import STAGES
 from profparse.base.names import shorten_name
@@ -78,27 +79,28 @@ def _longest(path: pd.DataFrame, ns: np.ndarray, top: int) -> list[dict[str, Any
     chosen_keys = keys[np.lexsort((keys, first, -totals))[:top]]
     del on_path, totals, first, present, keys
     picked = np.flatnonzero(np.isin(index, chosen_keys))
-    events = path.iloc[picked][["trace_index", "name", "step", "stage", "bound", "start_ns"]].assign(ns=ns[picked])
-    grouped = events.groupby("trace_index", sort=False).agg(
-        ns=("ns", "sum"),
-        first=("start_ns", "min"),
-        name=("name", "first"),
-        step=("step", "first"),
-        stage=("stage", "first"),
-        bound=("bound", "first"),
+    rows = path.iloc[picked]
+    event = index[picked]
+    per_event = grouped(
+        {"trace_index": event},
+        {"first": (rows["start_ns"].to_numpy(), "min"), "row": (np.arange(len(picked)), "first")},
+        sort=False,
     )
-    order = np.lexsort((grouped.index.to_numpy(), grouped["first"].to_numpy(), -grouped["ns"].to_numpy()))[:top]
-    chosen = grouped.iloc[order]
+    per_event["ns"] = pd.Series(ns[picked]).groupby(event, sort=False).sum().to_numpy()  # (pandas: compensated)
+    order = np.lexsort((per_event["trace_index"], per_event["first"], -per_event["ns"].to_numpy()))[:top]
+    chosen = per_event.iloc[order]
+    named = rows.iloc[chosen["row"].to_numpy()]
+    columns = (chosen["trace_index"], named["name"], named["step"], named["stage"], named["bound"], chosen["ns"])
     return [
         {
             "trace_index": int(i),
-            "name": str(r.name),
-            "step": int(r.step),
-            "stage": str(r.stage),
-            "bound": str(r.bound),
-            "ns": int(r.ns),
+            "name": str(name),
+            "step": int(step),
+            "stage": str(stage),
+            "bound": str(bound),
+            "ns": int(total),
         }
-        for i, r in zip(chosen.index, chosen.itertuples(index=False), strict=True)
+        for i, name, step, stage, bound, total in zip(*columns, strict=True)
     ]
 
 
