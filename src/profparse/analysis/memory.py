@@ -154,7 +154,7 @@ def memory_by_stage(memory: pd.DataFrame) -> pd.DataFrame:
     reserved = t["reserved_bytes"].to_numpy()
     before, after, ts = allocated - nbytes, allocated, t["ts_ns"].to_numpy()
     reserved = np.where(reserved == NULL, np.iinfo(np.int64).min, reserved)
-    aggs = {
+    aggs = {  # (first and last: the rows are in time order within each device)
         "start": (before, "first"),
         "end": (after, "last"),
         "peak": (after, "max"),
@@ -171,7 +171,6 @@ def memory_by_stage(memory: pd.DataFrame) -> pd.DataFrame:
     keys = {"stage": t["stage"].cat.codes.to_numpy(), "device": t["device"].cat.codes.to_numpy()}
     frames = []
     for scope in ("step", "total"):
-        # rows are in time order within each device
         steps = step if scope == "step" else np.full(len(step), NULL, dtype=step.dtype)
         out = grouped({"step": steps, **keys}, aggs, sort=True)
         out["scope"] = scope
