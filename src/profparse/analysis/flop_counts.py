@@ -356,5 +356,5 @@ def _math_modes(
 def module_calls(events: pd.DataFrame, links: Links) -> np.ndarray:
     """Rows that are ``nn.Module: ...`` calls."""
     categories = events["name"].cat.categories
-    hit = np.fromiter((MODULE_EVENT.match(str(c)) is not None for c in categories), bool, len(categories))
+    hit = np.fromiter((MODULE_EVENT.match(str(c)) is not None for c in categories.tolist()), bool, len(categories))
     return hit[events["name"].cat.codes.to_numpy()] & links.host if len(events) else np.zeros(0, bool)

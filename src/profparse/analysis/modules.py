@@ -114,7 +114,7 @@ def call_tree(events: pd.DataFrame, links: Links) -> CallTree | None:
     n = len(events)
     categories = events["name"].cat.categories
     is_module_name = np.fromiter(
-        (MODULE_EVENT.match(str(c)) is not None for c in categories), dtype=bool, count=len(categories)
+        (MODULE_EVENT.match(str(c)) is not None for c in categories.tolist()), dtype=bool, count=len(categories)
     )
     name_codes = events["name"].cat.codes.to_numpy()
     module = is_module_name[name_codes] & links.host & kind_mask(events, HOST_KINDS) if n else np.zeros(0, bool)

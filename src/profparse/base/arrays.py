@@ -37,7 +37,7 @@ def category_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = column.cat.codes.to_numpy()
         if not (codes < 0).any():
-            return codes, np.array([str(c) for c in column.cat.categories], dtype=object)
+            return codes, np.array([str(c) for c in column.cat.categories.tolist()], dtype=object)
     return text_codes(column)
 
 

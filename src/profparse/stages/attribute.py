@@ -458,7 +458,7 @@ def _rule_context(
     autograd = _autograd_threads(events, links, thread_names, main)
     none = np.zeros(n, dtype=bool)
     return {
-        "names": [str(name) for name in events["name"].cat.categories],
+        "names": [str(name) for name in events["name"].cat.categories.tolist()],
         "name_codes": events["name"].cat.codes.to_numpy(),
         "kind_codes": events["kind"].cat.codes.to_numpy(),
         "rows_of_names": _RowsOfNames(events["name"].cat.codes.to_numpy(), len(events["name"].cat.categories)),

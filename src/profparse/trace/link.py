@@ -33,7 +33,8 @@ def names_matching(categories: pd.Index, pattern: re.Pattern[str] | str) -> np.n
     array can be indexed by the name codes directly (a row without a name, code ``-1``, matches nothing)."""
     search = (re.compile(pattern) if isinstance(pattern, str) else pattern).search
     hit = np.zeros(len(categories) + 1, dtype=bool)
-    hit[:-1] = np.fromiter((search(str(name)) is not None for name in categories), dtype=bool, count=len(categories))
+    names = categories.tolist()  # Python strings at once: iterating an Arrow-backed index boxes each name, 2x slower
+    hit[:-1] = np.fromiter((search(str(name)) is not None for name in names), dtype=bool, count=len(names))
     return hit
 
 
