@@ -89,7 +89,7 @@ def _costs(events: pd.DataFrame, rows: np.ndarray) -> CostIndex:
             distinct, first, inverse = np.unique(
                 np.stack(codes, axis=1), axis=0, return_index=True, return_inverse=True
             )
-        cats = [c.cat.categories for c in cols]
+        cats = [c.cat.categories.tolist() for c in cols]  # (indexing an Arrow-backed index boxes each value)
         for i in first:
             texts = [None if code[i] == 0 else cat[code[i] - 1] for code, cat in zip(codes, cats, strict=True)]
             found.append(op_cost(*texts) if texts[1] is not None else None)

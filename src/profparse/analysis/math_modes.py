@@ -101,7 +101,7 @@ def op_kernel_rules(events: pd.DataFrame, links: Links, owner: np.ndarray) -> np
     used = np.unique(codes[codes >= 0])
     categories = events["name"].cat.categories
     rule_of_code = np.full(len(categories), -1, dtype=np.int64)
-    rule_of_code[used] = [kernel_rule(str(categories[c])) for c in used]  # once per distinct kernel name
+    rule_of_code[used] = [kernel_rule(str(name)) for name in categories[used].tolist()]  # once per distinct name
     rule = np.where(codes >= 0, rule_of_code[np.maximum(codes, 0)], -1)
     ok = (who >= 0) & (rule >= 0)
     if not ok.any():
