@@ -160,3 +160,26 @@ def test_gpu_trace_with_modules():
     assert 0.95 * stages.loc["backward", "device_ns"] <= bwd_gpu <= stages.loc["backward", "device_ns"]
     convs = m[(m["class"] == "Conv2d") & (m["stage"] == "backward")]
     assert len(convs) == 20 and (convs["gpu_ns"] > 0).all() and (convs["kernel_count"] > 0).all()
+
+
+def test_a_module_called_from_two_places_has_its_first_call_s_parent_in_any_file_order(tmp_path):
+    """Block_1 runs alone first, then inside Block_0: its parent is its first call's (none), whether the file
+    lists the nested call first or last, and so is what its class counts (random trace 612 of the fuzzer: the
+    parent, and with it the class's forward time, followed the file's order)."""
+    from profparse.outputs.summary import summary_data
+
+    answers = []
+    for nested_first in (True, False):
+        b = TraceBuilder()
+        b.annotation("ProfilerStep#1", 0, 200)
+        b.py("nn.Module: Block_1", 10, 20)  # alone
+        b.py("nn.Module: Block_0", 100, 50)
+        b.py("nn.Module: Block_1", 110, 30)  # inside Block_0
+        if nested_first:
+            b.events.append(b.events.pop(-3))  # the file lists the call alone last
+        parsed = profparse.parse(b.write(tmp_path / f"t{nested_first}.json"))
+        m = rows(parsed)
+        assert m.loc[("Block_1", "forward", False), "parent"] == ""
+        assert m.loc[("Block_1", "forward", False), "calls"] == 2
+        answers.append(summary_data(parsed)["analyses"]["modules_by_class"])
+    assert answers[0] == answers[1]

@@ -295,7 +295,9 @@ def backward_node_measures(events, links, inner, call_pos, activity, kernels, op
 
 
 def _aggregate(rows: pd.DataFrame) -> pd.DataFrame:
-    """Sum the per-call rows per (module, stage, recompute); keep tree order (first call)."""
+    """Sum the per-call rows per (module, stage, recompute); keep tree order (first call). The parent is the first
+    call's (in time, not in the file's order: a module called from two places has one answer whatever the order)."""
+    rows = rows.sort_values(["ts", "depth", "parent", "module"], kind="stable")
     keys = {name: rows[name].to_numpy() for name in ("module", "stage", "recompute")}
     sums = ("calls", "backward_nodes", "host_ns", "host_self_ns", "gpu_ns", "op_count", "kernel_count")
     out = grouped(
