@@ -188,7 +188,7 @@ def _empty_breakdown() -> pd.DataFrame:
     return pd.DataFrame(
         {
             "substep": pd.Categorical([], categories=list(SUBSTEPS)),
-            **{c: np.array([], np.int64) for c in BREAKDOWN_COLUMNS[1:-1]},
+            **{c: np.array([], np.float64 if c == "share" else np.int64) for c in BREAKDOWN_COLUMNS[1:-1]},
             "rule": np.array([], dtype=object),
         }
-    ).astype({"share": np.float64})
+    )
