@@ -32,7 +32,7 @@ from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical, take_categorical
 from profparse.trace.ancestors import ancestors_of, has_ancestor_in, innermost_ancestor_of_kind
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, kind_mask, name_mask
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "concrete_inputs")
 STATUS = ("counted", "backward via forward op", "no formula", "shapes not recorded or unfit", "around counted ops")
@@ -355,6 +355,4 @@ def _math_modes(
 
 def module_calls(events: pd.DataFrame, links: Links) -> np.ndarray:
     """Rows that are ``nn.Module: ...`` calls."""
-    categories = events["name"].cat.categories
-    hit = np.fromiter((MODULE_EVENT.match(str(c)) is not None for c in categories.tolist()), bool, len(categories))
-    return hit[events["name"].cat.codes.to_numpy()] & links.host if len(events) else np.zeros(0, bool)
+    return name_mask(events, MODULE_EVENT) & links.host

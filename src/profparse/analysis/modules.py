@@ -25,7 +25,7 @@ from profparse.stages.attribute import Attribution
 from profparse.tables.rows import stage_categorical
 from profparse.trace.ancestors import innermost_ancestor_of_kind
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS, NULL
-from profparse.trace.link import Links, kind_mask
+from profparse.trace.link import Links, kind_mask, name_mask
 
 MODULE_EVENT = re.compile(r"^nn\.Module: .")
 MODULE_NAME = r"^(.+?)(?:_(\d+))?$"  # Class_instance
@@ -112,12 +112,7 @@ class CallTree:
 def call_tree(events: pd.DataFrame, links: Links) -> CallTree | None:
     """The module call tree, or None when the trace has no ``nn.Module`` events."""
     n = len(events)
-    categories = events["name"].cat.categories
-    is_module_name = np.fromiter(
-        (MODULE_EVENT.match(str(c)) is not None for c in categories.tolist()), dtype=bool, count=len(categories)
-    )
-    name_codes = events["name"].cat.codes.to_numpy()
-    module = is_module_name[name_codes] & links.host & kind_mask(events, HOST_KINDS) if n else np.zeros(0, bool)
+    module = name_mask(events, MODULE_EVENT) & links.host & kind_mask(events, HOST_KINDS)
     calls = np.flatnonzero(module)
     if calls.size == 0:
         return None
