@@ -212,7 +212,7 @@ def first_row_of(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.n
 #: which of two host events with the same start and end on a thread holds the other (lower first; the file's
 #: order within a rank): the step's range, user ranges, Python frames, ops, runtime calls, the rest. Real traces
 #: have no such pairs (nanosecond clocks); written ones would otherwise nest in whatever order the file lists them
-_SPAN_RANK = {"user_annotation": 1, "python_function": 2, "cpu_op": 3, "cuda_runtime": 4, "cuda_driver": 4}
+_SPAN_RANK = {"user_annotation": 1, "python_function": 2, "cpu_op": 3, **dict.fromkeys(RUNTIME_KINDS, 4)}
 
 
 def span_rank(events: pd.DataFrame) -> np.ndarray:
