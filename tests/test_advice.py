@@ -313,3 +313,26 @@ def test_a_one_off_is_neither_replayed_nor_applied_before_the_listed_fixes(monke
     assert not set(one_offs) & set(table["kind"])
     for evidence in table["evidence"]:
         assert not set(json.loads(evidence).get("applied_after", [])) & set(one_offs)
+
+
+@pytest.mark.parametrize("dropped", [False, True])
+def test_each_path_segment_finds_the_row_of_its_event(tmp_path: Path, dropped: bool) -> None:
+    """``segment_rows`` maps each path segment's trace_index to its row: by position when no event was dropped,
+    by search when one was (an event without ``ts`` at the front: every row is then one before its position)."""
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(4):
+        t = training_step(b, step, t)
+    if dropped:
+        b.events.insert(0, {"ph": "X", "name": "no time", "pid": 1, "tid": 1, "dur": 5, "cat": "cpu_op"})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(b.document()))
+    parsed = profparse.parse(path)
+    ctx = advice.AdviceContext.of(parsed)
+    index = parsed.raw.events["trace_index"].to_numpy()
+    assert bool(index[0] == 1) is dropped
+    rows, wanted = ctx.segment_rows, ctx.path["trace_index"].to_numpy()
+    on_event = wanted >= 0
+    assert on_event.sum() > 20
+    assert (rows[~on_event] == -1).all()
+    assert (index[rows[on_event]] == wanted[on_event]).all()

@@ -166,10 +166,15 @@ class AdviceContext:
         if self._segment_rows is None:
             raw_index = self.events["trace_index"].to_numpy()
             index = self.path["trace_index"].to_numpy()
-            pos = np.clip(np.searchsorted(raw_index, index), 0, max(len(raw_index) - 1, 0))
-            found = (index >= 0) & (len(raw_index) > 0)
-            found &= raw_index[pos] == index if len(raw_index) else found
             narrow = np.int32 if len(raw_index) < 2**31 else np.int64  # held by all detectors: 4 bytes a segment
+            n = len(raw_index)
+            if n and raw_index[0] == 0 and raw_index[-1] == n - 1:  # no event dropped: each row is its position
+                # (trace_index rises strictly, so its ends fix it); no search per segment (millions on a big trace)
+                self._segment_rows = np.where((index >= 0) & (index < n), index, -1).astype(narrow)
+                return self._segment_rows
+            pos = np.clip(np.searchsorted(raw_index, index), 0, max(n - 1, 0))
+            found = (index >= 0) & (n > 0)
+            found &= raw_index[pos] == index if n else found
             self._segment_rows = np.where(found, pos, -1).astype(narrow)
         return self._segment_rows
 
