@@ -243,3 +243,36 @@ def test_per_step_footer_names_a_step_with_only_gpu_work(tmp_path):
     assert "step 0: only GPU work in the trace (no window" in text
     plain = render(summary_data(cached_parse(ground_truth_trace(tmp_path / "gt.json"))))
     assert "window: the step's span" in plain and "only GPU work" not in plain
+
+
+def _top_by_pandas(frame: pd.DataFrame, value: str, n: int) -> dict[str, list[tuple[str, int, int, float]]]:
+    """The top table as plain pandas says it: (name, count, total, share) of each stage's ``n`` largest sums,
+    ties by name."""
+    out: dict[str, list[tuple[str, int, int, float]]] = {}
+    for stage in profparse.STAGES:
+        rows = frame[frame["stage"] == stage]
+        total = int(rows[value].sum())
+        sums = rows.dropna(subset=["name"]).groupby("name", observed=True)[value].agg(["sum", "count"])
+        ranked = sorted(
+            ((-int(s), str(k), int(c)) for k, s, c in zip(sums.index, sums["sum"], sums["count"], strict=True))
+        )
+        out[stage] = [(name, c, -s, (-s / total) if total else 0.0) for s, name, c in ranked[:n]]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_top_names_per_stage_are_the_largest_sums_ties_by_name(seed: int) -> None:
+    """Random kernels-like frames: names missing or shared, equal sums, stages missing or empty, any order."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = int(rng.integers(0, 60))
+    names = [f"k{i}" for i in range(int(rng.integers(1, 9)))] + ["z", "a"]
+    stage = pd.Categorical(rng.choice([*profparse.STAGES, None], rows), categories=list(profparse.STAGES))
+    name = pd.Categorical(rng.choice([*names, None], rows), categories=[*names, "unused"])
+    frame = pd.DataFrame({"stage": stage, "name": name, "dur_ns": rng.choice([0, 5, 10, 2**40], rows)})
+    for n in (1, 3, 5):
+        got = summary._top(frame, "dur_ns", n, kernel=True)
+        assert list(got) == list(profparse.STAGES)
+        plain = {s: [(r["name"], r["count"], r["total_ns"], r["share"]) for r in got[s]] for s in got}
+        assert plain == _top_by_pandas(frame, "dur_ns", n)
