@@ -137,3 +137,17 @@ def test_grouped_leaves_what_numpy_would_answer_differently_to_pandas(case, monk
 def test_grouped_refuses_an_unknown_reduction():
     with pytest.raises(ValueError, match="unknown reduction 'median'"):
         grouped({"a": np.arange(3)}, {"m": (np.arange(3), "median")})
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_in_categories_equals_series_isin(seed):
+    """Random categorical columns (missing values, unused categories, none at all) and value lists (some not
+    among the categories, empty): the same mask as ``Series.isin``."""
+    rng = np.random.default_rng(seed)
+    categories = [f"c{i}" for i in range(int(rng.integers(0, 6)))]
+    rows = int(rng.integers(0, 40))
+    column = pd.Series(pd.Categorical(rng.choice([*categories, None], rows), categories=categories))
+    for values in ([], ["c0"], ["c1", "zz"], categories[::2], ["zz"]):
+        expected = column.isin(values).to_numpy()
+        got = arrays.in_categories(column, tuple(values))
+        assert got.dtype == bool and (got == expected).all()

@@ -42,6 +42,15 @@ def category_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return text_codes(column)
 
 
+def in_categories(column: pd.Series, values: tuple[str, ...] | list[str]) -> np.ndarray:
+    """``column.isin(values).to_numpy()`` for a categorical column: one test per category, then the codes
+    (``Series.isin`` costs ~0.3 ms a call on a few rows; a missing value is in none)."""
+    wanted = set(values)
+    hit = np.zeros(len(column.cat.categories) + 1, dtype=bool)  # the last: code -1, missing
+    hit[:-1] = [c in wanted for c in column.cat.categories.tolist()]
+    return hit[column.cat.codes.to_numpy()]
+
+
 def text_order(column: pd.Series | pd.Index) -> np.ndarray:
     """A rank per row by its text (equal texts, equal rank; missing as "nan"): the last key of a sort whose ties
     must come out in the same order whatever order the rows came in (a trace's file need not be in time order).

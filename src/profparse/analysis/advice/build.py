@@ -9,6 +9,7 @@ import pandas as pd
 
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding, WhatIf
+from profparse.base.arrays import in_categories
 
 _HOST = ("python", "cpu_op", "launch", "data", "sync_wait")
 _GPU = ("gpu_compute", "gpu_comm", "memcpy")
@@ -83,8 +84,8 @@ def from_segments(ctx: AdviceContext, mask: np.ndarray, scale: float = 1.0) -> W
     """The fix of a path-based finding: its host segments' time removed, its GPU segments' activities shortened,
     both by ``scale`` (the share of them the fix saves)."""
     path = ctx.path
-    host = mask & path["bound"].isin(_HOST).to_numpy()  # categorical: one test per category
-    gpu = mask & path["bound"].isin(_GPU).to_numpy()
+    host = mask & in_categories(path["bound"], _HOST)
+    gpu = mask & in_categories(path["bound"], _GPU)
     rows = ctx.segment_rows[gpu]
     intervals = np.stack([path["start_ns"].to_numpy()[host], path["end_ns"].to_numpy()[host]], axis=1)
     return WhatIf(intervals, scale, np.unique(rows[rows >= 0]), 1.0 - scale)

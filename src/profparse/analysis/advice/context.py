@@ -43,7 +43,7 @@ def steady_rows(path: pd.DataFrame, steady: pd.Series) -> pd.DataFrame:
     return path.iloc[rows].reset_index(drop=True)
 
 
-#: path segments whose temporaries :meth:`AdviceContext.by_step_stage` holds at once
+#: path segments whose temporaries :meth:`AdviceContext.step_stage_sums` holds at once
 _BLOCK = 1 << 18
 
 
@@ -58,6 +58,7 @@ class AdviceContext:
     _segment_rows: np.ndarray | None = None
     _step_stage: np.ndarray | None = None
     _in_steps: np.ndarray | None = None
+    _step_ns: float | None = None
 
     @classmethod
     def of(cls, parsed: ParsedTrace) -> AdviceContext | None:
@@ -89,8 +90,10 @@ class AdviceContext:
 
     @property
     def step_ns(self) -> float:
-        """The mean duration of a steady step."""
-        return float((self.steps["end_ns"] - self.steps["start_ns"]).mean())
+        """The mean duration of a steady step (read by every finding: worked out once)."""
+        if self._step_ns is None:
+            self._step_ns = float((self.steps["end_ns"] - self.steps["start_ns"]).mean())
+        return self._step_ns
 
     @property
     def step_numbers(self) -> list[int]:
@@ -187,9 +190,10 @@ class AdviceContext:
         sums = pd.Series(ns, index=self.path["step"].to_numpy()[segment_mask]).groupby(level=0).sum()
         return sums.reindex(self.steps["step"], fill_value=0.0)
 
-    def by_step_stage(self, segment_mask: np.ndarray) -> pd.Series:
-        """Path ns of the segments in ``segment_mask`` per (step, stage), every steady step and stage (numpy
-        bincount: the path of a big trace has millions of segments)."""
+    def step_stage_sums(self, segment_mask: np.ndarray) -> np.ndarray:
+        """Path ns of the segments in ``segment_mask`` per steady step (rows, in ``steps`` order) and stage
+        (columns, :data:`~profparse.base.marks.STAGES` order) (numpy bincount: the path of a big trace has millions
+        of segments)."""
         from profparse.base.marks import STAGES
 
         steps = self.steps["step"].to_numpy()
@@ -209,8 +213,7 @@ class AdviceContext:
             keep = segment_mask[block] & (key[block] >= 0)
             # whole nanoseconds: every partial sum is an integer below 2**53, so the blocks add up exactly
             sums += np.bincount(key[block][keep], weights=ns[block][keep], minlength=len(sums))
-        index = pd.MultiIndex.from_product([steps, list(STAGES)], names=["step", "stage"])
-        return pd.Series(sums, index=index)
+        return sums.reshape(len(steps), len(STAGES))
 
     def top(self, segment_mask: np.ndarray, key: np.ndarray | None = None, n: int = TOP_EVENTS) -> list[dict[str, Any]]:
         """The events with the most path time among the segments in ``segment_mask``, in ms per steady step.

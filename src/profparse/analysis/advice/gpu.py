@@ -9,6 +9,7 @@ from profparse.analysis.advice.build import from_path, from_segments, material_s
 from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.analysis.advice.kinds import detector
+from profparse.base.arrays import in_categories
 from profparse.base.marks import STAGES
 from profparse.trace.kinds import GPU_ACTIVITY_KINDS
 from profparse.trace.link import kind_mask
@@ -58,50 +59,60 @@ def launch_bound(ctx: AdviceContext) -> list[Finding]:
     kernels = kind_mask(ctx.events, GPU_ACTIVITY_KINDS) & ctx.in_steps()
     if not kernels.any():
         return []
-    path = ctx.path
-    host = path["bound"].isin(_HOST_BOUNDS).to_numpy() & (path["stage"] != "other").to_numpy()
-    counted = host | (path["bound"].isin(_ON_DEVICE) & (path["stage"] != "other")).to_numpy()
-    keys = ["step", "stage"]
-    total = ctx.by_step_stage(counted)
-    total = total[total > 0]
-    on_host = ctx.by_step_stage(host).reindex(total.index, fill_value=0)
-    summary = ctx.parsed.table("stage_summary")
-    summary = summary[summary["scope"] == "step"].set_index(keys)
-    busy = summary["gpu_busy_ns"].reindex(total.index, fill_value=0)
+    path, n = ctx.path, len(ctx.steps)
+    staged = ~in_categories(path["stage"], ("other",))
+    host = in_categories(path["bound"], _HOST_BOUNDS) & staged
+    counted = host | (in_categories(path["bound"], _ON_DEVICE) & staged)
+    # per steady step (rows) and stage (columns); a (step, stage) counts where its path holds time
+    total, on_host, busy = ctx.step_stage_sums(counted), ctx.step_stage_sums(host), _step_busy(ctx)
+    held = total > 0
     stage_code = ctx.parsed.attribution.stage[kernels]
-    durations = pd.Series(ctx.events["dur_ns"].to_numpy()[kernels], index=stage_code)
-    median = durations.groupby(level=0).median()
-    median.index = [STAGES[code] for code in median.index]
-    kernel_count = pd.Series(np.bincount(stage_code, minlength=len(STAGES)), index=list(STAGES))
-    small = np.array([median.get(stage, np.inf) <= SMALL_KERNEL_NS for _, stage in total.index])
-    bound = (on_host >= LAUNCH_HOST_SHARE * total) & (busy > 0) & small
-    saving = (total - busy).where(bound, 0).clip(lower=0)
-    per_stage = saving.groupby(level="stage", observed=True).sum() / len(ctx.steps)
+    durations = ctx.events["dur_ns"].to_numpy()[kernels]
+    median = np.array([np.median(durations[stage_code == k]) if (stage_code == k).any() else np.inf
+                       for k in range(len(STAGES))])  # fmt: skip
+    kernel_count = np.bincount(stage_code, minlength=len(STAGES))
+    bound = held & (on_host >= LAUNCH_HOST_SHARE * total) & (busy > 0) & (median <= SMALL_KERNEL_NS)
+    saving = np.maximum(np.where(bound, total - busy, 0.0), 0.0)
+    steps = ctx.steps["step"].to_numpy()
     found = []
-    for stage, mean in per_stage.items():
+    for stage in sorted(STAGES):  # in the order of the stages' names
+        k = STAGES.index(stage)
+        rows = held[:, k]
+        mean = float(saving[rows, k].sum()) / n
         if mean <= 0:
             continue
-        rows = saving.xs(stage, level="stage")
-        steps = material_steps(rows)
-        idle = float((total - busy).xs(stage, level="stage").clip(lower=0).sum()) / len(ctx.steps)
+        idle = float(np.maximum(total[rows, k] - busy[rows, k], 0).sum()) / n
         template = (
-            f"{stage}: the GPU waits for the host to launch short kernels (median {median[stage] / 1e3:.1f} us);"
+            f"{stage}: the GPU waits for the host to launch short kernels (median {median[k] / 1e3:.1f} us);"
             " without the launches it would save {saving} per step ({share})"
         )
         text = template.format(saving=ms(mean), share=share(mean, ctx.step_ns))
         evidence = {
-            "median_kernel_us": round(float(median[stage]) / 1e3, 2),
-            "kernels_per_step": round(int(kernel_count[stage]) / len(ctx.steps), 1),
-            "host_bound_ms_per_step": round(float(on_host.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
-            "gpu_busy_ms_per_step": round(float(busy.xs(stage, level="stage").sum()) / len(ctx.steps) / 1e6, 3),
+            "median_kernel_us": round(float(median[k]) / 1e3, 2),
+            "kernels_per_step": round(int(kernel_count[k]) / n, 1),
+            "host_bound_ms_per_step": round(float(on_host[rows, k].sum()) / n / 1e6, 3),
+            "gpu_busy_ms_per_step": round(float(busy[rows, k].sum()) / n / 1e6, 3),
             "gpu_waiting_ms_per_step": round(idle / 1e6, 3),
         }
-        finding = Finding("launch_bound", str(stage), steps, float(mean), ctx.step_ns, "medium", text, evidence)
+        material = material_steps(pd.Series(saving[rows, k], index=steps[rows]))
+        finding = Finding("launch_bound", stage, material, mean, ctx.step_ns, "medium", text, evidence)
         # graph replay: the stage's host work on the path (dispatch, launches) gone, its kernels as they were
-        on_stage = host & (path["stage"] == stage).to_numpy()
+        on_stage = host & in_categories(path["stage"], (stage,))
         finding.what_if, finding.template = from_segments(ctx, on_stage), template
         found.append(finding)
     return found
+
+
+def _step_busy(ctx: AdviceContext) -> np.ndarray:
+    """GPU busy ns per steady step and stage (as :meth:`AdviceContext.step_stage_sums`), from the stage summary."""
+    summary = ctx.parsed.table("stage_summary")
+    rows = summary[summary["scope"] == "step"]
+    busy = np.zeros((len(ctx.steps), len(STAGES)), dtype=np.int64)
+    at = pd.Index(ctx.steps["step"].to_numpy()).get_indexer(rows["step"].to_numpy())
+    stage = rows["stage"].cat.codes.to_numpy()
+    keep = (at >= 0) & (stage >= 0)
+    busy[at[keep], stage[keep]] = rows["gpu_busy_ns"].to_numpy()[keep]
+    return busy
 
 
 @detector
@@ -125,7 +136,7 @@ def fp32_matmul(ctx: AdviceContext) -> list[Finding]:
     flag = np.zeros(len(ctx.events), dtype=bool)
     flag[rows] = True
     under = ctx.under(flag)
-    segments = ctx.segments_of(under) & ctx.path["bound"].isin(("gpu_compute",)).to_numpy()
+    segments = ctx.segments_of(under) & in_categories(ctx.path["bound"], ("gpu_compute",))
     gpu_ns = fp32_ops["gpu_ns"].to_numpy(dtype=np.float64)
     floor = fp32_ops["bytes"].to_numpy(dtype=np.float64) / (row.memory_gbps * 1e9) * 1e9 if row.memory_gbps else 0
     after = np.maximum(gpu_ns * fp32 / tf32, floor)

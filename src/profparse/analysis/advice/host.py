@@ -11,6 +11,7 @@ from profparse.analysis.advice.context import AdviceContext
 from profparse.analysis.advice.finding import Finding, WhatIf
 from profparse.analysis.advice.kinds import detector
 from profparse.analysis.advice.waits import ALLOCATOR_CALL
+from profparse.base.arrays import in_categories
 from profparse.stages.attribute import STEP_NAME
 from profparse.trace.link import kind_mask
 
@@ -53,9 +54,9 @@ def data_loading(ctx: AdviceContext) -> list[Finding]:
 def between_steps(ctx: AdviceContext) -> list[Finding]:
     """Host work of stage ``other`` on the path that is not data loading: logging, metrics, checkpoints."""
     path = ctx.path
-    if not path["stage"].isin(("forward", "backward", "optimizer")).any():
+    if not in_categories(path["stage"], ("forward", "backward", "optimizer")).any():
         return []  # not a training step: nothing is "between" stages
-    segments = (path["stage"] == "other").to_numpy() & path["bound"].isin(_HOST_BOUNDS).to_numpy()
+    segments = in_categories(path["stage"], ("other",)) & in_categories(path["bound"], _HOST_BOUNDS)
     rows = ctx.segment_rows
     key = np.full(len(rows), -1, dtype=np.int64)
     key[segments] = ctx.below(rows[segments], ctx.names(STEP_NAME))
