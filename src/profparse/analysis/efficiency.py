@@ -46,15 +46,20 @@ def _with_modes(flops: pd.DataFrame) -> pd.DataFrame:
     mode = flops["math_mode"].to_numpy(object)
     per_mode = {f"flops_{m}": np.where(mode == m, hw, 0.0) for m in MODES}
     per_mode |= {f"model_{m}": np.where(mode == m, model, 0.0) for m in MODES}
-    return flops.assign(
-        flops=hw,
-        bytes=np.where(device, flops["bytes"], 0.0),
-        model=model,
-        counted_gpu=np.where(counted, flops["gpu_ns"], 0),
-        uncounted_gpu=np.where(counted, 0, flops["gpu_ns"]),
-        counted_host=np.where(counted, flops["host_ns"], 0),
-        uncounted_host=np.where(counted, 0, flops["host_ns"]),
-        **per_mode,
+    # one new frame, not ``assign``: its float columns make one block, so each grouped sum below is one pass over
+    # them, not one per column (the same sums: pandas adds each column on its own either way)
+    return pd.DataFrame(
+        {
+            **{c: flops[c] for c in ("step", "stage", "status", "trace_index", "gpu_ns", "host_ns")},
+            "flops": hw,
+            "bytes": np.where(device, flops["bytes"], 0.0),
+            "model": model,
+            "counted_gpu": np.where(counted, flops["gpu_ns"], 0),
+            "uncounted_gpu": np.where(counted, 0, flops["gpu_ns"]),
+            "counted_host": np.where(counted, flops["host_ns"], 0),
+            "uncounted_host": np.where(counted, 0, flops["host_ns"]),
+            **per_mode,
+        }
     )
 
 
