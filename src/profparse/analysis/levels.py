@@ -77,13 +77,12 @@ def stage_levels(
     rows["stage_code"] = rows["stage"].cat.codes.astype(np.int64)
     keys = ["scope", "step", "stage_code"]
     merged = rows.merge(levels, on=keys, how="left", sort=False).merge(host, on=keys, how="left", sort=False)
-    out = pd.DataFrame(
-        {
-            "scope": merged["scope"].to_numpy(),
-            "step": merged["step"].to_numpy(),
-            "stage": stage_categorical(merged["stage_code"].to_numpy()),
-        }
-    )
+    # the columns gathered first and made one frame at once: a column assigned to a frame costs ~0.3 ms
+    out: dict[str, np.ndarray | pd.Categorical] = {
+        "scope": merged["scope"].to_numpy(),
+        "step": merged["step"].to_numpy(),
+        "stage": stage_categorical(merged["stage_code"].to_numpy()),
+    }
     for column in (*HOST_COLUMNS, SUM_COLUMNS[0]):
         out[column] = merged[column].fillna(0).to_numpy().astype(np.int64)
     out["device_busy_ns"] = merged["gpu_busy_ns"].to_numpy().astype(np.int64)
@@ -94,8 +93,9 @@ def stage_levels(
     for column in LATENCY_COLUMNS:
         values = merged[column].to_numpy()
         out[column] = np.where(np.isnan(values.astype(np.float64)), NULL, values).astype(np.int64)
-    out["launch_latency_count"] = np.where(out["launch_latency_count"] == NULL, 0, out["launch_latency_count"])
-    return out
+    count = out["launch_latency_count"]
+    out["launch_latency_count"] = np.where(count == NULL, 0, count)
+    return pd.DataFrame(out)
 
 
 def _counted_levels(events: pd.DataFrame, links: Links, attribution: Attribution) -> pd.DataFrame:
