@@ -151,3 +151,24 @@ def test_in_categories_equals_series_isin(seed):
         expected = column.isin(values).to_numpy()
         got = arrays.in_categories(column, tuple(values))
         assert got.dtype == bool and (got == expected).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_row_positions_finds_each_key_as_a_left_merge_does(seed):
+    """Keys of text, NULL steps and small codes, some absent from the table, in any order: each row's position in
+    the table, or -1, as a left merge on the same keys pairs them."""
+    rng = np.random.default_rng(seed)
+    scopes, steps = np.array(["step", "outside_steps", "total"], dtype=object), np.array([NULL, 0, 1, 7])
+    table = pd.DataFrame(
+        {"scope": rng.choice(scopes, 30), "step": rng.choice(steps, 30), "code": rng.integers(0, 5, 30)}
+    )
+    table = table.drop_duplicates().sample(frac=1, random_state=seed).reset_index(drop=True)
+    rows = pd.DataFrame(
+        {"scope": rng.choice(scopes, 25), "step": rng.choice(steps, 25), "code": rng.integers(0, 6, 25)}
+    )
+    keys = ["scope", "step", "code"]
+    got = arrays.row_positions([rows[c].to_numpy() for c in keys], [table[c].to_numpy() for c in keys])
+    merged = rows.merge(table.reset_index(names="position"), on=keys, how="left", sort=False)
+    assert got.tolist() == merged["position"].fillna(-1).astype(int).tolist()
+    assert (got == -1).any() and (got >= 0).any()
+    assert len(arrays.row_positions([np.array([])] * 3, [table[c].to_numpy() for c in keys])) == 0

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse.base.arrays import grouped, text_order
+from profparse.base.arrays import grouped, row_positions, text_order
 from profparse.stages.attribute import Attribution
 from profparse.tables.host_time import SYNC_NAME
 from profparse.tables.rows import stage_categorical
@@ -44,12 +44,18 @@ def call_class(name: str) -> str:
 
 
 def _host_wall(rows: pd.DataFrame, stage_summary: pd.DataFrame) -> np.ndarray:
-    """The host wall time of each row's (scope, step, stage_code) in the stage summary, 0 where it has none: a dict
-    lookup (the summary has one row per key; a merge cost ~3 ms on a few rows)."""
-    scope, step, wall = (stage_summary[c].tolist() for c in ("scope", "step", "host_wall_ns"))
-    by_key = dict(zip(zip(scope, step, stage_summary["stage"].cat.codes.tolist(), strict=True), wall, strict=True))
-    keys = zip(rows["scope"].tolist(), rows["step"].tolist(), rows["stage_code"].tolist(), strict=True)
-    return np.array([by_key.get(key, 0) for key in keys], dtype=np.int64)
+    """The host wall time of each row's (scope, step, stage_code) in the stage summary (one row per key), 0 where
+    it has none."""
+    at = row_positions(
+        [rows[c].to_numpy() for c in ("scope", "step", "stage_code")],
+        [
+            stage_summary["scope"].to_numpy(),
+            stage_summary["step"].to_numpy(),
+            stage_summary["stage"].cat.codes.to_numpy(),
+        ],
+    )
+    wall = stage_summary["host_wall_ns"].to_numpy()
+    return np.where(at >= 0, wall[np.maximum(at, 0)] if len(wall) else 0, 0).astype(np.int64)
 
 
 def runtime_calls(

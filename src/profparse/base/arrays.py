@@ -51,6 +51,15 @@ def in_categories(column: pd.Series, values: tuple[str, ...] | list[str]) -> np.
     return hit[column.cat.codes.to_numpy()]
 
 
+def row_positions(wanted: list[np.ndarray], table: list[np.ndarray]) -> np.ndarray:
+    """Per row of the key columns ``wanted``, the position of the row of the key columns ``table`` with an equal key,
+    -1 where none (``table``'s keys are distinct): a dict of the keys as Python values (a left merge of a few rows
+    cost ~3 ms)."""
+    at = {key: i for i, key in enumerate(zip(*(np.asarray(c).tolist() for c in table), strict=True))}
+    keys = zip(*(np.asarray(c).tolist() for c in wanted), strict=True)
+    return np.fromiter((at.get(key, -1) for key in keys), dtype=np.int64, count=len(wanted[0]) if wanted else 0)
+
+
 def text_order(column: pd.Series | pd.Index) -> np.ndarray:
     """A rank per row by its text (equal texts, equal rank; missing as "nan"): the last key of a sort whose ties
     must come out in the same order whatever order the rows came in (a trace's file need not be in time order).
