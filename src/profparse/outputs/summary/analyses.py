@@ -25,6 +25,7 @@ from profparse.base.formats import (
     plain,
     us_text,
 )
+from profparse.trace.kinds import NULL
 
 if TYPE_CHECKING:
     from profparse.tables.parsed import ParsedTrace
@@ -50,19 +51,23 @@ LATENCY = (
 
 
 def _records(frame: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of an internal table (NULL sentinels, no nullable columns: a public copy costs ~1 ms a table) as
+    JSON-ready dicts, NULL as None."""
     out = []
     for row in frame.drop(columns=[c for c in drop if c in frame.columns]).to_dict("records"):
-        out.append({k: (str(v) if k in ("stage", "substep", "device") else plain(v)) for k, v in row.items()})
+        out.append(
+            {k: (str(v) if k in ("stage", "substep", "device") else plain(v, null=NULL)) for k, v in row.items()}
+        )
     return out
 
 
 def levels_data(parsed: ParsedTrace) -> dict[str, Any]:
-    levels = parsed.stage_levels
+    levels = parsed.table("stage_levels")
     return {"stage_levels": _records(levels[levels["scope"] == "total"], drop=("scope", "step"))}
 
 
 def load_data(parsed: ParsedTrace) -> dict[str, Any]:
-    return {"load_breakdown": _records(parsed.load_breakdown)}
+    return {"load_breakdown": _records(parsed.table("load_breakdown"))}
 
 
 def modules_data(parsed: ParsedTrace) -> dict[str, Any]:
@@ -72,7 +77,7 @@ def modules_data(parsed: ParsedTrace) -> dict[str, Any]:
 
 
 def memory_data(parsed: ParsedTrace) -> dict[str, Any]:
-    memory = parsed.memory_by_stage
+    memory = parsed.table("memory_by_stage")
     return {"memory_by_stage": _records(memory[memory["scope"] == "total"], drop=("scope", "step"))}
 
 
