@@ -225,7 +225,7 @@ def summary_data(
         "top_ops": tops["top_ops"],
         "gpu_time_by_rule": tops["gpu_time_by_rule"],
         "op_time_by_rule": tops["op_time_by_rule"],
-        "runtime_calls": top_calls(parsed.runtime_calls, top),
+        "runtime_calls": top_calls(parsed.table("runtime_calls"), top),
         "communication": communication_data(
             parsed.table("collectives"),
             parsed.table("comm_exposure"),
