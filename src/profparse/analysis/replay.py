@@ -343,8 +343,11 @@ class Change:
 
 
 def mean_step(model: Model, per_event_ns: np.ndarray, change: Change | None = None) -> float:
-    """The mean ``step_ns`` of :func:`replay`."""
-    return float(replay(model, per_event_ns, change)["step_ns"].mean())
+    """The mean ``step_ns`` of :func:`replay` (with a change, from the step times alone: no frame per what-if)."""
+    if change is None:
+        return float(replay(model, per_event_ns)["step_ns"].mean())
+    h_knots, ends, off_t, off_v, _ = _walked(model, per_event_ns, change, detail=False)
+    return float(pd.Series(_step_columns(model, h_knots, ends, off_t, off_v)["step_ns"]).mean())
 
 
 @dataclass
@@ -378,11 +381,8 @@ def replay(model: Model, per_event_ns: np.ndarray, change: Change | None = None)
 def run(model: Model, per_event_ns: np.ndarray, change: Change | None = None, detail: bool = True) -> Run:
     """:func:`replay` with what the replayed critical path reads (``detail``; else only the frame)."""
     unchanged = change is None  # its frame is kept for :func:`replay`, which looks it up by the same test
-    change = change or Change()
-    h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
-    gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
-    ends, off_t, off_v, why = _simulate(model, h_knots, gpu, change.calls_dropped, detail)
-    frame = _frame(model, h_knots, ends, off_t, off_v)
+    h_knots, ends, off_t, off_v, why = _walked(model, per_event_ns, change or Change(), detail)
+    frame = pd.DataFrame(_step_columns(model, h_knots, ends, off_t, off_v))
     if unchanged:
         model.unchanged.setdefault(_cost_key(per_event_ns), frame.copy())
     return Run(h_knots, why[0], ends, why[1], why[2], off_t, off_v, frame)
@@ -392,7 +392,19 @@ def _cost_key(per_event_ns: np.ndarray) -> bytes:
     return np.asarray(per_event_ns, dtype=np.float64).tobytes()
 
 
-def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: np.ndarray, off_v: np.ndarray) -> pd.DataFrame:
+def _walked(
+    model: Model, per_event_ns: np.ndarray, change: Change, detail: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The replayed host clock at the knots, then :func:`_simulate`'s walk with ``change`` applied."""
+    h_knots = model.host.clock(np.asarray(per_event_ns, dtype=np.float64), change.host_removed)
+    gpu = model.gpu if change.gpu_scale is None else replace(model.gpu, dur=model.gpu.dur * change.gpu_scale)
+    return (h_knots, *_simulate(model, h_knots, gpu, change.calls_dropped, detail))
+
+
+def _step_columns(
+    model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: np.ndarray, off_v: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The columns of :func:`replay`'s frame, one value per steady step."""
     steps = model.steps
     s0, s1 = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     hs = _mapped(model, h_knots, off_t, off_v, (s0 - model.base).astype(np.float64))
@@ -404,18 +416,16 @@ def _frame(model: Model, h_knots: np.ndarray, ends: np.ndarray, off_t: np.ndarra
     backlog = model.gpu.fixed_prev[model.gpu.prev < 0]  # GPU work of the steps before, still running
     first = max(float(hs[0]), float(backlog.max()) if len(backlog) else -np.inf)
     previous = np.concatenate([[first], done[:-1]])
-    return pd.DataFrame(
-        {
-            "step": steps["step"].to_numpy(),
-            "measured_ns": s1 - s0,
-            "host_ns": he - hs,
-            "step_ns": done - np.maximum(previous, hs),
-            "gpu_end_after_host_ns": np.maximum(gpu_end - he, 0.0),
-            "from_ns": np.maximum(previous, hs),  # replayed (model time): where the step's time in the loop starts
-            "done_ns": done,
-            "gpu_bound": gpu_end > he,
-        }
-    )
+    return {
+        "step": steps["step"].to_numpy(),
+        "measured_ns": s1 - s0,
+        "host_ns": he - hs,
+        "step_ns": done - np.maximum(previous, hs),
+        "gpu_end_after_host_ns": np.maximum(gpu_end - he, 0.0),
+        "from_ns": np.maximum(previous, hs),  # replayed (model time): where the step's time in the loop starts
+        "done_ns": done,
+        "gpu_bound": gpu_end > he,
+    }
 
 
 def _mapped(model: Model, h_knots: np.ndarray, off_t: np.ndarray, off_v: np.ndarray, t: np.ndarray) -> np.ndarray:
