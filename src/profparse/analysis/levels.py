@@ -75,8 +75,8 @@ def stage_levels(
     host = host[["scope", "step", "stage_code", *HOST_COLUMNS]]
 
     # each summary row's counts and host times, looked up by (scope, step, stage_code): one row of each per key
-    key = [stage_summary["scope"].to_numpy(), stage_summary["step"].to_numpy(), stage_summary["stage"].cat.codes]
-    key[2] = key[2].to_numpy().astype(np.int64)
+    codes = stage_summary["stage"].cat.codes.to_numpy().astype(np.int64)
+    key = [stage_summary["scope"].to_numpy(), stage_summary["step"].to_numpy(), codes]
     at_levels = row_positions(key, [levels[c].to_numpy() for c in ("scope", "step", "stage_code")])
     at_host = row_positions(key, [host[c].to_numpy() for c in ("scope", "step", "stage_code")])
 
@@ -88,7 +88,7 @@ def stage_levels(
     out: dict[str, np.ndarray | pd.Categorical] = {
         "scope": key[0],
         "step": key[1],
-        "stage": stage_categorical(key[2]),
+        "stage": stage_categorical(codes),
     }
     for column in HOST_COLUMNS:
         out[column] = looked_up(host, at_host, column, 0).astype(np.int64)
