@@ -170,5 +170,8 @@ def test_row_positions_finds_each_key_as_a_left_merge_does(seed):
     got = arrays.row_positions([rows[c].to_numpy() for c in keys], [table[c].to_numpy() for c in keys])
     merged = rows.merge(table.reset_index(names="position"), on=keys, how="left", sort=False)
     assert got.tolist() == merged["position"].fillna(-1).astype(int).tolist()
+    values = rng.integers(0, 100, len(table))
+    merged = rows.merge(table.assign(value=values), on=keys, how="left", sort=False)
+    assert arrays.taken(values, got, -5).tolist() == merged["value"].fillna(-5).astype(int).tolist()
     assert (got == -1).any() and (got >= 0).any()
     assert len(arrays.row_positions([np.array([])] * 3, [table[c].to_numpy() for c in keys])) == 0

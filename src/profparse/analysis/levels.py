@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profparse.base.arrays import row_positions
+from profparse.base.arrays import row_positions, taken
 from profparse.base.marks import STAGES
 from profparse.stages.attribute import Attribution
 from profparse.stages.graph_launch import graph_rule_mask
@@ -80,10 +80,6 @@ def stage_levels(
     at_levels = row_positions(key, [levels[c].to_numpy() for c in ("scope", "step", "stage_code")])
     at_host = row_positions(key, [host[c].to_numpy() for c in ("scope", "step", "stage_code")])
 
-    def looked_up(frame: pd.DataFrame, at: np.ndarray, column: str, missing: float) -> np.ndarray:
-        values = frame[column].to_numpy()
-        return np.where(at >= 0, values[np.maximum(at, 0)] if len(values) else missing, missing)
-
     # the columns gathered first and made one frame at once: a column assigned to a frame costs ~0.3 ms
     out: dict[str, np.ndarray | pd.Categorical] = {
         "scope": key[0],
@@ -91,14 +87,14 @@ def stage_levels(
         "stage": stage_categorical(codes),
     }
     for column in HOST_COLUMNS:
-        out[column] = looked_up(host, at_host, column, 0).astype(np.int64)
-    out[SUM_COLUMNS[0]] = looked_up(levels, at_levels, SUM_COLUMNS[0], 0).astype(np.int64)
+        out[column] = taken(host[column].to_numpy(), at_host, 0).astype(np.int64)
+    out[SUM_COLUMNS[0]] = taken(levels[SUM_COLUMNS[0]].to_numpy(), at_levels, 0).astype(np.int64)
     for column in ("busy", "overlap", "idle"):
         out[f"device_{column}_ns"] = stage_summary[f"gpu_{column}_ns"].to_numpy().astype(np.int64)
     for column in SUM_COLUMNS[1:]:
-        out[column] = looked_up(levels, at_levels, column, 0).astype(np.int64)
+        out[column] = taken(levels[column].to_numpy(), at_levels, 0).astype(np.int64)
     for column in LATENCY_COLUMNS:
-        values = looked_up(levels, at_levels, column, np.nan).astype(np.float64)
+        values = taken(levels[column].to_numpy(), at_levels, np.nan).astype(np.float64)
         out[column] = np.where(np.isnan(values), NULL, values).astype(np.int64)
     count = out["launch_latency_count"]
     out["launch_latency_count"] = np.where(count == NULL, 0, count)

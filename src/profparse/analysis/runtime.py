@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profparse.base.arrays import grouped, row_positions, text_order
+from profparse.base.arrays import grouped, row_positions, taken, text_order
 from profparse.stages.attribute import Attribution
 from profparse.tables.host_time import SYNC_NAME
 from profparse.tables.rows import stage_categorical
@@ -54,8 +54,7 @@ def _host_wall(rows: pd.DataFrame, stage_summary: pd.DataFrame) -> np.ndarray:
             stage_summary["stage"].cat.codes.to_numpy(),
         ],
     )
-    wall = stage_summary["host_wall_ns"].to_numpy()
-    return np.where(at >= 0, wall[np.maximum(at, 0)] if len(wall) else 0, 0).astype(np.int64)
+    return taken(stage_summary["host_wall_ns"].to_numpy(), at, 0).astype(np.int64)
 
 
 def runtime_calls(

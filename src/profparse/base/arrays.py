@@ -60,6 +60,11 @@ def row_positions(wanted: list[np.ndarray], table: list[np.ndarray]) -> np.ndarr
     return np.fromiter((at.get(key, -1) for key in keys), dtype=np.int64, count=len(wanted[0]) if wanted else 0)
 
 
+def taken(values: np.ndarray, at: np.ndarray, missing: float) -> np.ndarray:
+    """``values[at]``, ``missing`` where ``at`` is -1 (a :func:`row_positions` answer: no such row)."""
+    return np.where(at >= 0, values[np.maximum(at, 0)] if len(values) else missing, missing)
+
+
 def text_order(column: pd.Series | pd.Index) -> np.ndarray:
     """A rank per row by its text (equal texts, equal rank; missing as "nan"): the last key of a sort whose ties
     must come out in the same order whatever order the rows came in (a trace's file need not be in time order).
